@@ -1,0 +1,3 @@
+from corral.node import main
+
+main()
