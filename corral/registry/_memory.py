@@ -1,0 +1,281 @@
+"""The in-memory twin: etcd's semantics in a dict, with no threads and no I/O.
+
+Everything happens on the Trio loop, so tests under
+``MockClock(autojump_threshold=0)`` keep exact virtual time: a lease granted at
+t=0 with a 45 s TTL is gone for every reader at t=45, and a watcher blocked on
+the prefix wakes at exactly t=45 to report the deletion (it sleeps until the
+earliest lease deadline).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+import trio
+
+from corral.registry._base import (
+    Compare,
+    Delete,
+    EventType,
+    Get,
+    KeyValue,
+    Lease,
+    Put,
+    Registry,
+    TxnOp,
+    TxnResult,
+    WatchEvent,
+)
+from corral.registry._errors import LeaseNotFound, RevisionCompacted
+from corral.registry._logic import KeyCheck, check_txn_branch, compare_holds, key_matches
+from corral.registry._records import parse_key
+
+DEFAULT_HISTORY = 10_000
+"""How many watch events a backend keeps for watches that start in the past."""
+
+
+@dataclass(slots=True)
+class _LeaseState:
+    ttl: float
+    deadline: float
+    keys: set[str] = field(default_factory=set)
+
+
+class MemoryRegistry(Registry):
+    """A :class:`Registry` held in this process's memory.
+
+    Args:
+        clock: a zero-argument callable returning seconds, used for lease expiry
+            (default :func:`trio.current_time`, so MockClock drives it).
+        key_check: called on every key a write names; raises InvalidKey to refuse
+            it (default: corral's key space, :func:`parse_key`).
+        history: how many watch events to keep for watches from an old revision.
+    """
+
+    def __init__(
+        self,
+        clock: Callable[[], float] | None = None,
+        *,
+        key_check: KeyCheck | None = None,
+        history: int = DEFAULT_HISTORY,
+    ) -> None:
+        self._clock: Callable[[], float] = clock if clock is not None else trio.current_time
+        self._key_check: KeyCheck = key_check if key_check is not None else parse_key
+        self._history = max(1, history)
+        self._kv: dict[str, KeyValue] = {}
+        self._revision = 1
+        self._leases: dict[int, _LeaseState] = {}
+        self._next_lease_id = 1
+        self._events: list[WatchEvent] = []
+        self._event_revisions: list[int] = []
+        self._compacted = 0  # every event of a revision <= this is gone
+        self._changed = trio.lowlevel.ParkingLot()
+        self._closed = False
+
+    # ------------------------------------------------------------------ reads
+
+    async def get(self, key: str) -> KeyValue | None:
+        await self._enter()
+        return self._kv.get(key)
+
+    async def range(self, prefix: str) -> list[KeyValue]:
+        await self._enter()
+        return [self._kv[k] for k in sorted(k for k in self._kv if k.startswith(prefix))]
+
+    async def revision(self) -> int:
+        await self._enter()
+        return self._revision
+
+    # ------------------------------------------------------------------ writes
+
+    async def put(self, key: str, value: bytes, lease: int | None = None) -> int:
+        await self._enter()
+        self._key_check(key)
+        self._apply([Put(key, bytes(value), lease)])
+        return self._revision
+
+    async def delete(self, key: str, *, prefix: bool = False) -> int:
+        await self._enter()
+        (deleted,) = self._apply([Delete(key, prefix)])
+        assert isinstance(deleted, int)
+        return deleted
+
+    async def txn(
+        self,
+        compares: Sequence[Compare],
+        on_success: Sequence[TxnOp],
+        on_failure: Sequence[TxnOp] = (),
+    ) -> TxnResult:
+        await self._enter()
+        check_txn_branch(on_success, self._key_check)
+        check_txn_branch(on_failure, self._key_check)
+        succeeded = all(compare_holds(c, self._kv.get(c.key)) for c in compares)
+        responses = self._apply(on_success if succeeded else on_failure)
+        return TxnResult(succeeded, self._revision, tuple(responses))
+
+    # ------------------------------------------------------------------ leases
+
+    async def grant(self, ttl: float) -> Lease:
+        await self._enter()
+        if ttl <= 0:
+            raise ValueError(f"a lease TTL must be > 0 seconds, got {ttl}")
+        lease_id = self._next_lease_id
+        self._next_lease_id += 1
+        self._leases[lease_id] = _LeaseState(ttl, self._clock() + ttl)
+        return Lease(lease_id, ttl)
+
+    async def keepalive(self, lease_id: int) -> float:
+        await self._enter()
+        state = self._leases.get(lease_id)
+        if state is None:
+            raise LeaseNotFound(lease_id)
+        state.deadline = self._clock() + state.ttl
+        return state.ttl
+
+    async def revoke(self, lease_id: int) -> None:
+        await self._enter()
+        self._end_lease(lease_id)
+
+    # ------------------------------------------------------------------ watch
+
+    @asynccontextmanager
+    async def watch(
+        self, prefix: str, start_revision: int | None = None
+    ) -> AsyncIterator[AsyncIterator[WatchEvent]]:
+        await self._enter()
+        start = self._revision + 1 if start_revision is None else max(1, start_revision)
+        if start <= self._compacted:
+            raise RevisionCompacted(start, self._compacted)
+        stream = self._stream(prefix, start)
+        try:
+            yield stream
+        finally:
+            await stream.aclose()
+
+    async def _stream(self, prefix: str, next_revision: int) -> AsyncGenerator[WatchEvent, None]:
+        while True:
+            self._check_open()
+            self._expire_due()
+            if next_revision <= self._compacted:
+                raise RevisionCompacted(next_revision, self._compacted)
+            first = bisect.bisect_left(self._event_revisions, next_revision)
+            batch = [e for e in self._events[first:] if e.kv.key.startswith(prefix)]
+            next_revision = self._revision + 1
+            if batch:
+                for event in batch:
+                    yield event
+                continue
+            await self._wait_for_change()
+
+    async def _wait_for_change(self) -> None:
+        if self._leases:
+            earliest = min(state.deadline for state in self._leases.values())
+            with trio.move_on_after(max(0.0, earliest - self._clock())):
+                await self._changed.park()
+        else:
+            await self._changed.park()
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def aclose(self) -> None:
+        self._closed = True
+        self._changed.unpark_all()
+        await trio.lowlevel.checkpoint()
+
+    # ------------------------------------------------------------------ internals
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise trio.ClosedResourceError("this MemoryRegistry is closed")
+
+    async def _enter(self) -> None:
+        await trio.lowlevel.checkpoint()
+        self._check_open()
+        self._expire_due()
+
+    def _expire_due(self) -> None:
+        if not self._leases:
+            return
+        now = self._clock()
+        due = sorted(
+            (state.deadline, lease_id)
+            for lease_id, state in self._leases.items()
+            if state.deadline <= now
+        )
+        for _, lease_id in due:
+            self._end_lease(lease_id)
+
+    def _end_lease(self, lease_id: int) -> None:
+        state = self._leases.pop(lease_id, None)
+        if state is not None and state.keys:
+            self._apply([Delete(key) for key in sorted(state.keys)])
+
+    def _apply(self, ops: Iterable[TxnOp]) -> list[list[KeyValue] | int | None]:
+        """Run ``ops`` as one revision (bumped only when something changed)."""
+        ops = list(ops)
+        for op in ops:
+            if isinstance(op, Put) and op.lease is not None and op.lease not in self._leases:
+                raise LeaseNotFound(op.lease)
+        revision = self._revision + 1
+        events: list[WatchEvent] = []
+        responses: list[list[KeyValue] | int | None] = []
+        for op in ops:
+            if isinstance(op, Get):
+                responses.append(self._matching(op.key, op.prefix))
+            elif isinstance(op, Put):
+                previous = self._kv.get(op.key)
+                self._detach(previous)
+                kv = KeyValue(
+                    key=op.key,
+                    value=bytes(op.value),
+                    create_revision=revision if previous is None else previous.create_revision,
+                    mod_revision=revision,
+                    version=1 if previous is None else previous.version + 1,
+                    lease=op.lease,
+                )
+                self._kv[op.key] = kv
+                if op.lease is not None:
+                    self._leases[op.lease].keys.add(op.key)
+                events.append(WatchEvent(EventType.PUT, kv))
+                responses.append(None)
+            else:
+                gone = self._matching(op.key, op.prefix)
+                for kv in gone:
+                    del self._kv[kv.key]
+                    self._detach(kv)
+                    events.append(
+                        WatchEvent(EventType.DELETE, KeyValue(kv.key, b"", 0, revision, 0))
+                    )
+                responses.append(len(gone))
+        if events:
+            self._revision = revision
+            self._record(events)
+        return responses
+
+    def _matching(self, key: str, is_prefix: bool) -> list[KeyValue]:
+        if not is_prefix:
+            kv = self._kv.get(key)
+            return [] if kv is None else [kv]
+        keys = sorted(k for k in self._kv if key_matches(k, key, is_prefix=True))
+        return [self._kv[k] for k in keys]
+
+    def _detach(self, kv: KeyValue | None) -> None:
+        if kv is not None and kv.lease is not None:
+            state = self._leases.get(kv.lease)
+            if state is not None:
+                state.keys.discard(kv.key)
+
+    def _record(self, events: list[WatchEvent]) -> None:
+        self._events.extend(events)
+        self._event_revisions.extend(e.kv.mod_revision for e in events)
+        excess = len(self._events) - self._history
+        if excess > 0:
+            # Drop whole revisions only, so a watcher never sees half of one.
+            cut = bisect.bisect_right(self._event_revisions, self._event_revisions[excess - 1])
+            self._compacted = self._event_revisions[cut - 1]
+            del self._events[:cut]
+            del self._event_revisions[:cut]
+        self._changed.unpark_all()

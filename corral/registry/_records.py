@@ -1,0 +1,818 @@
+"""corral's key space and the records stored under it.
+
+Theory of operation
+-------------------
+Every key corral writes belongs to one *kind*, recognised by :func:`parse_key`
+from its shape (``apps/<name>``, ``ports/<node>/<port>``...). Anything else is
+refused with :class:`InvalidKey`, so a typo never lands in the shared store.
+
+Values are UTF-8 JSON objects carrying ``"v": 1`` (the schema version), except
+``artifacts/<digest>`` whose value is the raw tar.gz. Each kind has one frozen
+dataclass with ``encode() -> bytes``; :func:`decode_record` turns ``(key, value)``
+back into that dataclass or, when the value breaks the schema (bad JSON, wrong
+types, unknown ``v``, a name that disagrees with its key), into an
+:class:`Undecodable` naming the key and the reason. Decoding never raises: the
+coordinator pauses on undecodable keys instead of crashing on them.
+
+This module is pure: no trio, no clock, no I/O (except :func:`read_records`,
+a thin async helper over a registry).
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import json
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias
+
+from corral.registry._errors import InvalidKey, InvalidName
+
+if TYPE_CHECKING:
+    from corral.registry._base import Registry
+
+SCHEMA_VERSION: Final = 1
+
+COORDINATOR_LEASE_KEY: Final = "lease/coordinator"
+ROUTING_KEY: Final = "routing"
+
+# Prefixes for range reads and watches.
+APPS_PREFIX: Final = "apps/"
+NODES_PREFIX: Final = "nodes/"
+INTENT_PREFIX: Final = "intent/"
+PLACEMENT_PREFIX: Final = "placement/"
+PORTS_PREFIX: Final = "ports/"
+ALIAS_PREFIX: Final = "alias/"
+ARTIFACTS_PREFIX: Final = "artifacts/"
+
+
+class KeyKind(enum.StrEnum):
+    """What a key holds; the value is the key's first segment (or a tag for
+    ``alias/<domain>/previous``)."""
+
+    APP = "apps"
+    NODE = "nodes"
+    INTENT = "intent"
+    PLACEMENT = "placement"
+    COORDINATOR_LEASE = "lease"
+    PORT = "ports"
+    ALIAS = "alias"
+    ALIAS_PREVIOUS = "alias-previous"
+    ROUTING = "routing"
+    ARTIFACT = "artifacts"
+
+
+# --------------------------------------------------------------------------- names
+
+_LABEL = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
+_DIGEST = re.compile(r"[0-9a-f]{64}")
+_PORT = re.compile(r"[1-9][0-9]{0,4}")
+
+
+def validate_name(kind: str, name: str) -> str:
+    """Check an app or node name against the DNS-label rules.
+
+    Args:
+        kind: what the name names ("app", "node"), used in the message.
+        name: the name.
+
+    Returns:
+        ``name`` unchanged.
+
+    Raises:
+        InvalidName: naming what is allowed.
+    """
+    if not isinstance(name, str) or _LABEL.fullmatch(name) is None:
+        raise InvalidName(
+            f"invalid {kind} name {name!r}: use 1-63 characters of a-z, 0-9 and '-', "
+            "not starting or ending with '-'"
+        )
+    return name
+
+
+def validate_domain(domain: str) -> str:
+    """Check a domain name (dot-separated DNS labels, 253 characters at most).
+
+    Raises:
+        InvalidName: naming what is allowed.
+    """
+    if (
+        not isinstance(domain, str)
+        or not 0 < len(domain) <= 253
+        or not all(_LABEL.fullmatch(label) for label in domain.split("."))
+    ):
+        raise InvalidName(
+            f"invalid domain {domain!r}: use dot-separated labels of 1-63 characters of "
+            "a-z, 0-9 and '-' (not starting or ending with '-'), 253 characters at most"
+        )
+    return domain
+
+
+def validate_digest(digest: str) -> str:
+    """Check an artifact digest: 64 lowercase hex digits (sha256)."""
+    if not isinstance(digest, str) or _DIGEST.fullmatch(digest) is None:
+        raise InvalidName(
+            f"invalid artifact digest {digest!r}: use the sha256 of the bytes as 64 lowercase "
+            "hex digits"
+        )
+    return digest
+
+
+def _validate_port(port: int) -> int:
+    if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+        raise InvalidName(f"invalid port {port!r}: use an integer from 1 to 65535")
+    return port
+
+
+# --------------------------------------------------------------------------- keys
+
+
+def app_key(name: str) -> str:
+    return f"apps/{validate_name('app', name)}"
+
+
+def node_key(node_id: str) -> str:
+    return f"nodes/{validate_name('node', node_id)}"
+
+
+def intent_key(node_id: str) -> str:
+    return f"intent/{validate_name('node', node_id)}"
+
+
+def placement_key(name: str) -> str:
+    return f"placement/{validate_name('app', name)}"
+
+
+def port_key(node_id: str, port: int) -> str:
+    return f"ports/{validate_name('node', node_id)}/{_validate_port(port)}"
+
+
+def node_ports_prefix(node_id: str) -> str:
+    """The prefix of every port claim held by ``node_id``."""
+    return f"ports/{validate_name('node', node_id)}/"
+
+
+def alias_key(domain: str) -> str:
+    return f"alias/{validate_domain(domain)}"
+
+
+def alias_previous_key(domain: str) -> str:
+    return f"alias/{validate_domain(domain)}/previous"
+
+
+def artifact_key(digest: str) -> str:
+    return f"artifacts/{validate_digest(digest)}"
+
+
+def parse_key(key: str) -> tuple[KeyKind, tuple[str, ...]]:
+    """Split a key into its kind and its parts.
+
+    ``parse_key("ports/n1/24000") == (KeyKind.PORT, ("n1", "24000"))``;
+    ``parse_key("alias/a.example/previous") == (KeyKind.ALIAS_PREVIOUS, ("a.example",))``.
+
+    Raises:
+        InvalidKey: the key is outside the key space; the message lists the shapes accepted.
+    """
+    if not isinstance(key, str):
+        raise InvalidKey(f"registry keys are str, not {type(key).__name__}")
+    try:
+        return _parse_key(key)
+    except (InvalidName, ValueError) as exc:
+        raise InvalidKey(f"key {key!r} is outside the key space ({exc}); {_KEY_SHAPES}") from None
+
+
+_KEY_SHAPES = (
+    "accepted: apps/<app>, nodes/<node>, intent/<node>, placement/<app>, lease/coordinator, "
+    "ports/<node>/<port>, alias/<domain>, alias/<domain>/previous, routing, artifacts/<sha256>"
+)
+
+
+def _parse_key(key: str) -> tuple[KeyKind, tuple[str, ...]]:
+    if key == ROUTING_KEY:
+        return KeyKind.ROUTING, ()
+    if key == COORDINATOR_LEASE_KEY:
+        return KeyKind.COORDINATOR_LEASE, ("coordinator",)
+    head, sep, rest = key.partition("/")
+    if not sep:
+        raise ValueError("no such key")
+    parts = rest.split("/")
+    if head == "apps" and len(parts) == 1:
+        return KeyKind.APP, (validate_name("app", parts[0]),)
+    if head == "nodes" and len(parts) == 1:
+        return KeyKind.NODE, (validate_name("node", parts[0]),)
+    if head == "intent" and len(parts) == 1:
+        return KeyKind.INTENT, (validate_name("node", parts[0]),)
+    if head == "placement" and len(parts) == 1:
+        return KeyKind.PLACEMENT, (validate_name("app", parts[0]),)
+    if head == "ports" and len(parts) == 2:
+        node, port = parts
+        if _PORT.fullmatch(port) is None:
+            raise ValueError(f"port {port!r} is not a decimal from 1 to 65535")
+        _validate_port(int(port))
+        return KeyKind.PORT, (validate_name("node", node), port)
+    if head == "alias" and len(parts) == 1:
+        return KeyKind.ALIAS, (validate_domain(parts[0]),)
+    if head == "alias" and len(parts) == 2 and parts[1] == "previous":
+        return KeyKind.ALIAS_PREVIOUS, (validate_domain(parts[0]),)
+    if head == "artifacts" and len(parts) == 1:
+        return KeyKind.ARTIFACT, (validate_digest(parts[0]),)
+    raise ValueError("no such key")
+
+
+def is_valid_key(key: str) -> bool:
+    """Whether :func:`parse_key` accepts ``key``."""
+    try:
+        parse_key(key)
+    except InvalidKey:
+        return False
+    return True
+
+
+# --------------------------------------------------------------------------- field checks
+# Each helper raises ValueError with the field named; decode_record turns that into
+# an Undecodable.
+
+
+def _field(obj: Mapping[str, Any], name: str, default: Any = ...) -> Any:
+    if name in obj:
+        return obj[name]
+    if default is ...:
+        raise ValueError(f"field {name!r} is missing")
+    return default
+
+
+def _str(value: Any, name: str) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"field {name!r} must be a string, got {type(value).__name__}")
+    return value
+
+
+def _opt_str(value: Any, name: str) -> str | None:
+    return None if value is None else _str(value, name)
+
+
+def _int(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"field {name!r} must be an integer, got {type(value).__name__}")
+    return value
+
+
+def _nonneg(value: Any, name: str) -> int:
+    if _int(value, name) < 0:
+        raise ValueError(f"field {name!r} must be >= 0, got {value}")
+    return int(value)
+
+
+def _float(value: Any, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"field {name!r} must be a number, got {type(value).__name__}")
+    return float(value)
+
+
+def _opt_float(value: Any, name: str) -> float | None:
+    return None if value is None else _float(value, name)
+
+
+def _bool(value: Any, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"field {name!r} must be true or false, got {type(value).__name__}")
+    return value
+
+
+def _str_list(value: Any, name: str) -> list[str]:
+    if not isinstance(value, list):
+        raise ValueError(f"field {name!r} must be a list of strings")
+    return [_str(item, name) for item in value]
+
+
+def _str_dict(value: Any, name: str) -> dict[str, str]:
+    if not isinstance(value, dict):
+        raise ValueError(f"field {name!r} must be an object of strings")
+    return {_str(k, name): _str(v, name) for k, v in value.items()}
+
+
+def _float_dict(value: Any, name: str) -> dict[str, float]:
+    if not isinstance(value, dict):
+        raise ValueError(f"field {name!r} must be an object of numbers")
+    return {_str(k, name): _float(v, name) for k, v in value.items()}
+
+
+def _obj(value: Any, name: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ValueError(f"field {name!r} must be an object")
+    return value
+
+
+def _one_of(value: Any, name: str, allowed: tuple[str, ...]) -> Any:
+    if value not in allowed:
+        raise ValueError(f"field {name!r} must be one of {', '.join(allowed)}; got {value!r}")
+    return value
+
+
+def _dump(obj: dict[str, Any]) -> bytes:
+    return json.dumps({"v": SCHEMA_VERSION, **obj}, separators=(",", ":"), sort_keys=True).encode()
+
+
+# --------------------------------------------------------------------------- records
+
+
+@dataclass(frozen=True, slots=True)
+class Deployment:
+    """What an app runs: the artifact (by digest), its command and environment."""
+
+    revision: str
+    command: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    deployed_at: float = 0.0
+
+    def __post_init__(self) -> None:
+        validate_digest(self.revision)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "revision": self.revision,
+            "command": list(self.command),
+            "env": dict(self.env),
+            "deployed_at": self.deployed_at,
+        }
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> Deployment:
+        return cls(
+            revision=_str(_field(obj, "revision"), "deployment.revision"),
+            command=_str_list(_field(obj, "command"), "deployment.command"),
+            env=_str_dict(_field(obj, "env", {}), "deployment.env"),
+            deployed_at=_float(_field(obj, "deployed_at", 0.0), "deployment.deployed_at"),
+        )
+
+
+Replicas: TypeAlias = int | Literal["all"]
+
+
+@dataclass(frozen=True, slots=True)
+class AppRecord:
+    """``apps/<name>``: what the operator asked for."""
+
+    name: str
+    replicas: Replicas = 1
+    selector: dict[str, str] = field(default_factory=dict)
+    memory_mb: int = 0
+    disk_mb: int = 0
+    pinned: bool = False
+    retired: bool = False
+    blocked: bool = False
+    teardown_pending: bool = False
+    deployment: Deployment | None = None
+    domains: list[str] = field(default_factory=list)
+    labels: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        validate_name("app", self.name)
+        if self.replicas != "all" and (
+            isinstance(self.replicas, bool)
+            or not isinstance(self.replicas, int)
+            or self.replicas < 1
+        ):
+            raise ValueError(f"replicas must be 'all' or an integer >= 1, got {self.replicas!r}")
+        if self.memory_mb < 0 or self.disk_mb < 0:
+            raise ValueError("memory_mb and disk_mb must be >= 0")
+
+    @property
+    def key(self) -> str:
+        return app_key(self.name)
+
+    def encode(self) -> bytes:
+        return _dump(
+            {
+                "name": self.name,
+                "replicas": self.replicas,
+                "selector": dict(self.selector),
+                "memory_mb": self.memory_mb,
+                "disk_mb": self.disk_mb,
+                "pinned": self.pinned,
+                "retired": self.retired,
+                "blocked": self.blocked,
+                "teardown_pending": self.teardown_pending,
+                "deployment": None if self.deployment is None else self.deployment.to_json(),
+                "domains": list(self.domains),
+                "labels": dict(self.labels),
+            }
+        )
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> AppRecord:
+        replicas = _field(obj, "replicas")
+        if replicas != "all":
+            replicas = _int(replicas, "replicas")
+        deployment = _field(obj, "deployment", None)
+        return cls(
+            name=_str(_field(obj, "name"), "name"),
+            replicas=replicas,
+            selector=_str_dict(_field(obj, "selector", {}), "selector"),
+            memory_mb=_nonneg(_field(obj, "memory_mb", 0), "memory_mb"),
+            disk_mb=_nonneg(_field(obj, "disk_mb", 0), "disk_mb"),
+            pinned=_bool(_field(obj, "pinned", False), "pinned"),
+            retired=_bool(_field(obj, "retired", False), "retired"),
+            blocked=_bool(_field(obj, "blocked", False), "blocked"),
+            teardown_pending=_bool(_field(obj, "teardown_pending", False), "teardown_pending"),
+            deployment=None
+            if deployment is None
+            else Deployment.from_json(_obj(deployment, "deployment")),
+            domains=_str_list(_field(obj, "domains", []), "domains"),
+            labels=_str_dict(_field(obj, "labels", {}), "labels"),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Capacity:
+    """A node's resources in MiB."""
+
+    memory_mb: int
+    memory_free_mb: int
+    disk_mb: int
+    disk_free_mb: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "memory_mb": self.memory_mb,
+            "memory_free_mb": self.memory_free_mb,
+            "disk_mb": self.disk_mb,
+            "disk_free_mb": self.disk_free_mb,
+        }
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> Capacity:
+        return cls(
+            **{
+                name: _nonneg(_field(obj, name), f"capacity.{name}")
+                for name in ("memory_mb", "memory_free_mb", "disk_mb", "disk_free_mb")
+            }
+        )
+
+
+ServingState: TypeAlias = Literal["starting", "running", "crash-loop", "stopped"]
+SERVING_STATES: Final[tuple[str, ...]] = ("starting", "running", "crash-loop", "stopped")
+
+
+@dataclass(frozen=True, slots=True)
+class ServingEntry:
+    """One app a node serves: its revision, ports and process state."""
+
+    revision: str
+    public_port: int
+    internal_port: int
+    state: ServingState = "starting"
+    restarts: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "revision": self.revision,
+            "public_port": self.public_port,
+            "internal_port": self.internal_port,
+            "state": self.state,
+            "restarts": self.restarts,
+        }
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> ServingEntry:
+        return cls(
+            revision=_str(_field(obj, "revision"), "serving.revision"),
+            public_port=_int(_field(obj, "public_port"), "serving.public_port"),
+            internal_port=_int(_field(obj, "internal_port"), "serving.internal_port"),
+            state=_one_of(_field(obj, "state"), "serving.state", SERVING_STATES),
+            restarts=_nonneg(_field(obj, "restarts", 0), "serving.restarts"),
+        )
+
+
+NodeState: TypeAlias = Literal["alive", "suspect", "down", "cordoned", "left"]
+NODE_STATES: Final[tuple[str, ...]] = ("alive", "suspect", "down", "cordoned", "left")
+
+
+@dataclass(frozen=True, slots=True)
+class NodeRecord:
+    """``nodes/<id>`` (leased by the node): who it is, where, what it has and serves."""
+
+    id: str
+    state: NodeState = "alive"
+    down_since: float | None = None
+    labels: dict[str, str] = field(default_factory=dict)
+    rack: str | None = None
+    datacenter: str | None = None
+    peer_address: str = ""
+    api_address: str = ""
+    advertise_host: str = ""
+    capacity: Capacity | None = None
+    serving: dict[str, ServingEntry] = field(default_factory=dict)
+    change_token: int = 0
+    started_at: float = 0.0
+
+    def __post_init__(self) -> None:
+        validate_name("node", self.id)
+        _one_of(self.state, "state", NODE_STATES)
+
+    @property
+    def key(self) -> str:
+        return node_key(self.id)
+
+    def encode(self) -> bytes:
+        return _dump(
+            {
+                "id": self.id,
+                "state": self.state,
+                "down_since": self.down_since,
+                "labels": dict(self.labels),
+                "rack": self.rack,
+                "datacenter": self.datacenter,
+                "peer_address": self.peer_address,
+                "api_address": self.api_address,
+                "advertise_host": self.advertise_host,
+                "capacity": None if self.capacity is None else self.capacity.to_json(),
+                "serving": {app: entry.to_json() for app, entry in self.serving.items()},
+                "change_token": self.change_token,
+                "started_at": self.started_at,
+            }
+        )
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> NodeRecord:
+        capacity = _field(obj, "capacity", None)
+        serving = _obj(_field(obj, "serving", {}), "serving")
+        return cls(
+            id=_str(_field(obj, "id"), "id"),
+            state=_one_of(_field(obj, "state"), "state", NODE_STATES),
+            down_since=_opt_float(_field(obj, "down_since", None), "down_since"),
+            labels=_str_dict(_field(obj, "labels", {}), "labels"),
+            rack=_opt_str(_field(obj, "rack", None), "rack"),
+            datacenter=_opt_str(_field(obj, "datacenter", None), "datacenter"),
+            peer_address=_str(_field(obj, "peer_address", ""), "peer_address"),
+            api_address=_str(_field(obj, "api_address", ""), "api_address"),
+            advertise_host=_str(_field(obj, "advertise_host", ""), "advertise_host"),
+            capacity=None if capacity is None else Capacity.from_json(_obj(capacity, "capacity")),
+            serving={
+                _str(app, "serving"): ServingEntry.from_json(_obj(entry, f"serving.{app}"))
+                for app, entry in serving.items()
+            },
+            change_token=_int(_field(obj, "change_token", 0), "change_token"),
+            started_at=_float(_field(obj, "started_at", 0.0), "started_at"),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class NodeIntent:
+    """``intent/<node>`` (not leased): what the operator wants of a node."""
+
+    cordoned: bool = False
+    draining: bool = False
+    force: bool = False
+
+    def encode(self) -> bytes:
+        return _dump({"cordoned": self.cordoned, "draining": self.draining, "force": self.force})
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> NodeIntent:
+        return cls(
+            cordoned=_bool(_field(obj, "cordoned", False), "cordoned"),
+            draining=_bool(_field(obj, "draining", False), "draining"),
+            force=_bool(_field(obj, "force", False), "force"),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class PlacementRecord:
+    """``placement/<app>``: the nodes chosen, when, and under which coordinator fence.
+
+    ``nodes`` is kept sorted (and free of duplicates) whatever order it is given in.
+    """
+
+    nodes: list[str]
+    decided_at: float
+    fence: int
+    placed_at: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "nodes", sorted(set(self.nodes)))
+
+    def encode(self) -> bytes:
+        return _dump(
+            {
+                "nodes": list(self.nodes),
+                "decided_at": self.decided_at,
+                "fence": self.fence,
+                "placed_at": dict(self.placed_at),
+            }
+        )
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> PlacementRecord:
+        return cls(
+            nodes=_str_list(_field(obj, "nodes"), "nodes"),
+            decided_at=_float(_field(obj, "decided_at"), "decided_at"),
+            fence=_int(_field(obj, "fence"), "fence"),
+            placed_at=_float_dict(_field(obj, "placed_at", {}), "placed_at"),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class CoordinatorLease:
+    """``lease/coordinator`` (leased): who coordinates. The fence is the key's
+    ``create_revision``, not stored in the value."""
+
+    holder: str
+    acquired_at: float
+
+    def encode(self) -> bytes:
+        return _dump({"holder": self.holder, "acquired_at": self.acquired_at})
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> CoordinatorLease:
+        return cls(
+            holder=_str(_field(obj, "holder"), "holder"),
+            acquired_at=_float(_field(obj, "acquired_at"), "acquired_at"),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class PortClaim:
+    """``ports/<node>/<port>``: a port held by an app on a node."""
+
+    node: str
+    port: int
+    app: str
+    claimed_at: float
+
+    def __post_init__(self) -> None:
+        validate_name("node", self.node)
+        _validate_port(self.port)
+        validate_name("app", self.app)
+
+    @property
+    def key(self) -> str:
+        return port_key(self.node, self.port)
+
+    def encode(self) -> bytes:
+        return _dump(
+            {"node": self.node, "port": self.port, "app": self.app, "claimed_at": self.claimed_at}
+        )
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> PortClaim:
+        return cls(
+            node=_str(_field(obj, "node"), "node"),
+            port=_int(_field(obj, "port"), "port"),
+            app=_str(_field(obj, "app"), "app"),
+            claimed_at=_float(_field(obj, "claimed_at"), "claimed_at"),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class AliasRecord:
+    """``alias/<domain>`` and ``alias/<domain>/previous``: the app a domain points at."""
+
+    app: str
+
+    def __post_init__(self) -> None:
+        validate_name("app", self.app)
+
+    def encode(self) -> bytes:
+        return _dump({"app": self.app})
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> AliasRecord:
+        return cls(app=_str(_field(obj, "app"), "app"))
+
+
+@dataclass(frozen=True, slots=True)
+class RoutingTable:
+    """``routing``: domain -> backend URLs, as pushed to proxies."""
+
+    domains: dict[str, list[str]] = field(default_factory=dict)
+
+    def encode(self) -> bytes:
+        return _dump({"domains": {d: list(urls) for d, urls in self.domains.items()}})
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> RoutingTable:
+        domains = _obj(_field(obj, "domains"), "domains")
+        return cls(domains={_str(d, "domains"): _str_list(u, d) for d, u in domains.items()})
+
+
+@dataclass(frozen=True, slots=True)
+class Artifact:
+    """``artifacts/<digest>``: the raw tar.gz; the digest is the sha256 of ``data``."""
+
+    digest: str
+    data: bytes = field(repr=False)
+
+    @classmethod
+    def of(cls, data: bytes) -> Artifact:
+        return cls(hashlib.sha256(data).hexdigest(), data)
+
+    @property
+    def key(self) -> str:
+        return artifact_key(self.digest)
+
+    def encode(self) -> bytes:
+        return self.data
+
+
+Record: TypeAlias = (
+    AppRecord
+    | NodeRecord
+    | NodeIntent
+    | PlacementRecord
+    | CoordinatorLease
+    | PortClaim
+    | AliasRecord
+    | RoutingTable
+    | Artifact
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Undecodable:
+    """A key whose value breaks its schema; ``reason`` says how."""
+
+    key: str
+    reason: str
+
+
+_JSON_DECODERS: Final[dict[KeyKind, Callable[[dict[str, Any]], Record]]] = {
+    KeyKind.APP: AppRecord.from_json,
+    KeyKind.NODE: NodeRecord.from_json,
+    KeyKind.INTENT: NodeIntent.from_json,
+    KeyKind.PLACEMENT: PlacementRecord.from_json,
+    KeyKind.COORDINATOR_LEASE: CoordinatorLease.from_json,
+    KeyKind.PORT: PortClaim.from_json,
+    KeyKind.ALIAS: AliasRecord.from_json,
+    KeyKind.ALIAS_PREVIOUS: AliasRecord.from_json,
+    KeyKind.ROUTING: RoutingTable.from_json,
+}
+
+
+def decode_record(key: str, value: bytes) -> Record | Undecodable:
+    """Decode the value stored under ``key``.
+
+    Returns:
+        The record, or :class:`Undecodable` naming the key and the reason when the
+        key is outside the key space or the value breaks its schema. Never raises.
+    """
+    try:
+        kind, parts = parse_key(key)
+    except InvalidKey as exc:
+        return Undecodable(key, str(exc))
+    if kind is KeyKind.ARTIFACT:
+        digest = hashlib.sha256(value).hexdigest()
+        if digest != parts[0]:
+            return Undecodable(key, f"artifact bytes hash to {digest}, not to the key's digest")
+        return Artifact(digest, bytes(value))
+    try:
+        obj = json.loads(value)
+    except (UnicodeDecodeError, ValueError) as exc:
+        return Undecodable(key, f"not UTF-8 JSON: {exc}")
+    if not isinstance(obj, dict):
+        return Undecodable(key, f"not a JSON object but {type(obj).__name__}")
+    version = obj.get("v")
+    if isinstance(version, bool) or version != SCHEMA_VERSION:
+        return Undecodable(key, f"unknown schema version v={version!r} (this build reads v=1)")
+    try:
+        record = _JSON_DECODERS[kind](obj)
+    except (ValueError, TypeError, InvalidName) as exc:
+        return Undecodable(key, str(exc))
+    mismatch = _name_mismatch(kind, parts, record)
+    if mismatch is not None:
+        return Undecodable(key, mismatch)
+    return record
+
+
+def _name_mismatch(kind: KeyKind, parts: tuple[str, ...], record: Record) -> str | None:
+    if isinstance(record, AppRecord) and record.name != parts[0]:
+        return f"record names app {record.name!r} but the key names {parts[0]!r}"
+    if isinstance(record, NodeRecord) and record.id != parts[0]:
+        return f"record names node {record.id!r} but the key names {parts[0]!r}"
+    if isinstance(record, PortClaim) and (record.node, str(record.port)) != parts:
+        return (
+            f"record claims port {record.port} on node {record.node!r} but the key names "
+            f"port {parts[1]} on node {parts[0]!r}"
+        )
+    return None
+
+
+async def read_records(
+    registry: Registry, prefix: str
+) -> tuple[dict[str, Record], list[Undecodable]]:
+    """Range-read ``prefix`` and decode every key.
+
+    Returns:
+        ``(records by key, undecodable keys)``; a bad value never raises.
+    """
+    records: dict[str, Record] = {}
+    undecodable: list[Undecodable] = []
+    for kv in await registry.range(prefix):
+        decoded = decode_record(kv.key, kv.value)
+        if isinstance(decoded, Undecodable):
+            undecodable.append(decoded)
+        else:
+            records[kv.key] = decoded
+    return records, undecodable
