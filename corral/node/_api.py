@@ -1,0 +1,383 @@
+"""The node's HTTP API: a Starlette app, served by Hypercorn's Trio worker.
+
+Every route needs ``Authorization: Bearer <token>``: none gives 401, a wrong one
+403 (compared in constant time). ``GET /v1/artifacts/<digest>`` also accepts the
+per-artifact capability peers derive from the cluster secret. Errors are JSON
+``{"error": "...", "field": "..."}``: 400 names the field, 404 no such app or
+node, 409 refused or raced, 503 the registry is unreachable.
+
+Routes::
+
+    GET    /v1/state                      this node, lease, processes, placements, unplaced
+    GET    /v1/actors                     the actor tree
+    GET    /v1/events[?follow=1]          recent events; follow streams them (NDJSON)
+    GET    /v1/ps                         app instances across the cluster
+    GET    /v1/apps, /v1/apps/{name}      app records
+    POST   /v1/apps/{name}/deploy         {"artifact": base64, "replicas", "selector", ...}
+    POST   /v1/apps/{name}/selector       {"selector": {k: v}} or {"clear": true}
+    POST   /v1/apps/{name}/replicas       {"replicas": "all" | N}
+    POST   /v1/apps/{name}/retire
+    DELETE /v1/apps/{name}
+    POST   /v1/nodes/{node}/cordon | uncordon | drain   (drain: {"force": bool})
+    GET    /v1/artifacts/{digest}         raw tar.gz, for peers
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import math
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from corral.node import _operations as ops
+from corral.node._artifact_store import ArtifactStore, artifact_capability
+from corral.node._artifacts import MAX_ARTIFACT_BYTES
+from corral.node._errors import (
+    ArtifactError,
+    Conflict,
+    NotFound,
+    OperationRefused,
+    RequestInvalid,
+)
+from corral.node._requests import (
+    check_name,
+    parse_bool,
+    parse_deploy,
+    parse_pairs,
+    parse_replicas,
+)
+from corral.node._views import ps_rows
+from corral.registry import (
+    AppRecord,
+    NodeIntent,
+    NodeRecord,
+    PlacementRecord,
+    Registry,
+    RegistryUnavailable,
+    read_records,
+    validate_digest,
+)
+
+# base64 of the largest artifact plus room for the other fields.
+MAX_BODY_BYTES = MAX_ARTIFACT_BYTES * 4 // 3 + 64 * 1024
+EVENT_POLL_INTERVAL = 0.25
+
+JSONDict = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ApiServices:
+    """What the API needs from the node it runs in."""
+
+    token: str
+    secret: str
+    node_id: str
+    registry: Registry
+    artifacts: ArtifactStore
+    state: Callable[[], Awaitable[JSONDict]]
+    actors: Callable[[], JSONDict]
+    #: recent events, oldest first, each a dict with a strictly increasing "seq".
+    events: Callable[[], list[JSONDict]]
+    #: unix time, for deployed_at.
+    wall_clock: Callable[[], float]
+
+
+def record_json(record: AppRecord | NodeRecord | PlacementRecord | NodeIntent) -> JSONDict:
+    """A record as the JSON the registry stores (without the schema version)."""
+    data: JSONDict = json.loads(record.encode())
+    data.pop("v", None)
+    return data
+
+
+def _error(status: int, message: str, field: str | None = None) -> JSONResponse:
+    body: JSONDict = {"error": message}
+    if field is not None:
+        body["field"] = field
+    return JSONResponse(body, status_code=status)
+
+
+class BearerAuth:
+    """ASGI middleware: 401 without a bearer token, 403 with a wrong one."""
+
+    def __init__(self, app: ASGIApp, token: str, secret: str) -> None:
+        self._app = app
+        self._token = token.encode()
+        self._secret = secret
+
+    def _allowed(self, path: str, presented: bytes) -> bool:
+        ok = hmac.compare_digest(presented, self._token)
+        if path.startswith("/v1/artifacts/"):
+            digest = path.removeprefix("/v1/artifacts/")
+            capability = artifact_capability(self._secret, digest).encode()
+            ok = hmac.compare_digest(presented, capability) or ok
+        return ok
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self._app(scope, receive, send)
+            return
+        header = b""
+        for name, value in scope.get("headers", []):
+            if name == b"authorization":
+                header = value
+        scheme, _, presented = header.partition(b" ")
+        if scheme.lower() != b"bearer" or not presented.strip():
+            response: Response = _error(
+                401,
+                "missing bearer token; send Authorization: Bearer <token> "
+                "(the node writes it to <data-dir>/token)",
+            )
+            response.headers["WWW-Authenticate"] = 'Bearer realm="corral"'
+        elif not self._allowed(scope["path"], presented.strip()):
+            response = _error(403, "wrong bearer token; use the one in the node's <data-dir>/token")
+        else:
+            await self._app(scope, receive, send)
+            return
+        await response(scope, receive, send)
+
+
+async def _json_body(request: Request) -> Mapping[str, Any]:
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > MAX_BODY_BYTES:
+        raise RequestInvalid("body", f"larger than {MAX_BODY_BYTES} bytes")
+    raw = await request.body()
+    if len(raw) > MAX_BODY_BYTES:
+        raise RequestInvalid("body", f"larger than {MAX_BODY_BYTES} bytes")
+    if not raw.strip():
+        return {}
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        raise RequestInvalid("body", "is not JSON") from None
+    if not isinstance(body, dict):
+        raise RequestInvalid("body", "must be a JSON object")
+    return body
+
+
+def _refuse_unknown(body: Mapping[str, Any], allowed: set[str]) -> None:
+    for key in sorted(body):
+        if key not in allowed:
+            raise RequestInvalid(key, f"is not a field here; known: {', '.join(sorted(allowed))}")
+
+
+def build_api(services: ApiServices) -> ASGIApp:
+    """The node's ASGI app, with bearer authentication in front of every route."""
+    registry = services.registry
+
+    async def state(request: Request) -> Response:
+        return JSONResponse(await services.state())
+
+    async def actors(request: Request) -> Response:
+        return JSONResponse(services.actors())
+
+    async def events(request: Request) -> Response:
+        recent = services.events()
+        if request.query_params.get("follow") not in ("1", "true", "yes"):
+            return JSONResponse({"events": recent})
+        limit_text = request.query_params.get("limit", "")
+        limit = int(limit_text) if limit_text.isdigit() else math.inf
+
+        async def stream() -> AsyncIterator[bytes]:
+            sent = 0
+            last = -1
+            for event in recent:
+                yield (json.dumps(event) + "\n").encode()
+                last = event["seq"]
+                sent += 1
+                if sent >= limit:
+                    return
+            while True:
+                await trio.sleep(EVENT_POLL_INTERVAL)
+                for event in services.events():
+                    if event["seq"] > last:
+                        yield (json.dumps(event) + "\n").encode()
+                        last = event["seq"]
+                        sent += 1
+                        if sent >= limit:
+                            return
+
+        return StreamingResponse(stream(), media_type="application/x-ndjson")
+
+    async def ps(request: Request) -> Response:
+        apps, _ = await read_records(registry, "apps/")
+        placements, _ = await read_records(registry, "placement/")
+        nodes, _ = await read_records(registry, "nodes/")
+        intents, _ = await read_records(registry, "intent/")
+
+        def by_name(records: Mapping[str, object], kind: type[Any]) -> dict[str, Any]:
+            return {
+                key.split("/", 1)[1]: record
+                for key, record in records.items()
+                if isinstance(record, kind)
+            }
+
+        rows = ps_rows(
+            by_name(apps, AppRecord),
+            by_name(placements, PlacementRecord),
+            by_name(nodes, NodeRecord),
+            by_name(intents, NodeIntent),
+        )
+        return JSONResponse({"rows": [row.to_json() for row in rows]})
+
+    async def list_apps(request: Request) -> Response:
+        apps, undecodable = await read_records(registry, "apps/")
+        return JSONResponse(
+            {
+                "apps": [
+                    record_json(r) for _, r in sorted(apps.items()) if isinstance(r, AppRecord)
+                ],
+                "undecodable": [{"key": u.key, "reason": u.reason} for u in undecodable],
+            }
+        )
+
+    async def get_app(request: Request) -> Response:
+        name = check_name("app", request.path_params["name"])
+        apps, _ = await read_records(registry, f"apps/{name}")
+        record = apps.get(f"apps/{name}")
+        if not isinstance(record, AppRecord):
+            raise NotFound(f"no app named {name!r}; `corral ps` lists the apps there are")
+        return JSONResponse({"app": record_json(record)})
+
+    async def deploy(request: Request) -> Response:
+        deploy_request = parse_deploy(request.path_params["name"], await _json_body(request))
+        result = await ops.deploy(
+            registry, deploy_request, services.artifacts.store, services.wall_clock()
+        )
+        return JSONResponse(
+            {
+                "app": record_json(result.app),
+                "created": result.created,
+                "artifact_size": result.artifact_size,
+                "stored_in_registry": result.artifact_size <= services.artifacts.registry_limit,
+                "received_by": services.node_id,
+            },
+            status_code=201 if result.created else 200,
+        )
+
+    async def selector(request: Request) -> Response:
+        name = check_name("app", request.path_params["name"])
+        body = await _json_body(request)
+        _refuse_unknown(body, {"selector", "clear"})
+        clear = parse_bool(body.get("clear", False), "clear")
+        if clear == ("selector" in body):
+            raise RequestInvalid(
+                "selector", 'give either {"selector": {"k": "v"}} or {"clear": true}'
+            )
+        pairs = None if clear else parse_pairs(body["selector"], "selector")
+        if pairs is not None and not pairs:
+            raise RequestInvalid(
+                "selector", 'is empty; to lift the constraint send {"clear": true}'
+            )
+        app = await ops.set_selector(registry, name, pairs)
+        return JSONResponse({"app": record_json(app)})
+
+    async def replicas(request: Request) -> Response:
+        name = check_name("app", request.path_params["name"])
+        body = await _json_body(request)
+        _refuse_unknown(body, {"replicas"})
+        if "replicas" not in body:
+            raise RequestInvalid("replicas", "missing; give all or a whole number >= 1")
+        app = await ops.set_replicas(registry, name, parse_replicas(body["replicas"]))
+        return JSONResponse({"app": record_json(app)})
+
+    async def retire(request: Request) -> Response:
+        name = check_name("app", request.path_params["name"])
+        app = await ops.retire(registry, name)
+        return JSONResponse({"app": record_json(app)})
+
+    async def delete(request: Request) -> Response:
+        name = check_name("app", request.path_params["name"])
+        await ops.delete_app(registry, name)
+        return JSONResponse({"deleted": name})
+
+    async def node_operation(request: Request) -> Response:
+        node = check_name("node", request.path_params["node"], field="node")
+        verb = request.path_params["verb"]
+        body = await _json_body(request)
+        if verb == "cordon":
+            _refuse_unknown(body, set())
+            intent = await ops.cordon(registry, node)
+            interrupted: list[str] = []
+        elif verb == "uncordon":
+            _refuse_unknown(body, set())
+            intent = await ops.uncordon(registry, node)
+            interrupted = []
+        elif verb == "drain":
+            _refuse_unknown(body, {"force"})
+            force = parse_bool(body.get("force", False), "force")
+            intent, interrupted = await ops.drain(registry, node, force=force)
+        else:
+            raise NotFound(f"no node operation {verb!r}; use cordon, uncordon or drain")
+        return JSONResponse(
+            {"node": node, "intent": record_json(intent), "interrupted": interrupted}
+        )
+
+    async def artifact(request: Request) -> Response:
+        digest = request.path_params["digest"]
+        try:
+            validate_digest(digest)
+        except ValueError:
+            raise RequestInvalid("digest", "is not a sha256 hex digest") from None
+        data = await trio.to_thread.run_sync(services.artifacts.read_local, digest)
+        if data is None:
+            raise NotFound(f"this node holds no artifact {digest}")
+        return Response(data, media_type="application/gzip")
+
+    async def on_request_invalid(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, RequestInvalid)
+        return _error(400, str(exc), exc.field)
+
+    async def on_not_found(request: Request, exc: Exception) -> Response:
+        return _error(404, str(exc))
+
+    async def on_refused(request: Request, exc: Exception) -> Response:
+        return _error(409, str(exc))
+
+    async def on_unavailable(request: Request, exc: Exception) -> Response:
+        return _error(503, f"the registry is unavailable: {exc}")
+
+    async def on_artifact(request: Request, exc: Exception) -> Response:
+        return _error(502, str(exc))
+
+    async def on_http(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        message = exc.detail if exc.status_code != 404 else f"no route {request.url.path}"
+        return _error(exc.status_code, str(message))
+
+    app = Starlette(
+        routes=[
+            Route("/v1/state", state, methods=["GET"]),
+            Route("/v1/actors", actors, methods=["GET"]),
+            Route("/v1/events", events, methods=["GET"]),
+            Route("/v1/ps", ps, methods=["GET"]),
+            Route("/v1/apps", list_apps, methods=["GET"]),
+            Route("/v1/apps/{name}", get_app, methods=["GET"]),
+            Route("/v1/apps/{name}", delete, methods=["DELETE"]),
+            Route("/v1/apps/{name}/deploy", deploy, methods=["POST"]),
+            Route("/v1/apps/{name}/selector", selector, methods=["POST"]),
+            Route("/v1/apps/{name}/replicas", replicas, methods=["POST"]),
+            Route("/v1/apps/{name}/retire", retire, methods=["POST"]),
+            Route("/v1/nodes/{node}/{verb}", node_operation, methods=["POST"]),
+            Route("/v1/artifacts/{digest}", artifact, methods=["GET"]),
+        ],
+        exception_handlers={
+            RequestInvalid: on_request_invalid,
+            NotFound: on_not_found,
+            OperationRefused: on_refused,
+            Conflict: on_refused,
+            RegistryUnavailable: on_unavailable,
+            ArtifactError: on_artifact,
+            HTTPException: on_http,
+        },
+    )
+    return BearerAuth(app, services.token, services.secret)

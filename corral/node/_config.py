@@ -1,0 +1,287 @@
+"""Node configuration: command-line flags, environment variables and a TOML file.
+
+Theory of operation: every setting has one name. The flag is ``--<name>``, the
+environment variable ``CORRAL_<NAME>`` (dashes become underscores, upper case),
+the config-file key ``<name>`` (dashes or underscores). A flag beats the
+environment, the environment beats the file, the file beats the default.
+:func:`resolve_node_config` is pure: it is given the three sources as mappings
+and returns a frozen :class:`NodeConfig` or raises :class:`ConfigError` naming
+the setting, where it came from, and what is allowed.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from corral.node._errors import ConfigError
+from corral.registry import InvalidRegistryUrl, default_registry_url, parse_registry_url
+
+DEFAULT_API = "127.0.0.1:7400"
+DEFAULT_LISTEN = "127.0.0.1:7401"
+DEFAULT_DATA_DIR = ".corral"
+DEFAULT_PORT_RANGE_START = 24000
+DEFAULT_PORT_RANGE_SPAN = 998
+DEFAULT_PORT_QUARANTINE_MS = 600_000
+DEFAULT_LEASE_TTL_MS = 45_000
+DEFAULT_NODE_TTL_MS = 15_000
+DEFAULT_SHUTDOWN_GRACE_MS = 10_000
+
+# name -> kind; kind is how the raw text is parsed.
+SETTINGS: dict[str, str] = {
+    "data-dir": "path",
+    "registry": "str",
+    "node-id": "str",
+    "listen": "address",
+    "api": "address",
+    "advertise": "str",
+    "label": "labels",
+    "rack": "str",
+    "datacenter": "str",
+    "token": "str",
+    "secret": "str",
+    "port-range-start": "port",
+    "port-range-end": "port",
+    "port-quarantine-ms": "ms",
+    "lease-ttl-ms": "ms",
+    "node-ttl-ms": "ms",
+    "shutdown-grace-ms": "ms",
+}
+
+
+def env_name(setting: str) -> str:
+    """The environment variable of a setting: ``data-dir`` -> ``CORRAL_DATA_DIR``.
+
+    ``label`` reads ``CORRAL_LABELS`` (comma-separated ``k=v`` pairs).
+    """
+    if setting == "label":
+        return "CORRAL_LABELS"
+    return "CORRAL_" + setting.replace("-", "_").upper()
+
+
+@dataclass(frozen=True)
+class Address:
+    """A ``host:port`` pair."""
+
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.port}"
+
+    @property
+    def url(self) -> str:
+        return f"http://{self}"
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    """Everything ``corral node run`` needs, resolved and checked.
+
+    ``node_id``, ``token`` and ``secret`` may be None: the node then reads or
+    creates them under ``data_dir`` (see :mod:`corral.node._identity`).
+    """
+
+    data_dir: Path
+    registry_url: str
+    node_id: str | None
+    listen: Address
+    api: Address
+    advertise: str
+    labels: Mapping[str, str] = field(default_factory=dict)
+    rack: str | None = None
+    datacenter: str | None = None
+    token: str | None = None
+    secret: str | None = None
+    port_range_start: int = DEFAULT_PORT_RANGE_START
+    port_range_end: int = DEFAULT_PORT_RANGE_START + DEFAULT_PORT_RANGE_SPAN
+    port_quarantine_ms: int = DEFAULT_PORT_QUARANTINE_MS
+    lease_ttl_ms: int = DEFAULT_LEASE_TTL_MS
+    node_ttl_ms: int = DEFAULT_NODE_TTL_MS
+    shutdown_grace_ms: int = DEFAULT_SHUTDOWN_GRACE_MS
+
+
+def parse_address(text: str, where: str) -> Address:
+    """Parse ``host:port``, ``[v6]:port`` or ``http://host:port``.
+
+    Raises:
+        ConfigError: naming ``where`` (e.g. ``--api``) and the accepted forms.
+    """
+    raw = text.strip()
+    for scheme in ("http://", "https://"):
+        if raw.startswith(scheme):
+            raw = raw[len(scheme) :].rstrip("/")
+    host, sep, port_text = raw.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not sep or not host or not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise ConfigError(
+            f"{where}: {text!r} is not an address; write host:port, e.g. 127.0.0.1:7400"
+        )
+    return Address(host, int(port_text))
+
+
+def parse_label(text: str, where: str) -> tuple[str, str]:
+    """Parse one ``key=value`` label; the key must be non-empty."""
+    key, sep, value = text.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise ConfigError(f"{where}: {text!r} is not a label; write key=value, e.g. zone=a")
+    return key, value.strip()
+
+
+def load_config_file(path: Path) -> dict[str, object]:
+    """Read a TOML config file into a mapping keyed by setting name.
+
+    Raises:
+        ConfigError: the file is missing, is not TOML, or has an unknown key.
+    """
+    try:
+        document = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist; fix --config") from None
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"config file {path} cannot be read: {exc}") from exc
+    values: dict[str, object] = {}
+    for key, value in document.items():
+        name = key.replace("_", "-")
+        if name == "labels":
+            name = "label"
+        if name not in SETTINGS:
+            known = ", ".join(sorted(SETTINGS))
+            raise ConfigError(f"config file {path}: unknown key {key!r}; known keys: {known}")
+        values[name] = value
+    return values
+
+
+def _file_text(name: str, value: object, where: str) -> str:
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        raise ConfigError(f"{where}: {name} must be a string or a number, not {value!r}")
+    return str(value)
+
+
+def _file_labels(value: object, where: str) -> dict[str, str]:
+    if isinstance(value, Mapping):
+        return {str(k): _file_text("label", v, where) for k, v in value.items()}
+    if isinstance(value, list):
+        return dict(parse_label(_file_text("label", item, where), where) for item in value)
+    raise ConfigError(f"{where}: labels must be a table or a list of key=value strings")
+
+
+def resolve_node_config(
+    flags: Mapping[str, object],
+    env: Mapping[str, str],
+    file_values: Mapping[str, object] | None = None,
+    *,
+    cwd: Path,
+    file_name: str = "the config file",
+) -> NodeConfig:
+    """Merge flags, environment and config file into a :class:`NodeConfig`.
+
+    Args:
+        flags: setting name -> value given on the command line (None or absent =
+            not given; ``label`` is a list of ``k=v`` strings).
+        env: the process environment (only ``CORRAL_*`` names are read).
+        file_values: the config file as returned by :func:`load_config_file`.
+        cwd: the directory relative paths are resolved against.
+        file_name: how to name the config file in messages.
+
+    Raises:
+        ConfigError: a value is malformed or out of range; the message names it.
+    """
+    file_values = file_values or {}
+
+    def pick(name: str) -> tuple[object, str] | None:
+        given = flags.get(name)
+        if given is not None and given != []:
+            return given, f"--{name}"
+        if env_name(name) in env and env[env_name(name)] != "":
+            return env[env_name(name)], env_name(name)
+        if name in file_values:
+            return file_values[name], f"{file_name} key {name!r}"
+        return None
+
+    def text(name: str) -> str | None:
+        found = pick(name)
+        if found is None:
+            return None
+        value, where = found
+        return _file_text(name, value, where)
+
+    def number(name: str, default: int, *, low: int, high: int) -> int:
+        found = pick(name)
+        if found is None:
+            return default
+        value, where = found
+        raw = _file_text(name, value, where).strip()
+        if not raw.isdigit() or not low <= int(raw) <= high:
+            raise ConfigError(f"{where}: {raw!r} is not a whole number from {low} to {high}")
+        return int(raw)
+
+    data_dir_text = text("data-dir") or DEFAULT_DATA_DIR
+    data_dir = (cwd / Path(data_dir_text).expanduser()).resolve()
+
+    registry_url = text("registry") or default_registry_url(data_dir)
+    try:
+        parse_registry_url(registry_url)
+    except InvalidRegistryUrl as exc:
+        raise ConfigError(f"--registry: {exc}") from None
+
+    found = pick("listen")
+    listen = parse_address(_file_text("listen", found[0], found[1]), found[1]) if found else None
+    listen = listen or parse_address(DEFAULT_LISTEN, "default listen")
+    found = pick("api")
+    api = parse_address(_file_text("api", found[0], found[1]), found[1]) if found else None
+    api = api or parse_address(DEFAULT_API, "default api")
+
+    advertise = text("advertise")
+    if advertise is None:
+        advertise = listen.host if listen.host not in ("0.0.0.0", "::", "") else "127.0.0.1"
+
+    labels: dict[str, str] = {}
+    found = pick("label")
+    if found is not None:
+        value, where = found
+        if isinstance(value, str):
+            items = [item for item in value.split(",") if item.strip()]
+            labels = dict(parse_label(item, where) for item in items)
+        elif where.startswith("--"):
+            assert isinstance(value, list)
+            labels = dict(parse_label(str(item), where) for item in value)
+        else:
+            labels = _file_labels(value, where)
+
+    start = number("port-range-start", DEFAULT_PORT_RANGE_START, low=1, high=65535)
+    end = number("port-range-end", min(start + DEFAULT_PORT_RANGE_SPAN, 65535), low=1, high=65535)
+    if end - start < 1:
+        raise ConfigError(
+            f"port range {start}-{end} holds fewer than two ports; "
+            "make --port-range-end larger than --port-range-start"
+        )
+
+    return NodeConfig(
+        data_dir=data_dir,
+        registry_url=registry_url,
+        node_id=text("node-id"),
+        listen=listen,
+        api=api,
+        advertise=advertise,
+        labels=labels,
+        rack=text("rack"),
+        datacenter=text("datacenter"),
+        token=text("token"),
+        secret=text("secret"),
+        port_range_start=start,
+        port_range_end=end,
+        port_quarantine_ms=number(
+            "port-quarantine-ms", DEFAULT_PORT_QUARANTINE_MS, low=0, high=86_400_000
+        ),
+        lease_ttl_ms=number("lease-ttl-ms", DEFAULT_LEASE_TTL_MS, low=300, high=3_600_000),
+        node_ttl_ms=number("node-ttl-ms", DEFAULT_NODE_TTL_MS, low=300, high=3_600_000),
+        shutdown_grace_ms=number(
+            "shutdown-grace-ms", DEFAULT_SHUTDOWN_GRACE_MS, low=0, high=600_000
+        ),
+    )

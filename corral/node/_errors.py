@@ -1,0 +1,93 @@
+"""Errors of the node service, its HTTP API and its command line.
+
+::
+
+    CorralError
+    └── NodeError
+        ├── ConfigError          a flag, environment variable or config-file value is wrong
+        ├── RequestInvalid       a request field fails validation (API 400, CLI exit 2); .field
+        │   └── ArtifactInvalid  an app directory or artifact names no runnable command
+        ├── ArtifactError        an artifact cannot be had
+        │   ├── ArtifactNotFound no copy of the digest in the registry or on any node
+        │   └── DigestMismatch   the bytes fetched do not hash to the digest asked for
+        ├── OperationRefused     the request is valid but would do harm (e.g. drain of pinned work)
+        ├── Conflict             the record kept changing under a guarded write
+        ├── NotFound             no such app or node
+        └── ApiError             the command line could not get an answer it can use
+            ├── NodeUnreachable  nothing answered at the API address tried
+            └── ApiRefused       the node answered with an error status; .status, .field
+"""
+
+from __future__ import annotations
+
+from corral._errors import CorralError
+
+
+class NodeError(CorralError):
+    """Base class of the node service's errors."""
+
+
+class ConfigError(NodeError):
+    """A configuration value (flag, environment variable or config file) is wrong."""
+
+
+class RequestInvalid(NodeError):
+    """A request field fails validation; ``field`` names it."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+class ArtifactInvalid(RequestInvalid):
+    """An app directory or artifact does not name a runnable command."""
+
+
+class ArtifactError(NodeError):
+    """An artifact cannot be obtained."""
+
+
+class ArtifactNotFound(ArtifactError):
+    """No copy of the artifact exists where this node can reach it."""
+
+
+class DigestMismatch(ArtifactError):
+    """Fetched bytes do not hash to the digest they were asked for under."""
+
+
+class OperationRefused(NodeError):
+    """The request is well formed but refused because of what it would do."""
+
+
+class Conflict(NodeError):
+    """A guarded write kept losing to concurrent writers."""
+
+
+class NotFound(NodeError):
+    """No such app or node."""
+
+
+class ApiError(NodeError):
+    """The command line did not get a usable answer from the node."""
+
+
+class NodeUnreachable(ApiError):
+    """Nothing answered at the API address the command line tried."""
+
+    def __init__(self, url: str, reason: str) -> None:
+        super().__init__(
+            f"cannot reach the corral node at {url} ({reason}); start one with "
+            "`corral node run`, or point at another with --api URL or CORRAL_API"
+        )
+        self.url = url
+
+
+class ApiRefused(ApiError):
+    """The node answered with an error; ``status`` is the HTTP status."""
+
+    def __init__(self, status: int, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.field = field
+        self.message = message

@@ -1,0 +1,314 @@
+"""The HTTP API against the in-memory registry (no sockets)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from corral.node._api import ApiServices, build_api
+from corral.node._artifact_store import ArtifactStore, artifact_capability
+from corral.registry import (
+    AppRecord,
+    MemoryRegistry,
+    NodeIntent,
+    NodeRecord,
+    PlacementRecord,
+    ServingEntry,
+    app_key,
+    artifact_key,
+    decode_record,
+    intent_key,
+    node_key,
+    placement_key,
+)
+
+from .conftest import b64, make_app_dir, packed_app
+
+TOKEN = "sekrit-token"
+SECRET = "cluster-secret"
+
+
+class Fixture:
+    def __init__(self, tmp_path: Path, registry_limit: int = 1024 * 1024) -> None:
+        self.registry = MemoryRegistry()
+        self.store = ArtifactStore(
+            self.registry,
+            tmp_path / "artifacts",
+            node_id="n1",
+            secret=SECRET,
+            registry_limit=registry_limit,
+        )
+        self.events: list[dict[str, Any]] = [
+            {"seq": i, "kind": "test.event", "path": "/x", "fields": {}} for i in range(3)
+        ]
+
+        async def state() -> dict[str, Any]:
+            return {"node": {"id": "n1"}}
+
+        services = ApiServices(
+            token=TOKEN,
+            secret=SECRET,
+            node_id="n1",
+            registry=self.registry,
+            artifacts=self.store,
+            state=state,
+            actors=lambda: {"path": "/", "children": []},
+            events=lambda: list(self.events),
+            wall_clock=lambda: 1_700_000_000.0,
+        )
+        self.app = build_api(services)
+
+    def client(self, token: str | None = TOKEN) -> httpx.AsyncClient:
+        headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
+        return httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=self.app),
+            base_url="http://node",
+            headers=headers,
+        )
+
+    async def app_record(self, name: str) -> AppRecord | None:
+        kv = await self.registry.get(app_key(name))
+        if kv is None:
+            return None
+        record = decode_record(kv.key, kv.value)
+        assert isinstance(record, AppRecord)
+        return record
+
+
+@pytest.fixture
+async def fx(tmp_path: Path) -> AsyncIterator[Fixture]:
+    return Fixture(tmp_path)
+
+
+async def test_every_route_needs_the_token(fx: Fixture) -> None:
+    async with fx.client(token=None) as client:
+        for method, path in [("GET", "/v1/state"), ("POST", "/v1/apps/x/retire"), ("GET", "/x")]:
+            response = await client.request(method, path)
+            assert response.status_code == 401
+            assert response.headers["www-authenticate"].startswith("Bearer")
+    async with fx.client(token="wrong") as client:
+        assert (await client.get("/v1/state")).status_code == 403
+        assert (await client.get("/v1/actors")).status_code == 403
+    async with fx.client() as client:
+        response = await client.get("/v1/state")
+        assert response.status_code == 200
+        assert response.json() == {"node": {"id": "n1"}}
+
+
+async def test_deploy_creates_the_app_and_stores_the_artifact(fx: Fixture, tmp_path: Path) -> None:
+    packed = packed_app(tmp_path)
+    async with fx.client() as client:
+        response = await client.post(
+            "/v1/apps/shop/deploy",
+            json={
+                "artifact": b64(packed.data),
+                "replicas": 2,
+                "selector": {"zone": "a"},
+                "env": {"MODE": "x"},
+            },
+        )
+    assert response.status_code == 201, response.text
+    assert response.json()["stored_in_registry"] is True
+    app = await fx.app_record("shop")
+    assert app is not None
+    assert app.deployment is not None
+    assert (app.replicas, app.selector) == (2, {"zone": "a"})
+    assert app.deployment.revision == packed.digest
+    assert app.deployment.command == ["python3", "server.py"]
+    assert app.deployment.env == {"MODE": "x"}
+    assert app.deployment.deployed_at == 1_700_000_000.0
+    kv = await fx.registry.get(artifact_key(packed.digest))
+    assert kv is not None
+    assert kv.value == packed.data
+
+
+async def test_redeploy_leaves_unnamed_constraints_alone(fx: Fixture, tmp_path: Path) -> None:
+    first = packed_app(tmp_path, "one")
+    async with fx.client() as client:
+        await client.post(
+            "/v1/apps/shop/deploy",
+            json={
+                "artifact": b64(first.data),
+                "replicas": 1,
+                "selector": {"zone": "a"},
+                "pinned": True,
+            },
+        )
+        await client.post("/v1/apps/shop/retire")
+        second_dir = make_app_dir(tmp_path / "two", command='["python3", "other.py"]')
+        from corral.node._artifacts import pack_directory
+
+        second = pack_directory(second_dir)
+        response = await client.post("/v1/apps/shop/deploy", json={"artifact": b64(second.data)})
+    assert response.status_code == 200
+    app = await fx.app_record("shop")
+    assert app is not None
+    assert app.deployment is not None
+    assert (app.replicas, app.selector, app.pinned, app.retired) == (1, {"zone": "a"}, True, False)
+    assert app.deployment.revision == second.digest
+
+
+async def test_new_app_defaults_to_replicas_all(fx: Fixture, tmp_path: Path) -> None:
+    async with fx.client() as client:
+        await client.post("/v1/apps/web/deploy", json={"artifact": b64(packed_app(tmp_path).data)})
+    app = await fx.app_record("web")
+    assert app is not None
+    assert app.replicas == "all"
+    assert app.selector == {}
+
+
+@pytest.mark.parametrize(
+    ("name", "body", "field"),
+    [
+        ("shop", {"replicas": 0}, "replicas"),
+        ("shop", {"replicas": -2}, "replicas"),
+        ("shop", {"replicas": "some"}, "replicas"),
+        ("Shop_1", {}, "name"),
+        ("-shop", {}, "name"),
+        ("shop", {"selector": {}}, "selector"),
+        ("shop", {"memory_mb": -1}, "memory_mb"),
+        ("shop", {"env": {"1X": "y"}}, "env"),
+        ("shop", {"colour": "red"}, "colour"),
+        ("shop", {"artifact": "%%%"}, "artifact"),
+        ("shop", {"artifact": b64(b"not a tarball")}, "artifact"),
+    ],
+)
+async def test_bad_deploys_are_400_and_change_nothing(
+    fx: Fixture, tmp_path: Path, name: str, body: dict[str, Any], field: str
+) -> None:
+    body = {"artifact": b64(packed_app(tmp_path).data), **body}
+    before = await fx.registry.revision()
+    async with fx.client() as client:
+        response = await client.post(f"/v1/apps/{name}/deploy", json=body)
+    assert response.status_code == 400
+    assert response.json()["field"] == field
+    assert field in response.json()["error"]
+    assert await fx.registry.revision() == before
+
+
+async def test_deploy_without_command_is_400_command(fx: Fixture, tmp_path: Path) -> None:
+    import io
+    import tarfile
+
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w:gz") as tar:
+        info = tarfile.TarInfo("server.py")
+        tar.addfile(info, io.BytesIO(b""))
+    before = await fx.registry.revision()
+    async with fx.client() as client:
+        response = await client.post("/v1/apps/shop/deploy", json={"artifact": b64(raw.getvalue())})
+    assert (response.status_code, response.json()["field"]) == (400, "command")
+    assert await fx.registry.revision() == before
+
+
+async def test_app_operations(fx: Fixture, tmp_path: Path) -> None:
+    async with fx.client() as client:
+        await client.post("/v1/apps/shop/deploy", json={"artifact": b64(packed_app(tmp_path).data)})
+        response = await client.post("/v1/apps/shop/selector", json={"selector": {"disk": "ssd"}})
+        assert response.json()["app"]["selector"] == {"disk": "ssd"}
+        response = await client.post("/v1/apps/shop/replicas", json={"replicas": "3"})
+        assert response.json()["app"]["replicas"] == 3
+        response = await client.post("/v1/apps/shop/replicas", json={"replicas": 0})
+        assert (response.status_code, response.json()["field"]) == (400, "replicas")
+        response = await client.post("/v1/apps/shop/selector", json={"clear": True})
+        assert response.json()["app"]["selector"] == {}
+        response = await client.post("/v1/apps/shop/selector", json={})
+        assert (response.status_code, response.json()["field"]) == (400, "selector")
+        assert (await client.post("/v1/apps/shop/retire")).json()["app"]["retired"] is True
+        listed = (await client.get("/v1/apps")).json()["apps"]
+        assert [a["name"] for a in listed] == ["shop"]
+        assert (await client.delete("/v1/apps/shop")).status_code == 200
+        missing = await client.post("/v1/apps/shop/replicas", json={"replicas": 1})
+        assert missing.status_code == 404
+        assert "no app named 'shop'" in missing.json()["error"]
+        assert (await client.get("/v1/apps/shop")).status_code == 404
+    assert await fx.app_record("shop") is None
+
+
+async def put_node(fx: Fixture, node_id: str, **fields: Any) -> None:
+    await fx.registry.put(node_key(node_id), NodeRecord(id=node_id, **fields).encode())
+
+
+async def test_node_operations_and_drain_refusing_pinned(fx: Fixture) -> None:
+    await put_node(fx, "n1")
+    await put_node(fx, "n2")
+    await fx.registry.put(app_key("db"), AppRecord(name="db", pinned=True).encode())
+    await fx.registry.put(
+        placement_key("db"), PlacementRecord(nodes=["n1"], decided_at=0.0, fence=1).encode()
+    )
+    async with fx.client() as client:
+        response = await client.post("/v1/nodes/n1/cordon")
+        assert response.json()["intent"] == {"cordoned": True, "draining": False, "force": False}
+        before = await fx.registry.revision()
+        refused = await client.post("/v1/nodes/n1/drain")
+        assert refused.status_code == 409
+        assert "db" in refused.json()["error"]
+        assert "--force" in refused.json()["error"]
+        assert await fx.registry.revision() == before
+        forced = await client.post("/v1/nodes/n1/drain", json={"force": True})
+        assert forced.json()["interrupted"] == ["db"]
+        assert (await client.post("/v1/nodes/n2/drain")).status_code == 200
+        await client.post("/v1/nodes/n1/uncordon")
+        assert (await client.post("/v1/nodes/ghost/cordon")).status_code == 404
+        assert (await client.post("/v1/nodes/n1/reboot")).status_code == 404
+        bad = await client.post("/v1/nodes/N_1/cordon")
+        assert (bad.status_code, bad.json()["field"]) == (400, "node")
+    assert await fx.registry.get(intent_key("n1")) is None
+    kv = await fx.registry.get(intent_key("n2"))
+    assert kv is not None
+    assert decode_record(kv.key, kv.value) == NodeIntent(cordoned=True, draining=True)
+
+
+async def test_ps_lists_instances_with_reloc(fx: Fixture) -> None:
+    entry = ServingEntry(revision="a" * 64, public_port=24001, internal_port=24500, state="running")
+    await put_node(fx, "n1", serving={"web": entry}, labels={"disk": "ssd"})
+    await put_node(fx, "n2", labels={"disk": "ssd"})
+    await fx.registry.put(app_key("web"), AppRecord(name="web", replicas=1).encode())
+    await fx.registry.put(
+        placement_key("web"), PlacementRecord(nodes=["n1"], decided_at=0.0, fence=1).encode()
+    )
+    async with fx.client() as client:
+        rows = (await client.get("/v1/ps")).json()["rows"]
+    assert rows == [
+        {
+            "app": "web",
+            "node": "n1",
+            "state": "running",
+            "public_port": 24001,
+            "internal_port": 24500,
+            "restarts": 0,
+            "revision": "a" * 64,
+            "reloc": "yes",
+        }
+    ]
+
+
+async def test_artifacts_are_served_to_peers_with_the_capability(tmp_path: Path) -> None:
+    fx = Fixture(tmp_path, registry_limit=10)
+    packed = packed_app(tmp_path)
+    async with fx.client() as client:
+        response = await client.post("/v1/apps/big/deploy", json={"artifact": b64(packed.data)})
+        assert response.json()["stored_in_registry"] is False
+    assert await fx.registry.get(artifact_key(packed.digest)) is None
+    async with fx.client(token=artifact_capability(SECRET, packed.digest)) as peer:
+        served = await peer.get(f"/v1/artifacts/{packed.digest}")
+        assert served.status_code == 200
+        assert served.content == packed.data
+        assert (await peer.get("/v1/state")).status_code == 403
+        assert (await peer.get(f"/v1/artifacts/{'0' * 64}")).status_code == 403
+    async with fx.client(token=artifact_capability("other", packed.digest)) as stranger:
+        assert (await stranger.get(f"/v1/artifacts/{packed.digest}")).status_code == 403
+
+
+async def test_events_recent_and_follow(fx: Fixture) -> None:
+    async with fx.client() as client:
+        recent = (await client.get("/v1/events")).json()["events"]
+        assert [e["seq"] for e in recent] == [0, 1, 2]
+        response = await client.get("/v1/events", params={"follow": "1", "limit": "2"})
+        lines = [line for line in response.text.splitlines() if line]
+    assert len(lines) == 2
+    assert all('"test.event"' in line for line in lines)

@@ -1,0 +1,74 @@
+"""ps rows and the RELOC column (pure)."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from corral.node._views import ps_rows
+from corral.registry import AppRecord, NodeIntent, NodeRecord, PlacementRecord, ServingEntry
+
+REV = "b" * 64
+
+
+def serving(state: str = "running") -> dict[str, ServingEntry]:
+    return {"web": ServingEntry(REV, 24001, 24002, state, 2)}  # type: ignore[arg-type]
+
+
+def placement(*nodes: str) -> PlacementRecord:
+    return PlacementRecord(nodes=list(nodes), decided_at=0.0, fence=1)
+
+
+def test_states_and_reloc_reasons() -> None:
+    nodes = {
+        "n1": NodeRecord(id="n1", serving=serving(), labels={"disk": "ssd"}),
+        "n2": NodeRecord(id="n2", labels={"disk": "hdd"}),
+        "n3": NodeRecord(id="n3", serving=serving("crash-loop")),
+    }
+    apps = {
+        "web": AppRecord(name="web", replicas=1, selector={"disk": "ssd"}),
+        "db": AppRecord(name="db", replicas=1, pinned=True),
+        "old": AppRecord(name="old", retired=True),
+    }
+    placements = {"web": placement("n1"), "db": placement("n2", "gone")}
+    rows = ps_rows(apps, placements, nodes, {})
+    summary = [(r.app, r.node, r.state, r.reloc) for r in rows]
+    assert summary == [
+        ("db", "gone", "node-gone", "no (pinned)"),
+        ("db", "n2", "pending", "no (pinned)"),
+        ("old", "-", "retired", "-"),
+        ("web", "n1", "running", "no (no other node matches the selector)"),
+        ("web", "n3", "stopping", "no (no other node matches the selector)"),
+    ]
+    assert rows[3].restarts == 2
+    assert rows[3].public_port == 24001
+
+
+def test_cordoned_nodes_do_not_count_as_somewhere_to_go() -> None:
+    nodes = {"n1": NodeRecord(id="n1", serving=serving()), "n2": NodeRecord(id="n2")}
+    apps = {"web": AppRecord(name="web", replicas=1)}
+    placements = {"web": placement("n1")}
+    assert ps_rows(apps, placements, nodes, {})[0].reloc == "yes"
+    cordoned = {"n2": NodeIntent(cordoned=True)}
+    assert ps_rows(apps, placements, nodes, cordoned)[0].reloc == "no (no other node takes work)"
+    all_apps = {"web": AppRecord(name="web", replicas="all")}
+    assert ps_rows(all_apps, placements, nodes, {})[0].reloc.startswith("no (replicas all")
+
+
+@settings(max_examples=50)
+@given(
+    placed=st.sets(st.sampled_from(["n1", "n2", "n3", "n4"])),
+    live=st.sets(st.sampled_from(["n1", "n2", "n3"])),
+    pinned=st.booleans(),
+)
+def test_one_row_per_placed_or_serving_node(placed: set[str], live: set[str], pinned: bool) -> None:
+    nodes = {n: NodeRecord(id=n, serving=serving() if n == "n1" else {}) for n in live}
+    apps = {"web": AppRecord(name="web", replicas=1, pinned=pinned)}
+    rows = ps_rows(apps, {"web": placement(*placed)} if placed else {}, nodes, {})
+    expected = placed | ({"n1"} & live)
+    if expected:
+        assert [r.node for r in rows] == sorted(expected)
+    else:
+        assert [(r.node, r.state) for r in rows] == [("-", "undeployed")]
+    if pinned and expected:
+        assert {r.reloc for r in rows} == {"no (pinned)"}
