@@ -1,0 +1,132 @@
+"""Human-readable rendering of API answers: tables, the state summary, event lines."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    """Left-aligned columns separated by two spaces; None renders as '-'."""
+    cells = [[("-" if c is None else str(c)) for c in row] for row in rows]
+    widths = [len(h) for h in headers]
+    for row in cells:
+        widths = [max(w, len(c)) for w, c in zip(widths, row, strict=True)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
+    lines += [
+        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells
+    ]
+    return "\n".join(lines)
+
+
+PS_HEADERS = ("APP", "NODE", "STATE", "PUBLIC", "INTERNAL", "RESTARTS", "RELOC")
+
+
+def ps_table(rows: Sequence[Mapping[str, Any]]) -> str:
+    if not rows:
+        return "no apps; deploy one with: corral deploy DIR --name NAME"
+    return table(
+        PS_HEADERS,
+        [
+            (
+                r["app"],
+                r["node"],
+                r["state"],
+                r["public_port"],
+                r["internal_port"],
+                r["restarts"],
+                r["reloc"],
+            )
+            for r in rows
+        ],
+    )
+
+
+def _pairs(mapping: Mapping[str, Any] | None) -> str:
+    if not mapping:
+        return "none"
+    return ", ".join(f"{k}={v}" for k, v in sorted(mapping.items()))
+
+
+def state_summary(state: Mapping[str, Any]) -> str:
+    """A few lines saying who this node is, who coordinates, what runs, what is stuck."""
+    lines: list[str] = []
+    node = state.get("node") or {}
+    node_id = state.get("node_id", node.get("id", "?"))
+    lines.append(f"node        {node_id}  ({node.get('state', 'no record published')})")
+    if node:
+        lines.append(f"labels      {_pairs(node.get('labels'))}")
+        where = (
+            ", ".join(f"{k} {node[k]}" for k in ("rack", "datacenter") if node.get(k))
+            or "no rack or datacenter set"
+        )
+        lines.append(f"location    {where}")
+        lines.append(f"addresses   peer {node.get('peer_address')}, api {node.get('api_address')}")
+        capacity = node.get("capacity") or {}
+        if capacity:
+            lines.append(
+                f"capacity    memory {capacity['memory_free_mb']}/{capacity['memory_mb']} "
+                f"MiB free, disk {capacity['disk_free_mb']}/{capacity['disk_mb']} MiB free"
+            )
+    lease = state.get("lease") or {}
+    if lease.get("holder"):
+        me = " (this node)" if state.get("coordinating") else ""
+        lines.append(f"coordinator {lease['holder']}{me}, fence {lease.get('fence')}")
+    else:
+        lines.append("coordinator none holds the lease right now")
+    reconcile = state.get("reconcile")
+    if isinstance(reconcile, Mapping) and reconcile:
+        summary = ", ".join(f"{k} {v}" for k, v in sorted(reconcile.items()) if _scalar(v))
+        lines.append(f"reconcile   {summary}")
+    processes = state.get("processes") or []
+    if processes:
+        lines.append("")
+        lines.append(
+            table(
+                ("APP", "PID", "STATE", "PUBLIC", "INTERNAL", "RESTARTS"),
+                [
+                    (
+                        p.get("app"),
+                        p.get("pid"),
+                        p.get("state"),
+                        p.get("public_port"),
+                        p.get("internal_port"),
+                        p.get("restarts"),
+                    )
+                    for p in processes
+                ],
+            )
+        )
+    else:
+        lines.append("processes   none on this node")
+    placements = state.get("placements") or {}
+    if placements:
+        lines.append("")
+        lines.append(
+            table(
+                ("APP", "PLACED ON", "FENCE"),
+                [
+                    (app, ", ".join(p.get("nodes", [])) or "-", p.get("fence"))
+                    for app, p in sorted(placements.items())
+                ],
+            )
+        )
+    unplaced = state.get("unplaced") or []
+    for item in unplaced:
+        lines.append(f"unplaced    {item.get('app')}: {item.get('message') or item.get('reason')}")
+    return "\n".join(lines)
+
+
+def _scalar(value: object) -> bool:
+    return isinstance(value, str | int | float | bool) or value is None
+
+
+def event_line(event: Mapping[str, Any]) -> str:
+    when = event.get("wall_time")
+    stamp = time.strftime("%H:%M:%S", time.localtime(when)) if isinstance(when, float | int) else ""
+    fields = event.get("fields") or {}
+    details = " ".join(f"{k}={v}" for k, v in sorted(fields.items()))
+    return " ".join(
+        p for p in (stamp, str(event.get("kind")), str(event.get("path")), details) if p
+    )
