@@ -1,0 +1,900 @@
+"""WebSocketTransport: frames between nodes over authenticated, self-healing WebSockets.
+
+Each node listens on its peer address. A frame for a peer goes into that
+peer's bounded outbound queue; one writer task per peer drains it into the
+peer's single WebSocket connection as one binary message per frame. The
+connection is dialed on first use, authenticated by the handshake in
+:mod:`corral.transport._handshake`, kept alive by ping/pong heartbeats, and
+redialed with exponential backoff and jitter when it drops. A peer that dials
+us is identified by the node id it proved in the handshake, and the same
+connection carries frames both ways.
+
+Delivery is at most once and in order per sender→receiver pair: frames queued
+while a connection dies, or sent on a connection that loses the
+simultaneous-dial tie-break, may be lost, never reordered or duplicated.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import logging
+import random as random_module
+import secrets
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from enum import Enum
+
+import trio
+import trio_websocket
+
+from corral.transport._base import Frame, Transport
+from corral.transport._errors import (
+    FrameTooLarge,
+    HandshakeFailed,
+    PeerBusy,
+    PeerUnavailable,
+)
+from corral.transport._handshake import (
+    NONCE_SIZE,
+    ClientHandshake,
+    CloseCode,
+    Identity,
+    NonceLog,
+    PeerInfo,
+    Refused,
+    ServerHandshake,
+)
+from corral.transport._ws_net import StreamNetwork, TcpNetwork
+from corral.transport._ws_rules import (
+    ConnectionKey,
+    ReconnectPolicy,
+    check_listen_address,
+    frame_refusal_message,
+    new_connection_wins,
+    parse_control_message,
+    parse_peer_address,
+    reconnect_delay,
+)
+
+log = logging.getLogger("corral.transport.websocket")
+
+DEFAULT_PORT = 7401
+RESOURCE = "/corral/v1"
+_INCARNATION_SIZE = 16
+
+
+@dataclass(frozen=True, slots=True)
+class WebSocketConfig:
+    """Limits and timings of a :class:`WebSocketTransport` (seconds and bytes).
+
+    Attributes:
+        max_frame_size: largest frame accepted from a peer (default 1 MiB); a larger
+            one is refused with an error notice and the connection stays up.
+            Peers learn each other's limit in the handshake, and ``send`` refuses
+            a frame over the peer's limit before it is queued.
+        outbound_queue_size: frames queued per peer before ``send`` raises PeerBusy.
+        inbound_queue_size: frames received and not yet taken by ``receive``;
+            when full, reading from every peer pauses (backpressure).
+        heartbeat_interval: seconds between pings on an idle or busy connection.
+        heartbeat_timeout: seconds a ping may go unanswered before the peer is
+            declared dead; a silent peer is detected within interval + timeout.
+        connect_timeout: bound on dialing, the WebSocket upgrade and the handshake.
+        handshake_timeout: bound on an inbound connection's upgrade and handshake.
+        close_timeout: bound on flushing queues and the closing handshake.
+        reconnect: backoff between dial attempts.
+        receive_buffer_size: bytes read from the socket at a time.
+    """
+
+    max_frame_size: int = 1 << 20
+    outbound_queue_size: int = 1024
+    inbound_queue_size: int = 1024
+    heartbeat_interval: float = 5.0
+    heartbeat_timeout: float = 10.0
+    connect_timeout: float = 5.0
+    handshake_timeout: float = 5.0
+    close_timeout: float = 2.0
+    reconnect: ReconnectPolicy = field(default_factory=ReconnectPolicy)
+    receive_buffer_size: int = 1 << 16
+
+    def __post_init__(self) -> None:
+        for name in ("max_frame_size", "outbound_queue_size", "inbound_queue_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"WebSocketConfig.{name} must be >= 1")
+        for name in (
+            "heartbeat_interval",
+            "heartbeat_timeout",
+            "connect_timeout",
+            "handshake_timeout",
+            "close_timeout",
+        ):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"WebSocketConfig.{name} must be > 0 seconds")
+
+    @property
+    def wire_limit(self) -> int:
+        """Largest WebSocket message read at all; beyond it the library closes with 1009.
+
+        Frames between ``max_frame_size`` and this are read, refused and answered;
+        the margin keeps a misconfigured peer's oversized frame from costing the
+        connection while still bounding what an unauthenticated peer can make us buffer.
+        """
+        return 2 * self.max_frame_size + (1 << 16)
+
+
+class PeerState(Enum):
+    """Where the link to one peer stands."""
+
+    CONNECTED = "connected"
+    CONNECTING = "connecting"
+    WAITING = "waiting"  # backing off before the next dial, or just lost the connection
+    UNREACHABLE = "unreachable"  # no address to dial; waiting for the peer to dial us
+
+
+@dataclass(frozen=True, slots=True)
+class PeerStatus:
+    """A snapshot of the link to one peer (for introspection and tests)."""
+
+    peer: str
+    address: str | None
+    state: PeerState
+    initiator: str | None
+    failures: int
+    last_error: str | None
+    queued: int
+    frames_dropped: int
+    frames_refused_by_peer: int
+    frames_refused_from_peer: int
+
+
+class _Connection:
+    """One authenticated WebSocket to a peer."""
+
+    def __init__(
+        self, link: _Link, ws: trio_websocket.WebSocketConnection, info: PeerInfo, now: float
+    ) -> None:
+        self.link = link
+        self.ws = ws
+        self.info = info
+        self.opened_at = now
+        self.key = ConnectionKey(info.initiator, info.dial_seq, info.incarnation)
+        self.ready = trio.Event()  # the handshake's last message is out; frames may follow
+        self.lost = trio.Event()
+        self.closed = trio.Event()
+        self.close_code = CloseCode.NORMAL
+        self.close_reason = ""
+        self.send_scope: trio.CancelScope | None = None
+
+
+class _Link:
+    """Everything about one peer: address, queue, current connection, dial state."""
+
+    def __init__(self, peer: str, address: str | None, queue_size: int) -> None:
+        self.peer = peer
+        self.address = address
+        self.conn: _Connection | None = None
+        self.phase = PeerState.UNREACHABLE if address is None else PeerState.CONNECTING
+        self.failures = 0
+        self.last_error: str | None = None
+        self.changed = trio.Event()
+        self.queue_send, self.queue_receive = trio.open_memory_channel[bytes](queue_size)
+        self.writer_done = trio.Event()
+        self.maintained = False
+        self.frames_dropped = 0
+        self.frames_refused_by_peer = 0
+        self.frames_refused_from_peer = 0
+
+    def live(self) -> _Connection | None:
+        conn = self.conn
+        if conn is None or conn.lost.is_set():
+            return None
+        return conn
+
+    def notify(self) -> None:
+        self.changed.set()
+        self.changed = trio.Event()
+
+
+def _describe(exc: BaseException) -> str:
+    """A one-line account of why a dial failed, looking inside exception groups."""
+    leaves: list[BaseException] = []
+
+    def walk(e: BaseException) -> None:
+        if isinstance(e, BaseExceptionGroup):
+            for inner in e.exceptions:
+                walk(inner)
+        elif not isinstance(e, trio.Cancelled):
+            leaves.append(e)
+
+    walk(exc)
+    if not leaves:
+        return type(exc).__name__
+    leaves.sort(key=lambda e: not isinstance(e, HandshakeFailed))
+    first = leaves[0]
+    if isinstance(first, trio.TooSlowError):
+        return "timed out while connecting"
+    text = str(first) or repr(first)
+    return f"{type(first).__name__}: {text}"
+
+
+def _close_text(reason: trio_websocket.CloseReason | None) -> str:
+    if reason is None:
+        return "connection closed"
+    detail = f" ({reason.reason})" if reason.reason else ""
+    return f"close code {reason.code} {reason.name}{detail}"
+
+
+class WebSocketTransport(Transport):
+    """Frames between nodes over WebSockets. Create it with :func:`open_websocket_transport`."""
+
+    def __init__(
+        self,
+        node_id: str,
+        *,
+        nursery: trio.Nursery,
+        secret: bytes | None,
+        config: WebSocketConfig,
+        random: random_module.Random,
+        network: StreamNetwork,
+        peers: Mapping[str, str],
+    ) -> None:
+        self._node_id = node_id
+        self._nursery = nursery
+        self._secret = secret if secret is not None else b""
+        self._config = config
+        self._random = random
+        self._network = network
+        self._identity = Identity(
+            node_id, secrets.token_bytes(_INCARNATION_SIZE), config.max_frame_size
+        )
+        self._nonces = NonceLog()
+        self._dial_seq = itertools.count(1)
+        self._addresses: dict[str, str] = {}
+        self._links: dict[str, _Link] = {}
+        self._inbound_send, self._inbound_receive = trio.open_memory_channel[Frame](
+            config.inbound_queue_size
+        )
+        self._address: str | None = None
+        self._closed = False
+        for peer, address in peers.items():
+            self.add_peer(peer, address)
+
+    # -- public surface -------------------------------------------------------
+
+    @property
+    def node_id(self) -> str:
+        return self._node_id
+
+    @property
+    def address(self) -> str | None:
+        """The ``host:port`` this node listens on (the real port if 0 was asked), or None."""
+        return self._address
+
+    @property
+    def config(self) -> WebSocketConfig:
+        return self._config
+
+    def add_peer(self, node_id: str, address: str) -> None:
+        """Tell the transport where ``node_id`` listens (``"host:port"``).
+
+        Raises:
+            ValueError: the address is not ``host:port`` or names this node itself.
+        """
+        parse_peer_address(address)
+        if node_id == self._node_id:
+            raise ValueError(f"peer id {node_id!r} is this node's own id")
+        self._addresses[node_id] = address
+        link = self._links.get(node_id)
+        if link is not None:
+            link.address = address
+            self._ensure_maintained(link)
+            link.notify()
+
+    def remove_peer(self, node_id: str) -> None:
+        """Forget ``node_id``'s address: it is no longer redialed (a live connection stays)."""
+        self._addresses.pop(node_id, None)
+        link = self._links.get(node_id)
+        if link is not None:
+            link.address = None
+            link.notify()
+
+    def peer_status(self, node_id: str) -> PeerStatus | None:
+        """The state of the link to ``node_id``, or None if it was never used."""
+        link = self._links.get(node_id)
+        if link is None:
+            return None
+        conn = link.live()
+        if conn is not None:
+            state = PeerState.CONNECTED
+        elif link.phase is PeerState.CONNECTED:
+            state = PeerState.WAITING if link.address is not None else PeerState.UNREACHABLE
+        else:
+            state = link.phase
+        return PeerStatus(
+            peer=link.peer,
+            address=link.address,
+            state=state,
+            initiator=conn.info.initiator if conn is not None else None,
+            failures=link.failures,
+            last_error=link.last_error,
+            queued=link.queue_send.statistics().current_buffer_used,
+            frames_dropped=link.frames_dropped,
+            frames_refused_by_peer=link.frames_refused_by_peer,
+            frames_refused_from_peer=link.frames_refused_from_peer,
+        )
+
+    async def send(self, peer: str, data: bytes) -> None:
+        """Queue ``data`` as one frame for ``peer``; dial it first if needed.
+
+        Waits (at most ``connect_timeout`` and a little) only while a dial to the
+        peer is in flight; otherwise never blocks.
+
+        Raises:
+            PeerUnavailable: no address is known for the peer, the dial failed,
+                or the connection is down and a redial is pending.
+            PeerBusy: the peer's outbound queue is full.
+            FrameTooLarge: ``data`` exceeds the peer's frame limit; nothing was sent.
+            trio.ClosedResourceError: this transport was closed.
+        """
+        if self._closed:
+            raise trio.ClosedResourceError("the WebSocket transport is closed")
+        link = self._links.get(peer)
+        if link is None:
+            link = self._link_for_send(peer)
+        conn = link.live()
+        if conn is None:
+            conn = await self._wait_for_connection(link)
+        limit = conn.info.max_frame
+        if len(data) > limit:
+            raise FrameTooLarge(
+                f"frame of {len(data)} bytes exceeds peer {peer!r}'s limit of {limit} bytes; "
+                "nothing was sent (send smaller messages or raise max_frame_size on both nodes)"
+            )
+        try:
+            link.queue_send.send_nowait(data)
+        except trio.WouldBlock:
+            raise PeerBusy(
+                f"outbound queue to peer {peer!r} is full "
+                f"({self._config.outbound_queue_size} frames); the peer is slow or stalled"
+            ) from None
+        await trio.lowlevel.cancel_shielded_checkpoint()
+
+    async def receive(self) -> Frame:
+        """The next frame any authenticated peer sent this node.
+
+        Raises:
+            trio.ClosedResourceError: this transport was closed.
+        """
+        try:
+            return await self._inbound_receive.receive()
+        except trio.EndOfChannel:
+            raise trio.ClosedResourceError("the WebSocket transport is closed") from None
+
+    async def aclose(self) -> None:
+        """Flush queued frames (bounded), close every connection, stop listening."""
+        if self._closed:
+            await trio.lowlevel.checkpoint()
+            return
+        self._closed = True
+        links = list(self._links.values())
+        for link in links:
+            link.notify()
+        with trio.CancelScope(shield=True):
+            with trio.move_on_after(self._config.close_timeout):
+                for link in links:
+                    link.queue_send.close()
+                for link in links:
+                    await link.writer_done.wait()
+            conns = [link.conn for link in links if link.conn is not None]
+            for conn in conns:
+                self._drop(conn, CloseCode.GOING_AWAY, "node shutting down")
+            with trio.move_on_after(self._config.close_timeout):
+                for conn in conns:
+                    await conn.closed.wait()
+        self._inbound_send.close()
+        self._inbound_receive.close()
+        self._nursery.cancel_scope.cancel()
+
+    # -- links ----------------------------------------------------------------
+
+    def _link_for_send(self, peer: str) -> _Link:
+        if peer == self._node_id:
+            raise PeerUnavailable(
+                f"{peer!r} is this node; deliver local messages without the transport"
+            )
+        address = self._addresses.get(peer)
+        if address is None:
+            raise PeerUnavailable(
+                f"no address known for peer {peer!r} and it has not connected to this node; "
+                "add it with add_peer(node_id, 'host:port')"
+            )
+        return self._new_link(peer, address)
+
+    def _new_link(self, peer: str, address: str | None) -> _Link:
+        link = _Link(peer, address, self._config.outbound_queue_size)
+        self._links[peer] = link
+        self._nursery.start_soon(self._write_loop, link)
+        self._ensure_maintained(link)
+        return link
+
+    def _ensure_maintained(self, link: _Link) -> None:
+        if link.maintained or link.address is None or self._closed:
+            return
+        link.maintained = True
+        if link.live() is None:
+            link.phase = PeerState.CONNECTING
+        self._nursery.start_soon(self._maintain, link)
+
+    async def _wait_for_connection(self, link: _Link) -> _Connection:
+        with trio.move_on_after(self._config.connect_timeout + self._config.close_timeout):
+            while True:
+                if self._closed:
+                    raise trio.ClosedResourceError("the WebSocket transport is closed")
+                conn = link.live()
+                if conn is not None:
+                    return conn
+                if link.phase is not PeerState.CONNECTING:
+                    break
+                await link.changed.wait()
+        raise PeerUnavailable(self._unavailable_reason(link))
+
+    def _unavailable_reason(self, link: _Link) -> str:
+        if link.address is None:
+            return f"peer {link.peer!r} is not connected and no address is known to dial it" + (
+                f" (last error: {link.last_error})" if link.last_error else ""
+            )
+        if link.phase is PeerState.CONNECTING:
+            return f"peer {link.peer!r} at {link.address}: still connecting after the timeout"
+        return (
+            f"peer {link.peer!r} at {link.address} is unreachable"
+            + (f": {link.last_error}" if link.last_error else "")
+            + "; redialing with backoff"
+        )
+
+    async def _maintain(self, link: _Link) -> None:
+        """Keep one connection to the peer up while its address is known."""
+        policy = self._config.reconnect
+        while not self._closed:
+            conn = link.live()
+            if conn is not None:
+                link.phase = PeerState.CONNECTED
+                await conn.lost.wait()
+                if link.live() is None:
+                    lived = trio.current_time() - conn.opened_at
+                    link.failures = 0 if lived >= policy.maximum else link.failures + 1
+                continue
+            if link.address is None:
+                link.phase = PeerState.UNREACHABLE
+                link.maintained = False
+                link.notify()
+                return
+            if link.failures > 0:
+                delay = reconnect_delay(policy, link.failures, self._random.random())
+                link.phase = PeerState.WAITING
+                link.notify()
+                with trio.move_on_after(delay):
+                    while link.live() is None and link.address is not None:
+                        await link.changed.wait()
+                if link.live() is not None or link.address is None or self._closed:
+                    continue
+            link.phase = PeerState.CONNECTING
+            link.notify()
+            try:
+                await self._nursery.start(self._run_outbound, link)
+            except Exception as exc:
+                if link.live() is not None:
+                    # The peer's own dial won the tie-break; nothing failed.
+                    log.debug("%s: dial to %r not needed: %s", self._node_id, link.peer, exc)
+                    continue
+                link.failures += 1
+                link.last_error = _describe(exc)
+                link.phase = PeerState.WAITING
+                log.warning(
+                    "%s: dialing peer %r at %s failed (attempt %d): %s",
+                    self._node_id,
+                    link.peer,
+                    link.address,
+                    link.failures,
+                    link.last_error,
+                )
+                link.notify()
+        link.maintained = False
+
+    # -- connections ----------------------------------------------------------
+
+    async def _run_outbound(
+        self, link: _Link, *, task_status: trio.TaskStatus[_Connection] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        address = link.address
+        if address is None:
+            raise PeerUnavailable(f"no address for peer {link.peer!r}")
+        host, port = parse_peer_address(address)
+        async with trio.open_nursery() as conn_nursery:
+            stream: trio.abc.Stream | None = None
+            try:
+                with trio.fail_after(self._config.connect_timeout):
+                    stream = await self._network.connect(host, port)
+                    ws = await trio_websocket.wrap_client_stream(
+                        conn_nursery,
+                        stream,  # type: ignore[arg-type]  # any trio Stream works
+                        address,
+                        RESOURCE,
+                        message_queue_size=16,
+                        max_message_size=self._config.wire_limit,
+                        receive_buffer_size=self._config.receive_buffer_size,
+                    )
+                    info = await self._client_handshake(ws, link.peer, address)
+            except BaseException:
+                conn_nursery.cancel_scope.cancel()
+                if stream is not None:
+                    await trio.aclose_forcefully(stream)
+                raise
+            conn = _Connection(link, ws, info, trio.current_time())
+            if not self._install(link, conn):
+                await self._close_ws(ws, CloseCode.SUPERSEDED, "a preferred connection exists")
+                conn_nursery.cancel_scope.cancel()
+                raise HandshakeFailed(
+                    f"connection to {link.peer!r} superseded by the one it dialed to us"
+                )
+            conn.ready.set()
+            task_status.started(conn)
+            await self._run_connection(conn, conn_nursery)
+
+    async def _handle_inbound(self, stream: trio.abc.Stream) -> None:
+        """serve_listeners handler: upgrade, authenticate, then serve one peer."""
+        try:
+            async with trio.open_nursery() as conn_nursery:
+                ws: trio_websocket.WebSocketConnection | None = None
+                outcome: tuple[PeerInfo, bytes] | None = None
+                with trio.move_on_after(self._config.handshake_timeout) as timeout:
+                    request = await trio_websocket.wrap_server_stream(
+                        conn_nursery,
+                        stream,
+                        message_queue_size=16,
+                        max_message_size=self._config.wire_limit,
+                        receive_buffer_size=self._config.receive_buffer_size,
+                    )
+                    ws = await request.accept()
+                    outcome = await self._server_handshake(ws)
+                if timeout.cancelled_caught:
+                    log.warning(
+                        "%s: refused an inbound connection: handshake not finished within "
+                        "%.1fs (close code %d)",
+                        self._node_id,
+                        self._config.handshake_timeout,
+                        CloseCode.HANDSHAKE_TIMEOUT,
+                    )
+                    if ws is not None:
+                        await self._close_ws(ws, CloseCode.HANDSHAKE_TIMEOUT, "handshake timeout")
+                conn = None
+                if ws is not None and outcome is not None:
+                    conn = await self._accept_peer(ws, *outcome)
+                if conn is None:
+                    conn_nursery.cancel_scope.cancel()
+                    return
+                await self._run_connection(conn, conn_nursery)
+        except Exception as exc:
+            log.debug("%s: inbound connection ended: %s", self._node_id, _describe(exc))
+        finally:
+            await trio.aclose_forcefully(stream)
+
+    async def _accept_peer(
+        self, ws: trio_websocket.WebSocketConnection, info: PeerInfo, welcome: bytes
+    ) -> _Connection | None:
+        """Install an authenticated inbound connection and tell the peer to go ahead."""
+        if self._closed:
+            await self._close_ws(ws, CloseCode.GOING_AWAY, "node shutting down")
+            return None
+        link = self._links.get(info.node_id)
+        if link is None:
+            link = self._new_link(info.node_id, self._addresses.get(info.node_id))
+        conn = _Connection(link, ws, info, trio.current_time())
+        if not self._install(link, conn):
+            await self._close_ws(ws, CloseCode.SUPERSEDED, "a preferred connection exists")
+            return None
+        try:
+            await ws.send_message(welcome)
+        except trio_websocket.ConnectionClosed as exc:
+            self._drop(conn, CloseCode.NORMAL, f"closed during the handshake: {exc.reason}")
+        conn.ready.set()
+        return conn
+
+    async def _client_handshake(
+        self, ws: trio_websocket.WebSocketConnection, peer: str, address: str
+    ) -> PeerInfo:
+        handshake = ClientHandshake(
+            self._identity,
+            self._secret,
+            secrets.token_bytes(NONCE_SIZE),
+            self._nonces,
+            expect=peer,
+            dial_seq=next(self._dial_seq),
+        )
+        try:
+            await ws.send_message(handshake.hello())
+            proof = handshake.receive_challenge(await ws.get_message())
+            if isinstance(proof, Refused):
+                await self._refuse(ws, proof, f"peer {peer!r} at {address}")
+                raise HandshakeFailed(
+                    f"refused peer {peer!r} at {address}: {proof.reason} "
+                    f"(close code {int(proof.code)})"
+                )
+            await ws.send_message(proof)
+            info = handshake.receive_welcome(await ws.get_message())
+        except trio_websocket.ConnectionClosed as exc:
+            raise HandshakeFailed(
+                f"peer {peer!r} at {address} refused the handshake: {_close_text(exc.reason)}"
+            ) from None
+        if isinstance(info, Refused):
+            await self._refuse(ws, info, f"peer {peer!r} at {address}")
+            raise HandshakeFailed(f"refused peer {peer!r} at {address}: {info.reason}")
+        return info
+
+    async def _server_handshake(
+        self, ws: trio_websocket.WebSocketConnection
+    ) -> tuple[PeerInfo, bytes] | None:
+        """Authenticate a dialing peer; None if it was refused (logged and closed)."""
+        handshake = ServerHandshake(
+            self._identity, self._secret, secrets.token_bytes(NONCE_SIZE), self._nonces
+        )
+        origin = f"inbound connection from {ws.remote}"
+        try:
+            challenge = handshake.receive_hello(await ws.get_message())
+            if isinstance(challenge, Refused):
+                await self._refuse(ws, challenge, origin)
+                return None
+            await ws.send_message(challenge)
+            info = handshake.receive_proof(await ws.get_message())
+            if isinstance(info, Refused):
+                await self._refuse(ws, info, origin)
+                return None
+        except trio_websocket.ConnectionClosed as exc:
+            log.info(
+                "%s: %s left during the handshake: %s",
+                self._node_id,
+                origin,
+                _close_text(exc.reason),
+            )
+            return None
+        return info, handshake.welcome()
+
+    async def _refuse(
+        self, ws: trio_websocket.WebSocketConnection, refusal: Refused, origin: str
+    ) -> None:
+        log.warning(
+            "%s: refused %s: %s (close code %d)",
+            self._node_id,
+            origin,
+            refusal.reason,
+            int(refusal.code),
+        )
+        await self._close_ws(ws, refusal.code, refusal.reason)
+
+    async def _close_ws(
+        self, ws: trio_websocket.WebSocketConnection, code: int, reason: str
+    ) -> None:
+        # Close reasons must fit a control frame (125 bytes with the code).
+        with trio.move_on_after(self._config.close_timeout) as scope:
+            scope.shield = True
+            await ws.aclose(int(code), reason.encode()[:120].decode(errors="ignore"))
+
+    def _install(self, link: _Link, conn: _Connection) -> bool:
+        """Make ``conn`` the peer's connection unless a preferred one is live."""
+        current = link.live()
+        if current is not None and not new_connection_wins(
+            self._node_id, link.peer, conn.key, current.key
+        ):
+            log.info(
+                "%s: keeping the connection to %r dialed by %r; closing the duplicate",
+                self._node_id,
+                link.peer,
+                current.info.initiator,
+            )
+            return False
+        link.conn = conn
+        link.phase = PeerState.CONNECTED
+        link.last_error = None
+        if current is not None:
+            self._drop(current, CloseCode.SUPERSEDED, "replaced by a preferred connection")
+        log.info(
+            "%s: connected to peer %r (dialed by %r, protocol v%d)",
+            self._node_id,
+            link.peer,
+            conn.info.initiator,
+            conn.info.version,
+        )
+        link.notify()
+        return True
+
+    def _drop(self, conn: _Connection, code: CloseCode, reason: str) -> None:
+        """Mark ``conn`` dead; its task closes the WebSocket, the link may redial."""
+        if conn.lost.is_set():
+            return
+        conn.close_code, conn.close_reason = code, reason
+        conn.lost.set()
+        if conn.send_scope is not None:
+            conn.send_scope.cancel()
+        link = conn.link
+        if link.conn is conn:
+            link.conn = None
+            link.last_error = f"connection lost: {reason}"
+            if code not in (CloseCode.GOING_AWAY, CloseCode.SUPERSEDED) or not self._closed:
+                log.info("%s: lost peer %r: %s", self._node_id, link.peer, reason)
+            link.notify()
+
+    async def _run_connection(self, conn: _Connection, conn_nursery: trio.Nursery) -> None:
+        conn_nursery.start_soon(self._read_loop, conn)
+        conn_nursery.start_soon(self._heartbeat, conn)
+        try:
+            await conn.lost.wait()
+        finally:
+            self._drop(conn, CloseCode.GOING_AWAY, "node shutting down")
+            await self._close_ws(conn.ws, conn.close_code, conn.close_reason)
+            conn.closed.set()
+            conn_nursery.cancel_scope.cancel()
+
+    async def _read_loop(self, conn: _Connection) -> None:
+        ws, link = conn.ws, conn.link
+        peer = link.peer
+        limit = self._config.max_frame_size
+        inbound = self._inbound_send
+        try:
+            while True:
+                message = await ws.get_message()
+                if isinstance(message, bytes):
+                    if len(message) > limit:
+                        link.frames_refused_from_peer += 1
+                        log.warning(
+                            "%s: refused a %d-byte frame from %r (limit %d bytes)",
+                            self._node_id,
+                            len(message),
+                            peer,
+                            limit,
+                        )
+                        await ws.send_message(frame_refusal_message(len(message), limit))
+                    elif link.conn is conn:
+                        await inbound.send(Frame(peer, message))
+                    # else: superseded; frames on the losing connection are dropped
+                else:
+                    refusal = parse_control_message(message)
+                    if refusal is None:
+                        log.debug("%s: ignored a control message from %r", self._node_id, peer)
+                        continue
+                    link.frames_refused_by_peer += 1
+                    log.warning(
+                        "%s: peer %r refused a %d-byte frame: %s (its limit is %d bytes)",
+                        self._node_id,
+                        peer,
+                        refusal.size,
+                        refusal.reason,
+                        refusal.limit,
+                    )
+        except trio_websocket.ConnectionClosed as exc:
+            self._drop(conn, CloseCode.NORMAL, f"closed by the peer: {_close_text(exc.reason)}")
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            self._drop(conn, CloseCode.GOING_AWAY, "node shutting down")
+
+    async def _heartbeat(self, conn: _Connection) -> None:
+        interval, timeout = self._config.heartbeat_interval, self._config.heartbeat_timeout
+        for count in itertools.count(1):
+            await trio.sleep(interval)
+            with trio.move_on_after(timeout) as waiting:
+                try:
+                    await conn.ws.ping(count.to_bytes(8, "big"))
+                except trio_websocket.ConnectionClosed as exc:
+                    self._drop(conn, CloseCode.NORMAL, f"closed: {_close_text(exc.reason)}")
+                    return
+            if waiting.cancelled_caught:
+                log.warning(
+                    "%s: peer %r missed its heartbeat (no pong within %.1fs); "
+                    "dropping the connection",
+                    self._node_id,
+                    conn.link.peer,
+                    timeout,
+                )
+                self._drop(conn, CloseCode.HEARTBEAT_TIMEOUT, f"no pong within {timeout:.1f}s")
+                return
+
+    async def _write_loop(self, link: _Link) -> None:
+        try:
+            async for data in link.queue_receive:
+                conn = link.conn
+                if conn is None or conn.lost.is_set():
+                    link.frames_dropped += 1
+                    continue
+                if not conn.ready.is_set():
+                    await conn.ready.wait()
+                with trio.CancelScope() as scope:
+                    conn.send_scope = scope
+                    try:
+                        await conn.ws.send_message(data)
+                    except trio_websocket.ConnectionClosed as exc:
+                        link.frames_dropped += 1
+                        self._drop(conn, CloseCode.NORMAL, f"closed: {_close_text(exc.reason)}")
+                    finally:
+                        conn.send_scope = None
+                if scope.cancelled_caught:
+                    link.frames_dropped += 1
+        finally:
+            link.writer_done.set()
+
+    async def _start_listening(self, host: str, port: int) -> None:
+        listeners, address = await self._network.listen(host, port)
+        self._address = address
+        await self._nursery.start(
+            functools.partial(
+                trio.serve_listeners,
+                self._handle_inbound,
+                listeners,
+                handler_nursery=self._nursery,
+            )
+        )
+        log.info("%s: listening for peers on %s", self._node_id, address)
+
+
+def _parse_listen(listen: tuple[str, int] | str) -> tuple[str, int]:
+    if not isinstance(listen, str):
+        return listen
+    host, sep, port_text = listen.rpartition(":")
+    if not sep or not host or not port_text.isdigit() or int(port_text) > 65535:
+        raise ValueError(f"listen address {listen!r} must look like 'host:port'")
+    return host.removeprefix("[").removesuffix("]"), int(port_text)
+
+
+@asynccontextmanager
+async def open_websocket_transport(
+    node_id: str,
+    listen: tuple[str, int] | str | None = ("127.0.0.1", DEFAULT_PORT),
+    *,
+    secret: bytes | str | None = None,
+    peers: Mapping[str, str] | None = None,
+    config: WebSocketConfig | None = None,
+    random: random_module.Random | None = None,
+    network: StreamNetwork | None = None,
+) -> AsyncIterator[WebSocketTransport]:
+    """Run a :class:`WebSocketTransport` for ``node_id`` for the duration of the block.
+
+    Args:
+        node_id: this node's id; peers must dial it by this name.
+        listen: ``(host, port)`` or ``"host:port"`` to accept peers on (port 0 picks a
+            free one, see ``transport.address``); None to only dial out.
+        secret: the cluster secret. Without one the node only listens on loopback,
+            and only peers without a secret are accepted.
+        peers: node id -> ``"host:port"`` of peers this node may dial; more can be
+            added with :meth:`WebSocketTransport.add_peer`.
+        config: limits and timings (:class:`WebSocketConfig`).
+        random: the random source for reconnect jitter (inject one in tests).
+        network: where streams come from; TCP unless a test injects
+            :class:`~corral.transport._ws_net.MemoryStreamNetwork`.
+
+    Raises:
+        ValueError: empty node id or secret, a malformed address, or a non-loopback
+            listen address without a secret.
+        OSError: the listen address cannot be bound.
+    """
+    if not node_id:
+        raise ValueError("node_id must not be empty")
+    if isinstance(secret, str):
+        secret = secret.encode()
+    if secret is not None and not secret:
+        raise ValueError("the cluster secret must not be empty; pass None for no secret")
+    listen_at = None if listen is None else _parse_listen(listen)
+    if listen_at is not None:
+        check_listen_address(listen_at[0], secret is not None)
+    async with trio.open_nursery() as nursery:
+        transport = WebSocketTransport(
+            node_id,
+            nursery=nursery,
+            secret=secret,
+            config=config or WebSocketConfig(),
+            random=random or random_module.Random(),
+            network=network or TcpNetwork(),
+            peers=peers or {},
+        )
+        try:
+            if listen_at is not None:
+                await transport._start_listening(*listen_at)
+            yield transport
+        finally:
+            await transport.aclose()
