@@ -1,6 +1,15 @@
 """Moving messages between actor systems: envelope, codec, transports."""
 
 from corral.transport._base import Frame, Transport
+from corral.transport._codec import (
+    CodecLimits,
+    Envelope,
+    ErrorCode,
+    decode_envelope,
+    encode_envelope,
+    peek_header,
+    split_address,
+)
 from corral.transport._errors import (
     FrameError,
     FrameTooLarge,
@@ -12,17 +21,41 @@ from corral.transport._errors import (
     TransportError,
     UnknownKind,
 )
+from corral.transport._memory import MemoryNetwork, MemoryTransport
+from corral.transport._schema import (
+    decode_message,
+    encode_message,
+    message,
+    message_class,
+    message_kind,
+    registered_kinds,
+)
 
 __all__ = [
+    "CodecLimits",
+    "Envelope",
+    "ErrorCode",
     "Frame",
     "FrameError",
     "FrameTooLarge",
     "HandshakeFailed",
     "MalformedFrame",
+    "MemoryNetwork",
+    "MemoryTransport",
     "PeerBusy",
     "PeerUnavailable",
     "SchemaError",
     "Transport",
     "TransportError",
     "UnknownKind",
+    "decode_envelope",
+    "decode_message",
+    "encode_envelope",
+    "encode_message",
+    "message",
+    "message_class",
+    "message_kind",
+    "peek_header",
+    "registered_kinds",
+    "split_address",
 ]

@@ -1,0 +1,626 @@
+"""ActorSystem: the root of one node's actor tree, its event log, and its link to other nodes.
+
+Local messages never leave Python: a ref holds its actor's cell and ``tell`` is
+one memory-channel send. Remote messages are encoded into envelopes and handed
+to the :class:`~corral.transport.Transport`; one receive loop per system decodes
+arriving frames, checks them against their kind's schema and delivers them, or
+answers the asker with an ``"error"`` envelope (the system keeps running).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+from collections import deque
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+import outcome
+import trio
+
+from corral.supervision._errors import (
+    ActorCrashed,
+    ActorNotFound,
+    ActorStopped,
+    AskTimeout,
+    MailboxFull,
+    RemoteError,
+    UnhandledMessage,
+)
+from corral.supervision._introspect import ActorSnapshot, Event
+from corral.supervision._ref import ActorRef, Ask
+from corral.supervision._runtime import (
+    Cell,
+    RemoteAsk,
+    StartChild,
+    StopChild,
+    describe_error,
+    leaf_error,
+    run_supervisor,
+)
+from corral.supervision._spec import ChildSpec, SupervisorSpec
+from corral.transport._base import Frame, Transport
+from corral.transport._codec import (
+    DEFAULT_LIMITS,
+    CodecLimits,
+    Envelope,
+    ErrorCode,
+    decode_envelope,
+    encode_envelope,
+    peek_header,
+    split_address,
+)
+from corral.transport._errors import (
+    FrameError,
+    FrameTooLarge,
+    PeerUnavailable,
+    SchemaError,
+    TransportError,
+    UnknownKind,
+)
+from corral.transport._schema import (
+    decode_message,
+    encode_message,
+    encode_value,
+    message_kind,
+)
+
+__all__ = ["ActorSystem", "open_actor_system", "run_actor_system"]
+
+logger = logging.getLogger("corral.supervision")
+
+_CLOSED = (trio.ClosedResourceError, trio.BrokenResourceError)
+
+# error code -> local exception type, for errors the asker can act on by type
+_TYPED_ERRORS: dict[str, type[Exception]] = {
+    ErrorCode.ACTOR_NOT_FOUND: ActorNotFound,
+    ErrorCode.ACTOR_STOPPED: ActorStopped,
+    ErrorCode.MAILBOX_FULL: MailboxFull,
+}
+
+
+class ActorSystem:
+    """One node's actors. Create it with :func:`open_actor_system` or :func:`run_actor_system`.
+
+    Attributes:
+        node_id: this node's id.
+        limits: codec limits applied to every frame sent and received.
+    """
+
+    def __init__(
+        self,
+        node_id: str,
+        transport: Transport | None = None,
+        limits: CodecLimits = DEFAULT_LIMITS,
+        *,
+        event_log_size: int = 1000,
+        remote_delivery_wait: float = 0.5,
+    ) -> None:
+        if not node_id or "/" in node_id:
+            raise ValueError(f"node id {node_id!r} must be non-empty and contain no '/'")
+        if transport is not None and transport.node_id != node_id:
+            raise ValueError(
+                f"the transport belongs to node {transport.node_id!r}, not {node_id!r}"
+            )
+        self.node_id = node_id
+        self.limits = limits
+        self.transport = transport
+        #: emit "actor.started" events (off for bulk spawns if they would flood the log)
+        self.trace_lifecycle = True
+        self._remote_delivery_wait = remote_delivery_wait
+        self._cells: dict[str, Cell] = {}
+        self._events: deque[Event] = deque(maxlen=event_log_size)
+        self._subscribers: list[trio.MemorySendChannel[Event]] = []
+        self._ids = itertools.count(1)
+        self._pending: dict[int, Ask] = {}
+        self._outbox_send, self._outbox_receive = trio.open_memory_channel[tuple[str, bytes]](256)
+        self._root = Cell(self, None, node_id, "/", "supervisor", 0)
+        self._shutdown = trio.Event()
+        self._root_done = trio.Event()
+        self._address = f"{node_id}/"
+
+    # ------------------------------------------------------------------ public API
+
+    @property
+    def root(self) -> ActorRef:
+        """The ref of the root supervisor (path ``"/"``)."""
+        return self._root.ref
+
+    async def spawn(
+        self, spec: ChildSpec | SupervisorSpec, *, parent: ActorRef | None = None
+    ) -> ActorRef:
+        """Start ``spec`` under the root supervisor (or under ``parent``) and return its ref.
+
+        Returns once the actor's ``started()`` has finished (for a supervisor:
+        once all its children have).
+
+        Raises:
+            ActorExists: the parent already has a child of that name.
+            ActorNotFound: ``parent`` is not a supervisor of this system.
+            ActorStopped: the parent is shutting down.
+        """
+        target = self._root if parent is None else self._cells.get(parent.path)
+        if target is None or target.kind != "supervisor" or (parent and parent.is_remote):
+            raise ActorNotFound(f"{parent!r} is not a supervisor on node {self.node_id!r}")
+        ref: ActorRef = await self._control(target, StartChild(spec))
+        return ref
+
+    async def stop(self, ref: ActorRef) -> None:
+        """Stop one actor (or supervisor subtree) gracefully and remove it from its parent.
+
+        Raises:
+            ActorNotFound: no such local actor.
+        """
+        cell = self._cells.get(ref.path)
+        if cell is None or ref.is_remote or cell.parent is None:
+            raise ActorNotFound(f"no actor at {ref.path} on node {self.node_id!r} to stop")
+        await self._control(cell.parent.cell, StopChild(cell.name))
+
+    def ref(self, address: str, *, node: str | None = None) -> ActorRef:
+        """A ref to the actor at ``address``.
+
+        Args:
+            address: ``"node-b/coordinator"`` (node and path), or a path such as
+                ``"/coordinator"`` (this node unless ``node`` is given).
+            node: the node, when ``address`` is a path.
+
+        The actor need not exist yet: ``tell``/``ask`` resolve the path when used.
+        """
+        if node is None:
+            if address.startswith("/"):
+                node, path = self.node_id, address
+            else:
+                node, path = split_address(address)
+        else:
+            path = address if address.startswith("/") else "/" + address
+        if len(path) > 1:
+            path = path.rstrip("/")
+        if node == self.node_id:
+            cell = self._cells.get(path)
+            return ActorRef(self, node, path, cell, False)
+        return ActorRef(self, node, path, None, True)
+
+    def tree(self) -> ActorSnapshot:
+        """A snapshot of the whole actor tree, from the root supervisor down."""
+        return self._root.snapshot()
+
+    def events(self) -> list[Event]:
+        """The most recent events, oldest first (a bounded ring buffer)."""
+        return list(self._events)
+
+    def emit(self, kind: str, path: str = "/", **fields: Any) -> None:
+        """Record an event in the log and pass it to live subscribers (dropped if they lag)."""
+        event = Event(trio.current_time(), kind, path, fields)
+        self._events.append(event)
+        for channel in self._subscribers:
+            try:
+                channel.send_nowait(event)
+            except (trio.WouldBlock, *_CLOSED):
+                pass
+
+    @asynccontextmanager
+    async def subscribe_events(
+        self, buffer: int = 256
+    ) -> AsyncIterator[trio.MemoryReceiveChannel[Event]]:
+        """A live stream of events from now on, as a receive channel.
+
+        Events that arrive while the subscriber's ``buffer`` is full are dropped
+        for that subscriber (the log keeps them).
+        """
+        send, receive = trio.open_memory_channel[Event](buffer)
+        self._subscribers.append(send)
+        try:
+            async with receive:
+                yield receive
+        finally:
+            self._subscribers.remove(send)
+            send.close()
+
+    def shutdown(self) -> None:
+        """Ask the system to shut down (what leaving ``open_actor_system`` does)."""
+        self._shutdown.set()
+
+    # ------------------------------------------------------------------ internals
+
+    def _register(self, cell: Cell) -> None:
+        self._cells[cell.path] = cell
+
+    def _unregister(self, cell: Cell) -> None:
+        if self._cells.get(cell.path) is cell:
+            del self._cells[cell.path]
+
+    async def _control(self, target: Cell, request: object) -> Any:
+        run = target.supervisor
+        if run is None or target.closed or target.state in ("stopping", "stopped"):
+            raise ActorStopped(f"supervisor {target.path} is not running")
+        ask = Ask(request)
+        try:
+            run.control_send.send_nowait(ask)
+        except _CLOSED:
+            raise ActorStopped(f"supervisor {target.path} is not running") from None
+        return await ask.wait()
+
+    async def _run(self, root: SupervisorSpec, task_status: trio.TaskStatus[None]) -> None:
+        ready = trio.Event()
+        async with trio.open_nursery() as nursery:
+
+            async def signal_ready() -> None:
+                await ready.wait()
+                task_status.started()
+
+            nursery.start_soon(signal_ready)
+            try:
+                exit_ = await run_supervisor(self._root, root, ready)
+            finally:
+                self._root_done.set()
+            if exit_.error is not None:
+                raise exit_.error
+
+    # ------------------------------------------------------------------ remote: sending
+
+    def _require_transport(self, node: str) -> Transport:
+        if self.transport is None:
+            raise PeerUnavailable(
+                f"actor system {self.node_id!r} has no transport, so node {node!r} "
+                "is unreachable; pass transport= to open_actor_system"
+            )
+        return self.transport
+
+    def _encode_to(self, ref: ActorRef, message: object, ident: int, ask: bool) -> bytes:
+        kind, body = encode_message(message)
+        return encode_envelope(
+            Envelope(ident, ref.address, self._address, kind, body, None, ask), self.limits
+        )
+
+    async def _remote_tell(self, ref: ActorRef, message: object) -> None:
+        transport = self._require_transport(ref.node_id)
+        data = self._encode_to(ref, message, next(self._ids), False)
+        await transport.send(ref.node_id, data)
+
+    def _remote_tell_nowait(self, ref: ActorRef, message: object) -> None:
+        self._require_transport(ref.node_id)
+        data = self._encode_to(ref, message, next(self._ids), False)
+        try:
+            self._outbox_send.send_nowait((ref.node_id, data))
+        except trio.WouldBlock:
+            raise MailboxFull(
+                f"the outbound queue of {self.node_id!r} is full; use `await tell()`"
+            ) from None
+
+    async def _remote_ask(self, ref: ActorRef, message: object, timeout: float) -> Any:  # noqa: ASYNC109
+        transport = self._require_transport(ref.node_id)
+        ident = next(self._ids)
+        data = self._encode_to(ref, message, ident, True)
+        slot = Ask(message)
+        self._pending[ident] = slot
+        try:
+            with trio.move_on_after(timeout if timeout is not None else math.inf):
+                await transport.send(ref.node_id, data)
+                return await slot.wait()
+        finally:
+            self._pending.pop(ident, None)
+        raise AskTimeout(
+            f"no reply from {ref.address} within {timeout} s to a "
+            f"{type(message).__qualname__} message; the node may be slow, partitioned or down"
+        )
+
+    def _reply_frame(self, peer: str, correlation_id: int, result: outcome.Outcome[Any]) -> bytes:
+        """Encode the reply (or error) envelope for an ask from ``peer``."""
+        ident = next(self._ids)
+        to = f"{peer}/"
+        if isinstance(result, outcome.Value):
+            value = result.value
+            kind = message_kind(value)
+            try:
+                if kind is not None:
+                    body = [kind, encode_message(value)[1]]
+                else:
+                    body = [None, encode_value(value)]
+                return encode_envelope(
+                    Envelope(ident, to, self._address, "reply", body, correlation_id), self.limits
+                )
+            except FrameTooLarge as exc:
+                code, text = ErrorCode.FRAME_TOO_LARGE, f"the reply is too large: {exc}"
+            except (FrameError, TypeError, ValueError) as exc:
+                code, text = ErrorCode.REPLY_NOT_ENCODABLE, f"the reply cannot be sent: {exc}"
+        else:
+            assert isinstance(result, outcome.Error)
+            code, text = _error_code(result.error)
+        return encode_envelope(
+            Envelope(
+                ident,
+                to,
+                self._address,
+                "error",
+                {"code": code, "message": text[:4000]},
+                correlation_id,
+            ),
+            self.limits,
+        )
+
+    async def _send_reply(
+        self, peer: str, correlation_id: int, result: outcome.Outcome[Any]
+    ) -> None:
+        data = self._reply_frame(peer, correlation_id, result)
+        if self.transport is None:
+            return
+        try:
+            await self.transport.send(peer, data)
+        except (TransportError, *_CLOSED) as exc:
+            logger.info("%s: reply to %s lost: %s", self.node_id, peer, describe_error(exc))
+            self.emit("transport.reply-lost", "/", peer=peer, error=describe_error(exc))
+
+    def _queue_reply(self, peer: str, correlation_id: int, result: outcome.Outcome[Any]) -> None:
+        self._queue_frame(peer, self._reply_frame(peer, correlation_id, result))
+
+    def _queue_frame(self, peer: str, data: bytes) -> None:
+        try:
+            self._outbox_send.send_nowait((peer, data))
+        except (trio.WouldBlock, *_CLOSED):
+            logger.info("%s: outbound queue full, a frame to %s was dropped", self.node_id, peer)
+            self.emit("transport.reply-lost", "/", peer=peer, error="outbound queue full")
+
+    async def _outbox_loop(self, transport: Transport) -> None:
+        async for peer, data in self._outbox_receive:
+            try:
+                await transport.send(peer, data)
+            except (TransportError, *_CLOSED) as exc:
+                logger.info("%s: frame to %s lost: %s", self.node_id, peer, describe_error(exc))
+
+    # ------------------------------------------------------------------ remote: receiving
+
+    async def _receive_loop(self, transport: Transport) -> None:
+        while True:
+            try:
+                frame = await transport.receive()
+            except _CLOSED:
+                return
+            try:
+                await self._on_frame(frame)
+            except Exception as exc:  # never let one frame stop the loop
+                logger.exception(
+                    "%s: internal error on a frame from %s", self.node_id, frame.sender
+                )
+                self._reject(frame.sender, None, ErrorCode.MALFORMED_FRAME, describe_error(exc))
+
+    async def _on_frame(self, frame: Frame) -> None:
+        try:
+            envelope = decode_envelope(frame.data, self.limits)
+        except FrameError as exc:
+            code = (
+                ErrorCode.FRAME_TOO_LARGE
+                if isinstance(exc, FrameTooLarge)
+                else ErrorCode.MALFORMED_FRAME
+            )
+            header = peek_header(frame.data)
+            ask_id = header[0] if header is not None and header[2] else None
+            self._reject(frame.sender, ask_id, code, str(exc))
+            return
+        kind = envelope.kind
+        if kind == "reply" or kind == "error":
+            self._on_reply(frame.sender, envelope)
+            return
+        ask_id = envelope.id if envelope.expects_reply else None
+        try:
+            message = decode_message(kind, envelope.body)
+        except UnknownKind as exc:
+            self._reject(frame.sender, ask_id, ErrorCode.UNKNOWN_KIND, str(exc))
+            return
+        except SchemaError as exc:
+            self._reject(frame.sender, ask_id, ErrorCode.SCHEMA, f"{kind}: {exc}")
+            return
+        node, path = split_address(envelope.to)
+        if len(path) > 1:
+            path = path.rstrip("/")
+        cell = self._cells.get(path) if node == self.node_id else None
+        if cell is None:
+            self._reject(
+                frame.sender,
+                ask_id,
+                ErrorCode.ACTOR_NOT_FOUND,
+                f"no actor at {path} on node {self.node_id!r}"
+                if node == self.node_id
+                else f"frame for node {node!r} arrived at {self.node_id!r}",
+            )
+            return
+        send = cell.mailbox_send
+        if send is None:
+            self._reject(
+                frame.sender,
+                ask_id,
+                ErrorCode.UNHANDLED,
+                f"{path} is a supervisor; it takes no messages",
+            )
+            return
+        item: object = message
+        if ask_id is not None:
+            item = RemoteAsk(self, message, frame.sender, ask_id)
+        try:
+            send.send_nowait(item)
+            return
+        except trio.WouldBlock:
+            pass
+        except _CLOSED:
+            self._reject(frame.sender, ask_id, ErrorCode.ACTOR_STOPPED, f"actor {path} has stopped")
+            return
+        # Full mailbox: wait a little (backpressure on the link), then refuse.
+        with trio.move_on_after(self._remote_delivery_wait):
+            try:
+                await send.send(item)
+            except _CLOSED:
+                self._reject(
+                    frame.sender, ask_id, ErrorCode.ACTOR_STOPPED, f"actor {path} has stopped"
+                )
+            return
+        self._reject(
+            frame.sender,
+            ask_id,
+            ErrorCode.MAILBOX_FULL,
+            f"the mailbox of {path} on {self.node_id!r} stayed full; a {kind} message was refused",
+        )
+
+    def _reject(self, peer: str, ask_id: int | None, code: str, text: str) -> None:
+        """Log a refused frame and, if it was an ask, answer it with an error envelope."""
+        logger.warning("%s: refused a frame from %s [%s]: %s", self.node_id, peer, code, text)
+        self.emit("transport.rejected", "/", peer=peer, code=code, reason=text)
+        if ask_id is None:
+            return
+        data = encode_envelope(
+            Envelope(
+                next(self._ids),
+                f"{peer}/",
+                self._address,
+                "error",
+                {"code": code, "message": text[:4000]},
+                ask_id,
+            ),
+            self.limits,
+        )
+        self._queue_frame(peer, data)
+
+    def _on_reply(self, peer: str, envelope: Envelope) -> None:
+        correlation_id = envelope.correlation_id
+        slot = self._pending.pop(correlation_id, None) if correlation_id is not None else None
+        if slot is None:
+            logger.debug("%s: a reply from %s came too late or unasked", self.node_id, peer)
+            return
+        body = envelope.body
+        if envelope.kind == "error":
+            if (
+                type(body) is dict
+                and type(body.get("code")) is str
+                and type(body.get("message")) is str
+            ):
+                code, text = body["code"], body["message"]
+            else:
+                code, text = ErrorCode.MALFORMED_FRAME, f"unreadable error reply: {body!r:.200}"
+            error_type = _TYPED_ERRORS.get(code)
+            error: Exception = (
+                error_type(f"{text} (from {peer})") if error_type else RemoteError(code, text)
+            )
+            slot.resolve(outcome.Error(error))
+            return
+        if (
+            type(body) is not list
+            or len(body) != 2
+            or not (body[0] is None or type(body[0]) is str)
+        ):
+            slot.resolve(
+                outcome.Error(
+                    RemoteError(ErrorCode.MALFORMED_FRAME, "reply body is not [kind, value]")
+                )
+            )
+            return
+        kind, value = body
+        if kind is None:
+            slot.resolve(outcome.Value(value))
+            return
+        try:
+            slot.resolve(outcome.Value(decode_message(kind, value)))
+        except (UnknownKind, SchemaError) as exc:
+            slot.resolve(outcome.Error(exc))
+
+
+def _error_code(error: BaseException) -> tuple[str, str]:
+    if isinstance(error, ActorCrashed):
+        return ErrorCode.HANDLER_ERROR, str(error)
+    if isinstance(error, UnhandledMessage):
+        return ErrorCode.UNHANDLED, str(error)
+    if isinstance(error, ActorStopped):
+        return ErrorCode.ACTOR_STOPPED, str(error)
+    return ErrorCode.HANDLER_ERROR, describe_error(error)
+
+
+_DEFAULT_ROOT = SupervisorSpec(name="root", max_restarts=10, within=60.0)
+
+
+@asynccontextmanager
+async def open_actor_system(
+    node_id: str,
+    transport: Transport | None = None,
+    limits: CodecLimits = DEFAULT_LIMITS,
+    *,
+    children: Sequence[ChildSpec | SupervisorSpec] = (),
+    root: SupervisorSpec | None = None,
+    event_log_size: int = 1000,
+) -> AsyncIterator[ActorSystem]:
+    """Run an actor system for the duration of the block.
+
+    Args:
+        node_id: this node's id (also the transport's).
+        transport: links to other nodes; the system closes it on exit. None: local only.
+        limits: codec limits for frames sent and received.
+        children: specs started under the root, in order, before the block runs.
+        root: the root supervisor's policy (strategy, intensity, backoff); its
+            name is ignored (the root's path is ``"/"``).
+        event_log_size: how many recent events ``events()`` keeps.
+
+    Leaving the block stops every actor in reverse start order, each with its
+    grace period, then ends the transport loops and closes the transport.
+
+    Raises:
+        EscalationError: a top-level child exceeded the root's restart intensity.
+    """
+    system = ActorSystem(node_id, transport, limits, event_log_size=event_log_size)
+    root_spec = root or _DEFAULT_ROOT
+    if children:
+        root_spec = SupervisorSpec(
+            name=root_spec.name,
+            children=tuple(root_spec.children) + tuple(children),
+            strategy=root_spec.strategy,
+            max_restarts=root_spec.max_restarts,
+            within=root_spec.within,
+            backoff=root_spec.backoff,
+        )
+    try:
+        async with trio.open_nursery() as nursery:
+            if transport is not None:
+                nursery.start_soon(system._receive_loop, transport)
+                nursery.start_soon(system._outbox_loop, transport)
+            await nursery.start(system._run, root_spec)
+            try:
+                yield system
+            finally:
+                system._root.request_stop()
+                await system._root_done.wait()
+                nursery.cancel_scope.cancel()
+    except BaseExceptionGroup as group:
+        error = leaf_error(group)
+        if isinstance(error, Exception):
+            raise error from None
+        raise
+    finally:
+        if transport is not None:
+            with trio.CancelScope(shield=True):
+                await transport.aclose()
+
+
+async def run_actor_system(
+    node_id: str,
+    transport: Transport | None = None,
+    limits: CodecLimits = DEFAULT_LIMITS,
+    *,
+    children: Sequence[ChildSpec | SupervisorSpec] = (),
+    root: SupervisorSpec | None = None,
+    event_log_size: int = 1000,
+    task_status: trio.TaskStatus[ActorSystem] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run an actor system as a long-running service.
+
+    Use it as ``system = await nursery.start(run_actor_system, "node-a")``.
+
+    Runs until cancelled or until ``system.shutdown()``; then shuts down as
+    :func:`open_actor_system` does.
+    """
+    async with open_actor_system(
+        node_id,
+        transport,
+        limits,
+        children=children,
+        root=root,
+        event_log_size=event_log_size,
+    ) as system:
+        task_status.started(system)
+        await system._shutdown.wait()
