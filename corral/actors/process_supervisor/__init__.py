@@ -1,0 +1,67 @@
+"""ProcessSupervisor: runs each served app as one real process and keeps it running.
+
+Processes start in their own process group with their ports in the environment,
+write to rotating logs in the app's directory, restart with backoff after a
+crash (a crash loop is reported, not spun), and are stopped with SIGTERM, a
+grace period, then SIGKILL of the whole tree. A node that restarts ends what its
+previous life left running (pid files checked with psutil) before starting
+anything.
+"""
+
+from corral.actors.process_supervisor._errors import (
+    ProcessStillRunning,
+    ProcessSupervisorError,
+    SpawnFailed,
+)
+from corral.actors.process_supervisor._launcher import LaunchedProcess, Launcher, LaunchSpec
+from corral.actors.process_supervisor._layout import AppPaths
+from corral.actors.process_supervisor._logs import RotatingLog
+from corral.actors.process_supervisor._memory import Behaviour, MemoryLauncher, MemoryProcess
+from corral.actors.process_supervisor._os import OsLauncher, OsProcess, write_json_atomically
+from corral.actors.process_supervisor._policy import (
+    CrashHistory,
+    ObservedProcess,
+    PidRecord,
+    ProcessState,
+    RestartDecision,
+    RestartPolicy,
+    backoff_schedule,
+    decide_restart,
+    is_leftover,
+    process_environment,
+)
+from corral.actors.process_supervisor._table import (
+    ProcessInfo,
+    ProcessTable,
+    StartRequest,
+)
+
+__all__ = [
+    "AppPaths",
+    "Behaviour",
+    "CrashHistory",
+    "LaunchSpec",
+    "LaunchedProcess",
+    "Launcher",
+    "MemoryLauncher",
+    "MemoryProcess",
+    "ObservedProcess",
+    "OsLauncher",
+    "OsProcess",
+    "PidRecord",
+    "ProcessInfo",
+    "ProcessState",
+    "ProcessStillRunning",
+    "ProcessSupervisorError",
+    "ProcessTable",
+    "RestartDecision",
+    "RestartPolicy",
+    "RotatingLog",
+    "SpawnFailed",
+    "StartRequest",
+    "backoff_schedule",
+    "decide_restart",
+    "is_leftover",
+    "process_environment",
+    "write_json_atomically",
+]

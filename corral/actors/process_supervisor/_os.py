@@ -1,0 +1,341 @@
+"""Real processes: spawn in an own process group, log, watch, end the whole tree.
+
+Signals go to the process *group* only while its leader is not reaped: an unreaped
+leader (alive or zombie) keeps its pid, hence the group id, from being reused, so
+``killpg`` can never reach a stranger. Descendants that left the group are found
+with psutil, whose process handles refuse to signal a reused pid.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import json
+import logging
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import psutil
+import trio
+
+from corral.actors.process_supervisor._errors import SpawnFailed
+from corral.actors.process_supervisor._launcher import LaunchSpec
+from corral.actors.process_supervisor._layout import AppPaths
+from corral.actors.process_supervisor._logs import RotatingLog
+from corral.actors.process_supervisor._policy import ObservedProcess, PidRecord, is_leftover
+
+log = logging.getLogger("corral.actors.process_supervisor")
+
+_POLL = 0.05
+
+
+def write_json_atomically(path: Path, obj: object) -> None:
+    """Write ``obj`` as JSON to ``path`` so a reader sees the old or the new file, never
+    a partial one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", encoding="utf-8") as file:
+        json.dump(obj, file, sort_keys=True)
+        file.flush()
+        os.fsync(file.fileno())
+    os.replace(tmp, path)
+
+
+def _alive(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _signal_all(procs: list[psutil.Process], sig: signal.Signals) -> None:
+    for proc in procs:
+        with contextlib.suppress(psutil.Error, OSError):
+            proc.send_signal(sig)
+
+
+def _descendants(pid: int) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return []
+
+
+class OsProcess:
+    """A real process started by :class:`OsLauncher` (see ``LaunchedProcess``)."""
+
+    def __init__(
+        self,
+        process: trio.Process,
+        spec: LaunchSpec,
+        nursery: trio.Nursery,
+        logs: tuple[RotatingLog, RotatingLog],
+    ) -> None:
+        self._process = process
+        self._spec = spec
+        self._logs = logs
+        self._exited = trio.Event()
+        self._pumps_done = trio.Event()
+        self._pump_scope = trio.CancelScope()
+        self._stop_started = False
+        self._stop_done = trio.Event()
+        self._reaped = False
+        self._returncode: int | None = None
+        self._tree: list[psutil.Process] = []
+        nursery.start_soon(self._watch_exit)
+        nursery.start_soon(self._pump_logs)
+
+    @property
+    def pid(self) -> int:
+        return self._process.pid
+
+    @property
+    def reaped(self) -> bool:
+        return self._reaped
+
+    # ------------------------------------------------------------------ watching
+
+    def _leader_exited(self) -> bool:
+        try:
+            result = os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return True
+        return result is not None
+
+    async def _watch_exit(self) -> None:
+        try:
+            fd = os.pidfd_open(self.pid)
+        except (AttributeError, OSError):
+            fd = None
+        if fd is not None:
+            try:
+                await trio.lowlevel.wait_readable(fd)
+            finally:
+                os.close(fd)
+        else:  # pragma: no cover - kernels before 5.3
+            while not self._leader_exited():  # noqa: ASYNC110 - no event to wait for
+                await trio.sleep(_POLL)
+        self._exited.set()
+
+    async def _pump_logs(self) -> None:
+        with self._pump_scope:
+            async with trio.open_nursery() as nursery:
+                stdout, stderr = self._process.stdout, self._process.stderr
+                if stdout is not None:
+                    nursery.start_soon(self._pump, stdout, self._logs[0])
+                if stderr is not None:
+                    nursery.start_soon(self._pump, stderr, self._logs[1])
+        self._pumps_done.set()
+
+    @staticmethod
+    async def _pump(stream: trio.abc.ReceiveStream, sink: RotatingLog) -> None:
+        try:
+            while chunk := await stream.receive_some(65536):
+                sink.write(chunk)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        finally:
+            await trio.aclose_forcefully(stream)
+
+    async def wait_exited(self) -> None:
+        await self._exited.wait()
+
+    async def wait_ready(self) -> bool:
+        delay = _POLL
+        with trio.move_on_after(self._spec.ready_timeout):
+            while not self._exited.is_set():
+                try:
+                    stream = await trio.open_tcp_stream(
+                        self._spec.ready_host, self._spec.public_port
+                    )
+                except OSError:
+                    await trio.sleep(delay)
+                    delay = min(delay * 2, 1.0)
+                    continue
+                await trio.aclose_forcefully(stream)
+                return True
+        return False
+
+    # ------------------------------------------------------------------ ending
+
+    def _signal_group(self, sig: signal.Signals) -> None:
+        if self._reaped:
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pid, sig)
+
+    def kill(self) -> None:
+        self._signal_group(signal.SIGKILL)
+        _signal_all(self._tree, signal.SIGKILL)
+
+    async def finish(self) -> int:
+        await self._exited.wait()
+        # The zombie leader still holds the group id: end what it left in its group.
+        self._tree = _descendants(self.pid)
+        self.kill()
+        return await self.reap()
+
+    async def stop(self, grace: float) -> int:
+        if self._stop_started:
+            await self._stop_done.wait()
+            return await self.reap()
+        self._stop_started = True
+        try:
+            if not self._reaped:
+                self._tree = _descendants(self.pid)
+                self._signal_group(signal.SIGTERM)
+                _signal_all(self._tree, signal.SIGTERM)
+                with trio.move_on_after(grace):
+                    await self._exited.wait()
+                    # Descendants are not our children: psutil can only be polled.
+                    while any(_alive(p) for p in self._tree):  # noqa: ASYNC110
+                        await trio.sleep(_POLL)
+                self.kill()
+            return await self.reap()
+        finally:
+            self._stop_done.set()
+
+    async def reap(self) -> int:
+        code = await self._process.wait()
+        if self._reaped:
+            return code
+        self._reaped = True
+        self._returncode = code
+        self._forget_pid_file()
+        # Let the pumps write what the pipes still hold, then end them (a descendant
+        # that escaped the group could keep a pipe open forever).
+        with trio.move_on_after(1.0):
+            await self._pumps_done.wait()
+        self._pump_scope.cancel()
+        stdout, stderr = self._logs
+        stdout.close()
+        stderr.write(_banner(f"pid {self.pid} exited with code {code}"))
+        stderr.close()
+        return code
+
+    def _forget_pid_file(self) -> None:
+        path = self._spec.paths.pid_file
+        with contextlib.suppress(OSError, ValueError):
+            record = PidRecord.from_json(json.loads(path.read_text()))
+            if record is not None and record.pid == self.pid:
+                path.unlink()
+
+
+def _banner(text: str) -> bytes:
+    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return f"--- corral {stamp}: {text} ---\n".encode()
+
+
+def _observe(pid: int) -> tuple[psutil.Process, ObservedProcess] | None:
+    try:
+        proc = psutil.Process(pid)
+        create_time = proc.create_time()
+        cmdline = tuple(proc.cmdline())
+    except psutil.Error:
+        return None
+    app = node = None
+    with contextlib.suppress(psutil.Error, OSError):
+        environ = proc.environ()
+        app, node = environ.get("CORRAL_APP"), environ.get("CORRAL_NODE")
+    return proc, ObservedProcess(create_time, cmdline, app, node)
+
+
+class OsLauncher:
+    """Starts real processes (see ``Launcher``).
+
+    Args:
+        log_max_bytes: size at which stdout.log / stderr.log rotate.
+        log_backups: rotated files kept per stream.
+    """
+
+    def __init__(self, *, log_max_bytes: int = 10 * 1024 * 1024, log_backups: int = 5) -> None:
+        self.log_max_bytes = log_max_bytes
+        self.log_backups = log_backups
+
+    async def spawn(self, spec: LaunchSpec, nursery: trio.Nursery) -> OsProcess:
+        if not spec.command:
+            raise SpawnFailed(f"app {spec.app!r} has an empty command; deploy it with a command")
+        spec.paths.logs.mkdir(parents=True, exist_ok=True)
+        sizes = {"max_bytes": self.log_max_bytes, "backups": self.log_backups}
+        logs = (
+            RotatingLog(spec.paths.stdout_log, **sizes),
+            RotatingLog(spec.paths.stderr_log, **sizes),
+        )
+        try:
+            process = await trio.lowlevel.open_process(
+                list(spec.command),
+                cwd=str(spec.cwd),
+                env=dict(spec.env),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            for sink in logs:
+                sink.close()
+            raise SpawnFailed(
+                f"cannot start app {spec.app!r}: {list(spec.command)!r} in {spec.cwd}: "
+                f"{exc.strerror or exc}; check the deployment's command and that its program "
+                "exists in the artifact or on the node's PATH"
+            ) from exc
+        logs[1].write(
+            _banner(f"{spec.app} revision {spec.revision[:12]} started as pid {process.pid}")
+        )
+        launched = OsProcess(process, spec, nursery, logs)
+        # The pid file lets a later life of the node find this process if this one dies.
+        observed = _observe(process.pid)
+        if observed is not None:
+            _, seen = observed
+            record = PidRecord(
+                spec.app, spec.node_id, process.pid, seen.create_time, seen.cmdline, spec.revision
+            )
+            try:
+                write_json_atomically(spec.paths.pid_file, record.to_json())
+            except OSError:
+                log.exception("cannot write pid file %s", spec.paths.pid_file)
+        return launched
+
+    async def end_leftovers(self, data_dir: Path, grace: float) -> list[PidRecord]:
+        found: list[tuple[PidRecord, psutil.Process, Path]] = []
+        for pid_file in sorted(AppPaths.apps_root(data_dir).glob("*/process.json")):
+            try:
+                record = PidRecord.from_json(json.loads(pid_file.read_text()))
+            except (OSError, ValueError):
+                record = None
+            seen = None if record is None else _observe(record.pid)
+            if record is not None and seen is not None and is_leftover(record, seen[1]):
+                found.append((record, seen[0], pid_file))
+            else:
+                pid_file.unlink(missing_ok=True)
+        if found:
+            async with trio.open_nursery() as nursery:
+                for record, proc, pid_file in found:
+                    nursery.start_soon(self._end_leftover, record, proc, pid_file, grace)
+        return [record for record, _, _ in found]
+
+    @staticmethod
+    async def _end_leftover(
+        record: PidRecord, leader: psutil.Process, pid_file: Path, grace: float
+    ) -> None:
+        log.warning(
+            "ending pid %d of app %s left running by a previous life of this node",
+            record.pid,
+            record.app,
+        )
+        tree = [leader, *_descendants(record.pid)]
+
+        def signal_tree(sig: signal.Signals) -> None:
+            if _alive(leader):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(record.pid, sig)
+            _signal_all(tree, sig)
+
+        signal_tree(signal.SIGTERM)
+        _, alive = await trio.to_thread.run_sync(lambda: psutil.wait_procs(tree, timeout=grace))
+        if alive:
+            signal_tree(signal.SIGKILL)
+            await trio.to_thread.run_sync(lambda: psutil.wait_procs(alive, timeout=5.0))
+        pid_file.unlink(missing_ok=True)  # noqa: ASYNC240 - one small local file

@@ -1,0 +1,477 @@
+"""The process table: one runner task per app, keeping its process as asked.
+
+The table is declarative: :meth:`ProcessTable.ensure` says "run this", and
+:meth:`ProcessTable.stop` says "run nothing"; the app's runner task works out the
+rest (start, stop the old revision before starting a new one, restart after a
+crash with backoff, report crash loops). The actor only forwards messages.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from corral.actors.process_supervisor._errors import ProcessStillRunning, SpawnFailed
+from corral.actors.process_supervisor._launcher import LaunchedProcess, Launcher, LaunchSpec
+from corral.actors.process_supervisor._layout import AppPaths
+from corral.actors.process_supervisor._policy import (
+    LIVE_STATES,
+    CrashHistory,
+    ProcessState,
+    RestartPolicy,
+    decide_restart,
+    process_environment,
+)
+
+log = logging.getLogger("corral.actors.process_supervisor")
+
+SHUTDOWN_REASON = "the node is shutting down"
+
+
+@dataclass(frozen=True, slots=True)
+class StartRequest:
+    """Run ``command`` of ``revision`` for ``app`` in ``cwd`` on the given ports.
+
+    ``env`` is the deployment's environment; corral adds its own variables.
+    """
+
+    app: str
+    revision: str
+    command: tuple[str, ...]
+    cwd: str
+    public_port: int
+    internal_port: int
+    env: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessInfo:
+    """One row of the node's process table (``corral ps``, ``GET /v1/state``).
+
+    ``state`` is the supervisor's view (starting, running, backoff, stopping, stopped);
+    ``crash_loop`` says whether the app is in a crash loop. ``started_at`` is wall time.
+    """
+
+    app: str
+    state: ProcessState
+    pid: int | None
+    revision: str
+    public_port: int
+    internal_port: int
+    restarts: int
+    started_at: float | None
+    last_exit_code: int | None
+    crash_loop: bool
+    last_error: str | None
+    stop_reason: str | None
+
+    @property
+    def live(self) -> bool:
+        """Whether the app's process runs or will be restarted (not stopping or stopped)."""
+        return self.state in LIVE_STATES
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "app": self.app,
+            "state": self.state,
+            "pid": self.pid,
+            "revision": self.revision,
+            "public_port": self.public_port,
+            "internal_port": self.internal_port,
+            "restarts": self.restarts,
+            "started_at": self.started_at,
+            "last_exit_code": self.last_exit_code,
+            "crash_loop": self.crash_loop,
+            "last_error": self.last_error,
+            "stop_reason": self.stop_reason,
+        }
+
+
+class _Slot:
+    def __init__(self, app: str) -> None:
+        self.app = app
+        self.desired: StartRequest | None = None
+        self.current: StartRequest | None = None
+        self.wake = trio.Event()
+        self.state: ProcessState = "stopped"
+        self.pid: int | None = None
+        self.started_at: float | None = None
+        self.restarts = 0
+        self.last_exit_code: int | None = None
+        self.crash_loop = False
+        self.last_error: str | None = None
+        self.stop_reason: str | None = None
+        self.history = CrashHistory()
+        self.process: LaunchedProcess | None = None
+        self.runner_active = False
+
+    def info(self) -> ProcessInfo:
+        shown = self.current or self.desired
+        return ProcessInfo(
+            app=self.app,
+            state=self.state,
+            pid=self.pid,
+            revision=shown.revision if shown else "",
+            public_port=shown.public_port if shown else 0,
+            internal_port=shown.internal_port if shown else 0,
+            restarts=self.restarts,
+            started_at=self.started_at,
+            last_exit_code=self.last_exit_code,
+            crash_loop=self.crash_loop,
+            last_error=self.last_error,
+            stop_reason=self.stop_reason,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class _Outcome:
+    exited_on_its_own: bool
+    code: int | None
+    uptime: float
+
+
+EventSink = Callable[..., None]
+
+
+class ProcessTable:
+    """Keeps each app's process as asked, on trio.
+
+    Args:
+        node_id: this node's id (``CORRAL_NODE`` of every process).
+        data_dir: the node's data directory; logs and pid files go to
+            ``<data_dir>/apps/<app>/``.
+        launcher: how processes are started (``OsLauncher`` or ``MemoryLauncher``).
+        start_soon: starts a runner task in a nursery that outlives the calls
+            (the actor's ``ctx.start_task`` or a test's ``nursery.start_soon``).
+        policy: restart backoff and crash-loop detection.
+        grace: seconds between SIGTERM and SIGKILL when stopping.
+        bind_host: the host apps should bind (``CORRAL_BIND_HOST``); readiness is
+            probed there (on 127.0.0.1 for a wildcard).
+        ready_timeout: seconds after which a process that never answered on its port
+            counts as running anyway (it may not serve HTTP at all).
+        wall_clock: wall time for ``started_at``.
+        base_env: the environment processes inherit (default: the node's).
+        on_event: ``on_event(kind, **fields)`` for observability events.
+        on_change: called after any change of the table.
+    """
+
+    def __init__(
+        self,
+        *,
+        node_id: str,
+        data_dir: Path,
+        launcher: Launcher,
+        start_soon: Callable[..., Any],
+        policy: RestartPolicy | None = None,
+        grace: float = 10.0,
+        bind_host: str = "127.0.0.1",
+        ready_timeout: float = 30.0,
+        wall_clock: Callable[[], float] = time.time,
+        base_env: Mapping[str, str] | None = None,
+        on_event: EventSink | None = None,
+        on_change: Callable[[], None] | None = None,
+    ) -> None:
+        self.node_id = node_id
+        self.data_dir = Path(data_dir)
+        self._launcher = launcher
+        self._start_soon = start_soon
+        self.policy = policy or RestartPolicy()
+        self.grace = grace
+        self.bind_host = bind_host
+        self.ready_timeout = ready_timeout
+        self._wall = wall_clock
+        self._base_env = dict(os.environ if base_env is None else base_env)
+        self._on_event = on_event
+        self._on_change = on_change
+        self._slots: dict[str, _Slot] = {}
+        self._active = 0
+        self._idle = trio.Event()
+        self._idle.set()
+        self._closing = False
+        self.generation = 0
+
+    # ------------------------------------------------------------------ commands
+
+    def ensure(self, request: StartRequest) -> bool:
+        """Run ``request`` for its app: start it, or replace a process that runs
+        something else (stopping it first). Returns False when the table is shutting
+        down and refused."""
+        if self._closing:
+            return False
+        slot = self._slots.get(request.app)
+        if slot is None:
+            slot = self._slots[request.app] = _Slot(request.app)
+        if slot.desired == request:
+            return True
+        slot.desired = request
+        slot.stop_reason = None
+        if slot.runner_active:
+            slot.wake.set()
+        else:
+            slot.runner_active = True
+            if self._active == 0:
+                self._idle = trio.Event()
+            self._active += 1
+            self._start_soon(self._run, slot)
+        self._changed()
+        return True
+
+    def stop(self, app: str, reason: str) -> bool:
+        """Stop ``app``'s process (SIGTERM, grace, SIGKILL) and do not restart it.
+        Returns False when nothing was running or asked to run."""
+        slot = self._slots.get(app)
+        if slot is None or slot.desired is None:
+            return False
+        slot.desired = None
+        slot.stop_reason = reason
+        slot.wake.set()
+        self._changed()
+        return True
+
+    def forget(self, app: str) -> bool:
+        """Drop ``app``'s stopped entry. Returns False when there was none.
+
+        Raises:
+            ProcessStillRunning: its process is not stopped yet.
+        """
+        slot = self._slots.get(app)
+        if slot is None:
+            return False
+        if slot.runner_active or slot.state != "stopped":
+            raise ProcessStillRunning(
+                f"app {app!r} is still {slot.state}; stop it and wait until it is stopped"
+            )
+        del self._slots[app]
+        self._changed()
+        return True
+
+    # ------------------------------------------------------------------ queries
+
+    def info(self, app: str) -> ProcessInfo | None:
+        slot = self._slots.get(app)
+        return None if slot is None else slot.info()
+
+    def snapshot(self) -> list[ProcessInfo]:
+        """Every app's row, sorted by app."""
+        return [self._slots[app].info() for app in sorted(self._slots)]
+
+    @property
+    def active(self) -> int:
+        """How many apps have a runner (a process running, starting, backing off or stopping)."""
+        return self._active
+
+    async def wait_idle(self) -> None:
+        """Return once no runner is active."""
+        await self._idle.wait()
+
+    async def shutdown(self, reason: str = SHUTDOWN_REASON) -> None:
+        """Stop every process (concurrently, each SIGTERM -> grace -> SIGKILL) and refuse
+        new ones; return once nothing runs. Safe to call under a shielded scope."""
+        self._closing = True
+        for app in sorted(self._slots):
+            self.stop(app, reason)
+        with trio.move_on_after(self.grace + 5.0):
+            await self._idle.wait()
+        self.kill_all()
+        with trio.move_on_after(5.0):
+            for slot in list(self._slots.values()):
+                if slot.process is not None and not slot.process.reaped:
+                    await slot.process.reap()
+
+    def kill_all(self) -> None:
+        """SIGKILL every process now (synchronous: usable from any cleanup path)."""
+        for slot in self._slots.values():
+            if slot.process is not None and not slot.process.reaped:
+                slot.process.kill()
+
+    # ------------------------------------------------------------------ runner
+
+    def _changed(self) -> None:
+        self.generation += 1
+        if self._on_change is not None:
+            self._on_change()
+
+    def _emit(self, kind: str, **fields: Any) -> None:
+        if self._on_event is not None:
+            self._on_event(kind, **fields)
+
+    def _launch_spec(self, request: StartRequest) -> LaunchSpec:
+        host = self.bind_host if self.bind_host not in ("", "0.0.0.0", "::") else "127.0.0.1"
+        return LaunchSpec(
+            app=request.app,
+            node_id=self.node_id,
+            revision=request.revision,
+            command=tuple(request.command),
+            cwd=Path(request.cwd),
+            paths=AppPaths.of(self.data_dir, request.app),
+            public_port=request.public_port,
+            internal_port=request.internal_port,
+            env=process_environment(
+                self._base_env,
+                request.env,
+                app=request.app,
+                node_id=self.node_id,
+                public_port=request.public_port,
+                internal_port=request.internal_port,
+                bind_host=self.bind_host,
+            ),
+            ready_host=host,
+            ready_timeout=self.ready_timeout,
+        )
+
+    async def _run(self, slot: _Slot) -> None:
+        try:
+            while not self._closing:
+                slot.wake = trio.Event()
+                request = slot.desired
+                if request is None:
+                    break
+                outcome = await self._run_once(slot, request)
+                if not outcome.exited_on_its_own:
+                    continue
+                await self._back_off(slot, outcome)
+        finally:
+            slot.runner_active = False
+            slot.state = "stopped"
+            slot.pid = None
+            slot.process = None
+            self._active -= 1
+            if self._active == 0:
+                self._idle.set()
+            self._changed()
+
+    async def _back_off(self, slot: _Slot, outcome: _Outcome) -> None:
+        decision = decide_restart(
+            self.policy, slot.history, exited_at=trio.current_time(), uptime=outcome.uptime
+        )
+        slot.history = decision.history
+        entering_loop = decision.crash_loop and not slot.crash_loop
+        slot.crash_loop = decision.crash_loop
+        slot.state = "backoff"
+        self._changed()
+        self._emit(
+            "process.exited",
+            app=slot.app,
+            code=outcome.code,
+            uptime=round(outcome.uptime, 3),
+            restart_in=decision.delay,
+        )
+        if entering_loop:
+            log.warning(
+                "app %s is crash-looping (%d exits within %gs); restarting every %gs",
+                slot.app,
+                len(decision.history.exits),
+                self.policy.crash_loop_window,
+                decision.delay,
+            )
+            self._emit(
+                "process.crash-loop",
+                app=slot.app,
+                exits=len(decision.history.exits),
+                window=self.policy.crash_loop_window,
+                backoff=decision.delay,
+                last_exit_code=outcome.code,
+            )
+        with trio.move_on_after(decision.delay):
+            await slot.wake.wait()
+        if not slot.wake.is_set():
+            slot.restarts += 1
+
+    async def _run_once(self, slot: _Slot, request: StartRequest) -> _Outcome:
+        spec = self._launch_spec(request)
+        proc: LaunchedProcess | None = None
+        async with trio.open_nursery() as nursery:
+            try:
+                try:
+                    proc = await self._launcher.spawn(spec, nursery)
+                except SpawnFailed as exc:
+                    slot.last_error = str(exc)
+                    slot.current = request
+                    log.error("%s", exc)
+                    self._emit("process.spawn-failed", app=slot.app, error=str(exc))
+                    return _Outcome(True, None, 0.0)
+                spawned_at = trio.current_time()
+                slot.process = proc
+                slot.current = request
+                slot.pid = proc.pid
+                slot.started_at = self._wall()
+                slot.state = "starting"
+                slot.last_error = None
+                self._changed()
+                self._emit("process.started", app=slot.app, pid=proc.pid, revision=request.revision)
+                woken = await self._watch(slot, proc)
+                uptime = trio.current_time() - spawned_at
+                if woken:
+                    slot.state = "stopping"
+                    self._changed()
+                    code: int | None = await proc.stop(self.grace)
+                    self._emit(
+                        "process.stopped",
+                        app=slot.app,
+                        pid=proc.pid,
+                        code=code,
+                        reason=slot.stop_reason or "replaced by another revision or port pair",
+                    )
+                else:
+                    code = await proc.finish()
+                slot.last_exit_code = code
+                slot.pid = None
+                slot.process = None
+                return _Outcome(not woken, code, uptime)
+            finally:
+                if proc is not None and not proc.reaped:
+                    # Cancelled (the actor or node is going away): nothing may outlive us.
+                    proc.kill()
+                    with trio.CancelScope(shield=True), trio.move_on_after(5.0):
+                        await proc.reap()
+
+    async def _watch(self, slot: _Slot, proc: LaunchedProcess) -> bool:
+        """Wait until the process exits (False) or the slot is woken (True); meanwhile
+        mark it running once ready and clear a crash loop once it has run stably."""
+        woken = False
+
+        async with trio.open_nursery() as race:
+
+            async def exited() -> None:
+                await proc.wait_exited()
+                race.cancel_scope.cancel()
+
+            async def wake() -> None:
+                nonlocal woken
+                await slot.wake.wait()
+                woken = True
+                race.cancel_scope.cancel()
+
+            async def ready() -> None:
+                answered = await proc.wait_ready()
+                if not answered:
+                    log.info(
+                        "app %s did not answer on port %d within %gs; counting it as running",
+                        slot.app,
+                        slot.current.public_port if slot.current else 0,
+                        self.ready_timeout,
+                    )
+                if slot.state == "starting":
+                    slot.state = "running"
+                    self._changed()
+
+            async def stable() -> None:
+                await trio.sleep(self.policy.stable_after)
+                slot.history = CrashHistory()
+                if slot.crash_loop:
+                    slot.crash_loop = False
+                    self._changed()
+                    self._emit("process.recovered", app=slot.app, pid=proc.pid)
+
+            race.start_soon(exited)
+            race.start_soon(wake)
+            race.start_soon(ready)
+            race.start_soon(stable)
+        return woken

@@ -1,0 +1,229 @@
+"""The process table on the in-memory launcher, in virtual time."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+from corral.actors.process_supervisor import (
+    Behaviour,
+    MemoryLauncher,
+    ProcessStillRunning,
+    ProcessTable,
+    RestartPolicy,
+    StartRequest,
+)
+
+REV_A = "a" * 64
+REV_B = "b" * 64
+POLICY = RestartPolicy(
+    initial_backoff=0.5, max_backoff=30.0, stable_after=20.0, crash_loop_crashes=5
+)
+
+
+def request(app: str = "hello", revision: str = REV_A, public: int = 24001) -> StartRequest:
+    return StartRequest(
+        app=app,
+        revision=revision,
+        command=("python3", "server.py"),
+        cwd=f"/srv/{app}",
+        public_port=public,
+        internal_port=public + 500,
+        env={"GREETING": "hi"},
+    )
+
+
+async def until(predicate: Callable[[], bool]) -> None:
+    while not predicate():
+        await trio.sleep(0.01)
+
+
+class Harness:
+    def __init__(self, nursery: trio.Nursery, data_dir: Path, **kwargs: Any) -> None:
+        self.launcher = MemoryLauncher()
+        self.events: list[tuple[str, dict[str, Any]]] = []
+        self.table = ProcessTable(
+            node_id="node-a",
+            data_dir=data_dir,
+            launcher=self.launcher,
+            start_soon=nursery.start_soon,
+            policy=POLICY,
+            grace=10.0,
+            base_env={"PATH": "/bin", "CORRAL_SECRET": "x"},
+            on_event=lambda kind, **fields: self.events.append((kind, fields)),
+            **kwargs,
+        )
+
+    def kinds(self) -> list[str]:
+        return [kind for kind, _ in self.events]
+
+
+async def test_ensure_starts_the_process_with_its_ports_and_marks_it_running(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    async with trio.open_nursery() as nursery:
+        h = Harness(nursery, tmp_path)
+        assert h.table.ensure(request())
+        await until(lambda: (h.table.info("hello") or request()).state == "running")  # type: ignore[union-attr]
+        (process,) = h.launcher.spawned
+        assert process.spec.env["PORT"] == "24001"
+        assert process.spec.env["CORRAL_INTERNAL_PORT"] == "24501"
+        assert process.spec.env["GREETING"] == "hi"
+        assert "CORRAL_SECRET" not in process.spec.env
+        assert process.spec.paths.root == tmp_path / "apps" / "hello"
+        info = h.table.info("hello")
+        assert info is not None
+        assert (info.pid, info.revision, info.public_port, info.restarts) == (
+            process.pid,
+            REV_A,
+            24001,
+            0,
+        )
+        assert h.table.ensure(request())  # the same request again changes nothing
+        assert len(h.launcher.spawned) == 1
+        await h.table.shutdown()
+    assert not h.launcher.alive()
+
+
+async def test_crashes_back_off_exponentially_then_report_a_crash_loop(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    async with trio.open_nursery() as nursery:
+        h = Harness(nursery, tmp_path)
+        h.launcher.behave("hello", Behaviour(exit_after=1.0, exit_code=3))
+        t0 = trio.current_time()
+        h.table.ensure(request())
+        await until(lambda: len(h.launcher.spawned) == 6)
+        starts = [p.started_at - t0 for p in h.launcher.spawned]
+        # exits at 1, 2.5, 4.5, 7.5, 12.5 -> delays 0.5, 1, 2, 4, then the crash loop's 30
+        assert starts == [0.0, 1.5, 3.5, 6.5, 11.5, 42.5]
+        info = h.table.info("hello")
+        assert info is not None
+        assert info.crash_loop
+        assert info.restarts == 5
+        assert info.last_exit_code == 3
+        assert h.kinds().count("process.crash-loop") == 1
+        loop_event = dict(h.events)["process.crash-loop"]
+        assert loop_event["app"] == "hello"
+        assert loop_event["backoff"] == 30.0
+        await h.table.shutdown()
+
+
+async def test_a_stable_run_clears_the_crash_loop(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    async with trio.open_nursery() as nursery:
+        h = Harness(nursery, tmp_path)
+        h.launcher.behave("hello", Behaviour(exit_after=0.1))
+        h.table.ensure(request())
+        await until(lambda: bool((info := h.table.info("hello")) and info.crash_loop))
+        h.launcher.behave("hello", Behaviour())  # the next start stays up
+        await until(lambda: not (info := h.table.info("hello")) or not info.crash_loop)
+        assert "process.recovered" in h.kinds()
+        alive = h.launcher.alive()
+        assert len(alive) == 1
+        assert trio.current_time() - alive[0].started_at == pytest.approx(POLICY.stable_after, abs=0.02)
+        await h.table.shutdown()
+
+
+async def test_stop_sends_sigterm_then_sigkill_after_the_grace_period(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    async with trio.open_nursery() as nursery:
+        h = Harness(nursery, tmp_path)
+        h.launcher.behave("hello", Behaviour(ignore_term=True))
+        h.table.ensure(request())
+        await until(lambda: bool(h.launcher.spawned))
+        t0 = trio.current_time()
+        assert h.table.stop("hello", "application is no longer served by this node")
+        await until(lambda: (h.table.info("hello") or request()).state == "stopped")  # type: ignore[union-attr]
+        assert trio.current_time() - t0 == pytest.approx(10.0, abs=0.02)
+        (process,) = h.launcher.spawned
+        assert process.signals == ["SIGTERM", "SIGKILL"]
+        info = h.table.info("hello")
+        assert info is not None
+        assert info.last_exit_code == -9
+        assert info.stop_reason == "application is no longer served by this node"
+        assert h.table.forget("hello")
+        assert h.table.info("hello") is None
+
+
+async def test_a_new_revision_replaces_the_process_after_the_old_one_stopped(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    async with trio.open_nursery() as nursery:
+        h = Harness(nursery, tmp_path)
+        h.table.ensure(request(revision=REV_A))
+        await until(lambda: bool(h.launcher.spawned))
+        h.table.ensure(request(revision=REV_B))
+        await until(lambda: len(h.launcher.spawned) == 2)
+        old, new = h.launcher.spawned
+        assert not old.alive
+        assert old.signals == ["SIGTERM"]
+        assert new.alive
+        assert new.spec.revision == REV_B
+        info = h.table.info("hello")
+        assert info is not None
+        assert info.revision == REV_B
+        await h.table.shutdown()
+
+
+async def test_forget_refuses_a_live_process(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    async with trio.open_nursery() as nursery:
+        h = Harness(nursery, tmp_path)
+        h.table.ensure(request())
+        with pytest.raises(ProcessStillRunning, match="stop it"):
+            h.table.forget("hello")
+        await h.table.shutdown()
+        assert h.table.forget("hello")
+
+
+async def test_a_command_that_cannot_start_backs_off_with_its_error(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    async with trio.open_nursery() as nursery:
+        h = Harness(nursery, tmp_path)
+        h.launcher.behave("hello", Behaviour(spawn_error="no such file: python3"))
+        h.table.ensure(request())
+        await until(lambda: "process.spawn-failed" in h.kinds())
+        info = h.table.info("hello")
+        assert info is not None
+        assert info.state == "backoff"
+        assert info.last_error is not None
+        assert "no such file" in info.last_error
+        await h.table.shutdown()
+
+
+async def test_shutdown_stops_everything_and_refuses_new_work(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    async with trio.open_nursery() as nursery:
+        h = Harness(nursery, tmp_path)
+        for i in range(20):
+            h.table.ensure(request(f"app-{i}", public=24000 + i))
+        await until(lambda: len(h.launcher.alive()) == 20)
+        await h.table.shutdown()
+        assert h.launcher.alive() == []
+        assert h.table.active == 0
+        assert not h.table.ensure(request("late"))
+        assert {info.stop_reason for info in h.table.snapshot()} == {"the node is shutting down"}
+
+
+async def test_cancellation_kills_every_process(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    async with trio.open_nursery() as nursery:
+        h = Harness(nursery, tmp_path)
+        for i in range(5):
+            h.table.ensure(request(f"app-{i}", public=24000 + i))
+        await until(lambda: len(h.launcher.alive()) == 5)
+        nursery.cancel_scope.cancel()
+    assert h.launcher.alive() == []
+    assert all(p.signals == ["SIGKILL"] for p in h.launcher.spawned)
