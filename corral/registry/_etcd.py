@@ -1,12 +1,530 @@
-"""The etcd backend (in progress)."""
+"""The etcd backend: a real etcd v3 cluster through its JSON gateway, with httpx on Trio.
+
+Theory of operation
+-------------------
+etcd 3.4 serves gRPC-gateway JSON under ``/v3/...``. Keys and values travel as
+base64; 64-bit integers (revisions, lease ids, TTLs) come back as JSON strings;
+fields that are false or zero are left out (``succeeded`` is absent when a
+txn's compare fails, ``kvs`` when a range is empty, an event's ``type`` when it
+is a PUT). Watch and keepalive answer one JSON object per line.
+
+Every key is stored under an optional namespace ``prefix`` so clusters and test
+runs can share one etcd; callers never see it.
+
+Failures. A connection that could not be opened never carried the request, so
+any call moves on to the next endpoint; a connection lost after the request was
+sent is retried only for calls that are safe to repeat (reads, keepalive,
+revoke, watch resumption from the next revision). Rounds over the endpoints are
+separated by an exponential backoff; when every round fails the call raises
+:class:`RegistryUnavailable` saying whether a write may have applied.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import base64
+import json
+import math
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from contextlib import aclosing, asynccontextmanager
+from typing import Any, Final
 
-from corral.registry._base import Registry
+import httpx
+import trio
+
+from corral.registry._base import (
+    Compare,
+    CompareOp,
+    CompareTarget,
+    Delete,
+    EventType,
+    Get,
+    KeyValue,
+    Lease,
+    Put,
+    Registry,
+    TxnOp,
+    TxnResult,
+    WatchEvent,
+)
+from corral.registry._errors import (
+    InvalidTxn,
+    LeaseNotFound,
+    RegistryError,
+    RegistryUnavailable,
+    RevisionCompacted,
+)
+from corral.registry._logic import KeyCheck, check_txn_branch, prefix_end
+from corral.registry._records import parse_key
+
+DEFAULT_TIMEOUT: Final = 10.0
+DEFAULT_RETRY_ROUNDS: Final = 4
+DEFAULT_BACKOFF: Final = 0.05
+_MAX_BACKOFF: Final = 1.0
+
+_TARGETS: Final = {
+    CompareTarget.VERSION: ("VERSION", "version"),
+    CompareTarget.CREATE_REVISION: ("CREATE", "create_revision"),
+    CompareTarget.MOD_REVISION: ("MOD", "mod_revision"),
+    CompareTarget.VALUE: ("VALUE", "value"),
+}
+_RESULTS: Final = {
+    CompareOp.EQUAL: "EQUAL",
+    CompareOp.NOT_EQUAL: "NOT_EQUAL",
+    CompareOp.LESS: "LESS",
+    CompareOp.GREATER: "GREATER",
+}
+# gRPC codes the gateway returns that mean "try again later / elsewhere".
+_UNAVAILABLE_CODES: Final = frozenset({4, 8, 10, 13, 14})
 
 
-class EtcdRegistry(Registry):  # replaced by the real backend
-    def __init__(self, endpoints: Sequence[str], *, prefix: str = "") -> None:
-        raise NotImplementedError("the etcd backend lands in a later commit")
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def _unb64(text: str | None) -> bytes:
+    return base64.b64decode(text) if text else b""
+
+
+def _int(value: Any) -> int:
+    return int(value) if value is not None else 0
+
+
+class _Retryable(Exception):
+    """Internal: this attempt failed in a way another endpoint may not."""
+
+    def __init__(self, message: str, *, sent: bool) -> None:
+        super().__init__(message)
+        self.sent = sent
+
+
+class EtcdRegistry(Registry):
+    """A :class:`Registry` backed by an etcd v3 cluster (3.4+, JSON gateway).
+
+    Args:
+        endpoints: ``host:port`` of one or more cluster members (or full
+            ``http://host:port`` URLs).
+        prefix: a namespace every key is stored under (invisible to callers).
+        key_check: refuses keys outside the key space (default :func:`parse_key`).
+        timeout: seconds for one request (watch and keepalive streams excepted).
+        retry_rounds: how many times to go round the endpoints before giving up.
+        backoff: the first pause between rounds (doubled each round, at most 1 s).
+        transport: an httpx transport, for tests.
+    """
+
+    def __init__(
+        self,
+        endpoints: Sequence[str],
+        *,
+        prefix: str = "",
+        key_check: KeyCheck | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
+        retry_rounds: int = DEFAULT_RETRY_ROUNDS,
+        backoff: float = DEFAULT_BACKOFF,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        if isinstance(endpoints, str):
+            endpoints = [endpoints]
+        if not endpoints:
+            raise ValueError("give at least one etcd endpoint host:port")
+        self._endpoints = [e if "://" in e else f"http://{e}" for e in endpoints]
+        self._current = 0
+        self._prefix = prefix.encode()
+        self._key_check: KeyCheck = key_check if key_check is not None else parse_key
+        self._retry_rounds = max(1, retry_rounds)
+        self._backoff = backoff
+        self._client = httpx.AsyncClient(
+            timeout=httpx.Timeout(timeout),
+            transport=transport,
+            headers={"Content-Type": "application/json"},
+        )
+        self._stream_timeout = httpx.Timeout(timeout, read=None)
+        self._closed = False
+
+    @property
+    def endpoints(self) -> list[str]:
+        return list(self._endpoints)
+
+    @property
+    def prefix(self) -> str:
+        return self._prefix.decode()
+
+    # ------------------------------------------------------------------ keys
+
+    def _key(self, key: str) -> bytes:
+        return self._prefix + key.encode()
+
+    def _range_fields(self, key: str, is_prefix: bool) -> dict[str, str]:
+        full = self._key(key)
+        if not is_prefix:
+            return {"key": _b64(full)}
+        if not full:
+            return {"key": _b64(b"\0"), "range_end": _b64(b"\0")}
+        return {"key": _b64(full), "range_end": _b64(prefix_end(full))}
+
+    def _kv(self, obj: dict[str, Any]) -> KeyValue:
+        key = _unb64(obj.get("key"))[len(self._prefix) :].decode()
+        lease = _int(obj.get("lease"))
+        return KeyValue(
+            key=key,
+            value=_unb64(obj.get("value")),
+            create_revision=_int(obj.get("create_revision")),
+            mod_revision=_int(obj.get("mod_revision")),
+            version=_int(obj.get("version")),
+            lease=lease or None,
+        )
+
+    # ------------------------------------------------------------------ reads
+
+    async def get(self, key: str) -> KeyValue | None:
+        reply = await self._call("/v3/kv/range", self._range_fields(key, False), safe=True)
+        kvs = reply.get("kvs") or []
+        return self._kv(kvs[0]) if kvs else None
+
+    async def range(self, prefix: str) -> list[KeyValue]:
+        reply = await self._call("/v3/kv/range", self._range_fields(prefix, True), safe=True)
+        return [self._kv(kv) for kv in reply.get("kvs") or []]
+
+    async def revision(self) -> int:
+        body = {"key": _b64(self._prefix + b"\0"), "count_only": True}
+        reply = await self._call("/v3/kv/range", body, safe=True)
+        return _int(reply["header"].get("revision"))
+
+    # ------------------------------------------------------------------ writes
+
+    async def put(self, key: str, value: bytes, lease: int | None = None) -> int:
+        self._key_check(key)
+        reply = await self._call(
+            "/v3/kv/put", self._put_fields(Put(key, value, lease)), lease=lease
+        )
+        return _int(reply["header"].get("revision"))
+
+    async def delete(self, key: str, *, prefix: bool = False) -> int:
+        reply = await self._call("/v3/kv/deleterange", self._range_fields(key, prefix))
+        return _int(reply.get("deleted"))
+
+    async def txn(
+        self,
+        compares: Sequence[Compare],
+        on_success: Sequence[TxnOp],
+        on_failure: Sequence[TxnOp] = (),
+    ) -> TxnResult:
+        check_txn_branch(on_success, self._key_check)
+        check_txn_branch(on_failure, self._key_check)
+        body = {
+            "compare": [self._compare(c) for c in compares],
+            "success": [self._request_op(op) for op in on_success],
+            "failure": [self._request_op(op) for op in on_failure],
+        }
+        leases = [op.lease for op in (*on_success, *on_failure) if isinstance(op, Put) and op.lease]
+        reply = await self._call("/v3/kv/txn", body, lease=leases[0] if leases else None)
+        succeeded = bool(reply.get("succeeded", False))
+        ops = on_success if succeeded else on_failure
+        raw = reply.get("responses") or []
+        responses: list[list[KeyValue] | int | None] = []
+        for op, response in zip(ops, raw, strict=True):
+            if isinstance(op, Get):
+                kvs = (response.get("response_range") or {}).get("kvs") or []
+                responses.append([self._kv(kv) for kv in kvs])
+            elif isinstance(op, Delete):
+                responses.append(_int((response.get("response_delete_range") or {}).get("deleted")))
+            else:
+                responses.append(None)
+        return TxnResult(succeeded, _int(reply["header"].get("revision")), tuple(responses))
+
+    def _put_fields(self, op: Put) -> dict[str, str]:
+        fields = {"key": _b64(self._key(op.key)), "value": _b64(bytes(op.value))}
+        if op.lease is not None:
+            fields["lease"] = str(op.lease)
+        return fields
+
+    def _request_op(self, op: TxnOp) -> dict[str, Any]:
+        if isinstance(op, Put):
+            return {"request_put": self._put_fields(op)}
+        if isinstance(op, Delete):
+            return {"request_delete_range": self._range_fields(op.key, op.prefix)}
+        return {"request_range": self._range_fields(op.key, op.prefix)}
+
+    def _compare(self, compare: Compare) -> dict[str, str]:
+        target, field = _TARGETS[compare.target]
+        if compare.target is CompareTarget.VALUE:
+            if not isinstance(compare.value, bytes | bytearray):
+                raise TypeError("a VALUE compare needs bytes")
+            value = _b64(bytes(compare.value))
+        else:
+            if isinstance(compare.value, bool) or not isinstance(compare.value, int):
+                raise TypeError(f"a {compare.target.name} compare needs an int")
+            value = str(compare.value)
+        return {
+            "key": _b64(self._key(compare.key)),
+            "target": target,
+            "result": _RESULTS[compare.op],
+            field: value,
+        }
+
+    # ------------------------------------------------------------------ leases
+
+    async def grant(self, ttl: float) -> Lease:
+        if not ttl > 0 or not math.isfinite(ttl):
+            raise ValueError(f"a lease TTL must be a finite number of seconds > 0, got {ttl}")
+        reply = await self._call("/v3/lease/grant", {"TTL": str(math.ceil(ttl))})
+        return Lease(_int(reply.get("ID")), float(_int(reply.get("TTL"))))
+
+    async def keepalive(self, lease_id: int) -> float:
+        reply = await self._call(
+            "/v3/lease/keepalive", {"ID": str(lease_id)}, safe=True, first_line=True
+        )
+        result = reply.get("result") or {}
+        ttl = _int(result.get("TTL"))
+        if ttl <= 0:
+            raise LeaseNotFound(lease_id)
+        return float(ttl)
+
+    async def revoke(self, lease_id: int) -> None:
+        try:
+            await self._call("/v3/lease/revoke", {"ID": str(lease_id)}, safe=True, lease=lease_id)
+        except LeaseNotFound:
+            pass
+
+    # ------------------------------------------------------------------ watch
+
+    @asynccontextmanager
+    async def watch(
+        self, prefix: str, start_revision: int | None = None
+    ) -> AsyncIterator[AsyncIterator[WatchEvent]]:
+        # Resolve "from now on" to a revision here, so that every write after
+        # watch() is entered is seen even if the stream takes a while to open.
+        start = await self.revision() + 1 if start_revision is None else max(1, start_revision)
+        stream = self._stream(prefix, start)
+        events = _events_only(stream)
+        try:
+            await stream.__anext__()  # None once the stream is open
+            yield events
+        finally:
+            await events.aclose()
+            await stream.aclose()
+
+    async def _stream(
+        self, prefix: str, next_revision: int
+    ) -> AsyncGenerator[WatchEvent | None, None]:
+        """Events from ``next_revision`` on, resuming on another endpoint when a
+        stream breaks; yields ``None`` once, when the first stream is open."""
+        opened = False
+        failures = 0
+        while True:
+            endpoint = self._endpoints[self._current]
+            request = {
+                "create_request": {
+                    **self._range_fields(prefix, True),
+                    "start_revision": str(next_revision),
+                }
+            }
+            try:
+                async with (
+                    self._client.stream(
+                        "POST",
+                        endpoint + "/v3/watch",
+                        content=json.dumps(request),
+                        timeout=self._stream_timeout,
+                    ) as response,
+                    aclosing(self._watch_results(response, next_revision)) as results,
+                ):
+                    async for result in results:
+                        if result.get("created"):
+                            if not opened:
+                                opened = True
+                                yield None
+                            continue
+                        failures = 0
+                        events = [self._event(raw) for raw in result.get("events") or []]
+                        for event in events:
+                            yield event
+                        if events:
+                            next_revision = events[-1].kv.mod_revision + 1
+            except (httpx.TransportError, _Retryable) as exc:
+                # Resuming from next_revision is always safe: rotate and retry.
+                failures += 1
+                self._current = (self._current + 1) % len(self._endpoints)
+                if failures > self._retry_rounds * len(self._endpoints):
+                    raise self._unavailable("/v3/watch", exc) from exc
+                await trio.sleep(self._pause(failures // len(self._endpoints)))
+                continue
+            # The server ended the stream (e.g. it is shutting down): resume elsewhere.
+            failures += 1
+            if failures > self._retry_rounds * len(self._endpoints):
+                raise RegistryUnavailable(f"etcd at {endpoint} keeps closing the watch stream")
+            self._current = (self._current + 1) % len(self._endpoints)
+
+    async def _watch_results(
+        self, response: httpx.Response, next_revision: int
+    ) -> AsyncGenerator[dict[str, Any], None]:
+        if response.status_code != 200:
+            await response.aread()
+            raise self._error(response, "/v3/watch")
+        async with _open_lines(response) as lines:
+            async for line in lines:
+                if not line.strip():
+                    continue
+                result = self._parse_line(line, "/v3/watch")
+                if result.get("canceled"):
+                    compacted = _int(result.get("compact_revision"))
+                    if compacted:
+                        raise RevisionCompacted(next_revision, compacted - 1)
+                    raise RegistryUnavailable(
+                        "etcd cancelled the watch: "
+                        f"{result.get('cancel_reason') or 'no reason given'}"
+                    )
+                yield result
+
+    def _event(self, raw: dict[str, Any]) -> WatchEvent:
+        kv = self._kv(raw.get("kv") or {})
+        if raw.get("type") == "DELETE":
+            return WatchEvent(EventType.DELETE, KeyValue(kv.key, b"", 0, kv.mod_revision, 0))
+        return WatchEvent(EventType.PUT, kv)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def aclose(self) -> None:
+        if not self._closed:
+            self._closed = True
+            await self._client.aclose()
+        else:
+            await trio.lowlevel.checkpoint()
+
+    # ------------------------------------------------------------------ HTTP
+
+    def _pause(self, round_index: int) -> float:
+        return float(min(self._backoff * (2**round_index), _MAX_BACKOFF))
+
+    async def _call(
+        self,
+        path: str,
+        body: dict[str, Any],
+        *,
+        safe: bool = False,
+        first_line: bool = False,
+        lease: int | None = None,
+    ) -> dict[str, Any]:
+        """POST ``body`` to ``path``, moving over endpoints and retrying as the
+        module docstring says. ``safe`` marks calls that may be repeated;
+        ``lease`` names the lease a "lease not found" refers to."""
+        if self._closed:
+            raise trio.ClosedResourceError("this EtcdRegistry is closed")
+        content = json.dumps(body)
+        last: _Retryable | None = None
+        for round_index in range(self._retry_rounds):
+            if round_index:
+                await trio.sleep(self._pause(round_index - 1))
+            for _ in range(len(self._endpoints)):
+                endpoint = self._endpoints[self._current]
+                try:
+                    return await self._attempt(endpoint + path, content, path, first_line)
+                except LeaseNotFound:
+                    raise LeaseNotFound(lease if lease is not None else 0) from None
+                except _Retryable as exc:
+                    last = exc
+                    if exc.sent and not safe:
+                        raise RegistryUnavailable(
+                            f"etcd {endpoint}{path} failed after the request was sent ({exc}); "
+                            "the write may or may not have applied: read before retrying"
+                        ) from exc
+                    self._current = (self._current + 1) % len(self._endpoints)
+        raise RegistryUnavailable(
+            f"no etcd endpoint answered {path} after {self._retry_rounds} rounds over "
+            f"{', '.join(self._endpoints)}: {last}; check that etcd is running and reachable"
+        )
+
+    async def _attempt(
+        self, url: str, content: str, path: str, first_line: bool
+    ) -> dict[str, Any]:
+        try:
+            # A streaming call (keepalive) sent one request: the gateway answers one
+            # line and ends the response, so a plain POST reads it whole.
+            response = await self._client.post(url, content=content)
+        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
+            raise _Retryable(f"{type(exc).__name__}: {exc}", sent=False) from exc
+        except httpx.TransportError as exc:
+            raise _Retryable(f"{type(exc).__name__}: {exc}", sent=True) from exc
+        if response.status_code != 200:
+            raise self._error(response, path)
+        if first_line:
+            for line in response.text.splitlines():
+                if line.strip():
+                    return self._parse_line(line, path, wrapped=False)
+            raise _Retryable(f"{path} answered nothing", sent=True)
+        try:
+            reply: dict[str, Any] = response.json()
+        except ValueError as exc:
+            raise _Retryable(f"{path} answered non-JSON: {exc}", sent=True) from exc
+        return reply
+
+    def _parse_line(self, line: str, path: str, *, wrapped: bool = True) -> dict[str, Any]:
+        try:
+            message = json.loads(line)
+        except ValueError as exc:
+            raise _Retryable(f"{path} streamed non-JSON: {exc}", sent=True) from exc
+        if "error" in message and "result" not in message:
+            raise self._error_from(message.get("error"), path)
+        result: dict[str, Any] = (message.get("result") or {}) if wrapped else message
+        return result
+
+    def _error(self, response: httpx.Response, path: str) -> Exception:
+        try:
+            body = response.json()
+        except ValueError:
+            body = {"message": response.text[:200]}
+        if isinstance(body, dict) and isinstance(body.get("error"), dict):
+            body = body["error"]  # a streaming call's error envelope
+        if not isinstance(body, dict):
+            body = {"message": str(body)}
+        code = _int(body.get("code"))
+        message = str(body.get("message") or body.get("error") or response.reason_phrase)
+        if code in _UNAVAILABLE_CODES or response.status_code >= 502:
+            return _Retryable(f"{path}: {message}", sent=True)
+        return self._error_from(body, path)
+
+    def _error_from(self, body: Any, path: str) -> Exception:
+        if not isinstance(body, dict):
+            body = {"message": str(body)}
+        message = str(body.get("message") or body.get("error") or "unknown error")
+        code = _int(body.get("code"))
+        if "lease not found" in message:
+            return LeaseNotFound(0)  # _call names the lease
+        if "compacted" in message:
+            return RevisionCompacted(0, 0)
+        if "duplicate key" in message:
+            return InvalidTxn(f"etcd refused the txn: {message}")
+        if code in _UNAVAILABLE_CODES:
+            return _Retryable(f"{path}: {message}", sent=True)
+        return RegistryError(f"etcd refused {path}: {message} (gRPC code {code})")
+
+    def _unavailable(self, path: str, exc: BaseException) -> RegistryUnavailable:
+        return RegistryUnavailable(
+            f"etcd {path} failed on every endpoint ({', '.join(self._endpoints)}): {exc}; "
+            "check that etcd is running and reachable"
+        )
+
+
+async def _events_only(
+    stream: AsyncGenerator[WatchEvent | None, None],
+) -> AsyncGenerator[WatchEvent, None]:
+    async for event in stream:
+        if event is not None:
+            yield event
+
+
+@asynccontextmanager
+async def _open_lines(response: httpx.Response) -> AsyncIterator[AsyncIterator[str]]:
+    """The response's lines; on exit the response is closed and the line iterator
+    run to its end, so none of httpx's nested async generators is left suspended
+    (trio warns about each one the garbage collector finds)."""
+    lines = response.aiter_lines()
+    try:
+        yield lines
+    finally:
+        with trio.CancelScope(shield=True), trio.move_on_after(1):
+            await response.aclose()
+            try:
+                async for _ in lines:
+                    pass
+            except (httpx.HTTPError, httpx.StreamError):
+                pass

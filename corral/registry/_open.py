@@ -140,7 +140,7 @@ async def open_registry(
     else:
         from corral.registry._etcd import EtcdRegistry
 
-        registry = EtcdRegistry(parsed.endpoints, prefix=parsed.prefix)  # type: ignore[abstract]
+        registry = EtcdRegistry(parsed.endpoints, prefix=parsed.prefix)
     try:
         yield registry
     finally:

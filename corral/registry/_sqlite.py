@@ -1,20 +1,689 @@
-"""The SQLite backend (in progress)."""
+"""The SQLite backend: the embedded default, one file shared by the node processes
+of one machine.
+
+Theory of operation
+-------------------
+Four tables: ``meta`` (the revision and how far history is compacted), ``kv``
+(each key with its create/mod revision, version and lease), ``leases`` (TTL and
+expiry time on the injected clock) and ``changes`` (the watch history: one row
+per changed key, ordered by revision). Every write is one ``BEGIN IMMEDIATE``
+transaction, so writers in several processes are serialized by SQLite's lock and
+each sees the others' revisions.
+
+Leases expire by the injected clock (wall clock by default, so processes
+agree). Every process enforces expiry: a read first probes for a lease past its
+expiry and, when there is one, runs the expiry write before reading; every write
+transaction expires due leases first; and every watcher's poll is such a read,
+so a process that watches sweeps. An expiry deletes the lease's keys as one
+revision with DELETE events, as etcd does.
+
+Watches poll ``meta.revision`` (every 50 ms by default; a write in this process
+wakes its own watchers at once) and read new rows from ``changes``.
+
+Durability and the Trio loop. With ``synchronous=NORMAL`` (the default) SQLite
+does not sync on commit in WAL mode; it syncs when checkpointing the WAL into
+the database. Automatic checkpoints are off, and this backend runs checkpoints
+in a worker thread every ``checkpoint_every`` commits, so commits run on the loop
+without waiting for the disk. With ``synchronous=FULL`` (or EXTRA) each commit
+syncs, so writes run in a worker thread on their own connection, and
+concurrent writes are group-committed: the writes queued while one commit is in
+flight go together in the next transaction, each in its own savepoint and its
+own revision.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import functools
+import math
+import os
+import sqlite3
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any, Final, Generic, TypeVar
 
-from corral.registry._base import Registry
+import trio
+
+from corral.registry._base import (
+    Compare,
+    Delete,
+    EventType,
+    Get,
+    KeyValue,
+    Lease,
+    Put,
+    Registry,
+    TxnOp,
+    TxnResult,
+    WatchEvent,
+)
+from corral.registry._errors import (
+    LeaseNotFound,
+    RegistryError,
+    RegistryUnavailable,
+    RevisionCompacted,
+)
+from corral.registry._logic import KeyCheck, check_txn_branch, compare_holds
+from corral.registry._memory import DEFAULT_HISTORY
+from corral.registry._records import parse_key
+
+T = TypeVar("T")
+
+DEFAULT_POLL_INTERVAL: Final = 0.05
+DEFAULT_BUSY_TIMEOUT: Final = 10.0
+DEFAULT_CHECKPOINT_EVERY: Final = 1000
+_WATCH_BATCH: Final = 1000
+
+_SCHEMA: Final = """
+CREATE TABLE IF NOT EXISTS meta (
+    id INTEGER PRIMARY KEY CHECK (id = 0),
+    revision INTEGER NOT NULL,
+    compacted INTEGER NOT NULL
+);
+INSERT OR IGNORE INTO meta (id, revision, compacted) VALUES (0, 1, 0);
+CREATE TABLE IF NOT EXISTS kv (
+    key TEXT PRIMARY KEY,
+    value BLOB NOT NULL,
+    create_revision INTEGER NOT NULL,
+    mod_revision INTEGER NOT NULL,
+    version INTEGER NOT NULL,
+    lease INTEGER
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS kv_by_lease ON kv (lease) WHERE lease IS NOT NULL;
+CREATE TABLE IF NOT EXISTS leases (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    ttl REAL NOT NULL,
+    expires REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS leases_by_expiry ON leases (expires);
+CREATE TABLE IF NOT EXISTS changes (
+    revision INTEGER NOT NULL,
+    seq INTEGER NOT NULL,
+    deleted INTEGER NOT NULL,
+    key TEXT NOT NULL,
+    value BLOB NOT NULL,
+    create_revision INTEGER NOT NULL,
+    version INTEGER NOT NULL,
+    lease INTEGER,
+    PRIMARY KEY (revision, seq)
+) WITHOUT ROWID;
+"""
+
+_KV_COLUMNS: Final = "key, value, create_revision, mod_revision, version, lease"
 
 
-class SQLiteRegistry(Registry):  # pragma: no cover - replaced by the real backend
+def _prefix_bounds(prefix: str) -> tuple[str, str | None]:
+    """``[prefix, end)`` covering every str key starting with ``prefix`` (TEXT
+    compares as UTF-8 bytes, which orders like code points)."""
+    chars = list(prefix)
+    while chars:
+        code = ord(chars[-1])
+        if code < 0x10FFFF:
+            code = 0xE000 if code == 0xD7FF else code + 1
+            return prefix, "".join([*chars[:-1], chr(code)])
+        chars.pop()
+    return prefix, None
+
+
+def _kv(row: tuple[Any, ...]) -> KeyValue:
+    return KeyValue(row[0], bytes(row[1]), row[2], row[3], row[4], row[5])
+
+
+@dataclass(slots=True)
+class _Tx:
+    """One write transaction: the revision as it stands inside it."""
+
+    conn: sqlite3.Connection
+    now: float
+    revision: int
+    compacted: int
+    start_revision: int
+
+
+@dataclass(slots=True)
+class _Slot(Generic[T]):
+    """A write waiting for a group commit."""
+
+    job: Callable[[_Tx], T]
+    taken: bool = False
+    done: bool = False
+    value: Any = None
+    error: BaseException | None = None
+    finished: trio.Event = field(default_factory=trio.Event)
+
+    def result(self) -> T:
+        if self.error is not None:
+            raise self.error
+        value: T = self.value
+        return value
+
+
+class SQLiteRegistry(Registry):
+    """A :class:`Registry` in one SQLite file (WAL mode), safe to share between
+    processes on one machine. Open it with :meth:`open` (or
+    :func:`corral.registry.open_registry` with ``sqlite:///path``).
+    """
+
+    def __init__(
+        self,
+        conn: sqlite3.Connection,
+        path: str,
+        *,
+        clock: Callable[[], float],
+        poll_interval: float,
+        synchronous: str,
+        key_check: KeyCheck,
+        history: int,
+        busy_timeout: float,
+        checkpoint_every: int,
+        write_conn: sqlite3.Connection | None,
+    ) -> None:
+        self._conn = conn
+        self._path = path
+        self._clock = clock
+        self._poll_interval = poll_interval
+        self._synchronous = synchronous
+        self._key_check = key_check
+        self._history = max(1, history)
+        self._busy_timeout = busy_timeout
+        self._checkpoint_every = checkpoint_every
+        self._write_conn = write_conn  # set when commits sync: writes go to a thread
+        self._queue: list[_Slot[Any]] = []
+        self._write_lock = trio.Lock()
+        self._changed = trio.lowlevel.ParkingLot()
+        self._commits_since_checkpoint = 0
+        self._checkpointing = False
+        self._closed = False
+
     @classmethod
     async def open(
         cls,
-        path: str,
+        path: str | os.PathLike[str],
         *,
         clock: Callable[[], float] | None = None,
         poll_interval: float | None = None,
         synchronous: str | None = None,
-    ) -> Registry:
-        raise NotImplementedError("the SQLite backend lands in the next commit")
+        key_check: KeyCheck | None = None,
+        history: int = DEFAULT_HISTORY,
+        busy_timeout: float = DEFAULT_BUSY_TIMEOUT,
+        checkpoint_every: int = DEFAULT_CHECKPOINT_EVERY,
+    ) -> SQLiteRegistry:
+        """Open (creating if needed) the registry file at ``path``.
+
+        Args:
+            path: the database file; its directory is created if missing.
+            clock: lease clock, seconds (default :func:`time.time`, so processes agree).
+            poll_interval: how often a watcher polls for other processes' writes (s).
+            synchronous: "NORMAL" (default: commits do not sync; checkpoints run in a
+                worker thread), "FULL" or "EXTRA" (each commit syncs, in a worker thread).
+            key_check: refuses keys outside the key space (default :func:`parse_key`).
+            history: how many revisions of watch history to keep.
+            busy_timeout: how long to wait for another process's write lock.
+            checkpoint_every: commits between WAL checkpoints (NORMAL mode).
+
+        Raises:
+            RegistryUnavailable: the file cannot be opened or is not a registry.
+        """
+        path = os.fspath(path)
+        sync = (synchronous or "NORMAL").upper()
+        if sync not in ("NORMAL", "FULL", "EXTRA"):
+            raise ValueError(f"synchronous must be NORMAL, FULL or EXTRA, not {synchronous!r}")
+        threaded = sync != "NORMAL"
+
+        def connect() -> tuple[sqlite3.Connection, sqlite3.Connection | None]:
+            directory = os.path.dirname(path)
+            if directory:
+                os.makedirs(directory, exist_ok=True)
+            setup = _connect(path, sync, busy_timeout)
+            try:
+                setup.execute("PRAGMA journal_mode=WAL")
+                setup.execute("BEGIN IMMEDIATE")
+                for statement in _SCHEMA.split(";"):
+                    if statement.strip():
+                        setup.execute(statement)
+                setup.execute("COMMIT")
+            finally:
+                setup.close()
+            # The loop's connection never waits on a lock inside SQLite: a busy
+            # database is retried with trio.sleep instead.
+            conn = _connect(path, sync, 0.0)
+            conn.execute("PRAGMA wal_autocheckpoint=0")
+            write_conn = _connect(path, sync, busy_timeout) if threaded else None
+            return conn, write_conn
+
+        try:
+            conn, write_conn = await trio.to_thread.run_sync(connect)
+        except sqlite3.Error as exc:
+            raise RegistryUnavailable(
+                f"cannot open the SQLite registry at {path}: {exc}; check the path and that "
+                "the file is a corral registry"
+            ) from exc
+        return cls(
+            conn,
+            path,
+            clock=clock if clock is not None else time.time,
+            poll_interval=poll_interval if poll_interval is not None else DEFAULT_POLL_INTERVAL,
+            synchronous=sync,
+            key_check=key_check if key_check is not None else parse_key,
+            history=history,
+            busy_timeout=busy_timeout,
+            checkpoint_every=checkpoint_every,
+            write_conn=write_conn,
+        )
+
+    @property
+    def path(self) -> str:
+        return self._path
+
+    # ------------------------------------------------------------------ reads
+
+    async def get(self, key: str) -> KeyValue | None:
+        def read(conn: sqlite3.Connection) -> KeyValue | None:
+            row = conn.execute(f"SELECT {_KV_COLUMNS} FROM kv WHERE key = ?", (key,)).fetchone()
+            return None if row is None else _kv(row)
+
+        return await self._read(read)
+
+    async def range(self, prefix: str) -> list[KeyValue]:
+        return await self._read(lambda conn: _range(conn, prefix))
+
+    async def revision(self) -> int:
+        def read(conn: sqlite3.Connection) -> int:
+            revision: int = conn.execute("SELECT revision FROM meta").fetchone()[0]
+            return revision
+
+        return await self._read(read)
+
+    # ------------------------------------------------------------------ writes
+
+    async def put(self, key: str, value: bytes, lease: int | None = None) -> int:
+        self._key_check(key)
+        value = bytes(value)
+
+        def job(tx: _Tx) -> int:
+            _apply(tx, [Put(key, value, lease)])
+            return tx.revision
+
+        return await self._write(job)
+
+    async def delete(self, key: str, *, prefix: bool = False) -> int:
+        def job(tx: _Tx) -> int:
+            (deleted,) = _apply(tx, [Delete(key, prefix)])
+            assert isinstance(deleted, int)
+            return deleted
+
+        return await self._write(job)
+
+    async def txn(
+        self,
+        compares: Sequence[Compare],
+        on_success: Sequence[TxnOp],
+        on_failure: Sequence[TxnOp] = (),
+    ) -> TxnResult:
+        check_txn_branch(on_success, self._key_check)
+        check_txn_branch(on_failure, self._key_check)
+        compares = list(compares)
+        success, failure = list(on_success), list(on_failure)
+
+        def job(tx: _Tx) -> TxnResult:
+            succeeded = all(compare_holds(c, _get(tx.conn, c.key)) for c in compares)
+            responses = _apply(tx, success if succeeded else failure)
+            return TxnResult(succeeded, tx.revision, tuple(responses))
+
+        return await self._write(job)
+
+    # ------------------------------------------------------------------ leases
+
+    async def grant(self, ttl: float) -> Lease:
+        if not ttl > 0 or not math.isfinite(ttl):
+            raise ValueError(f"a lease TTL must be a finite number of seconds > 0, got {ttl}")
+
+        def job(tx: _Tx) -> Lease:
+            cursor = tx.conn.execute(
+                "INSERT INTO leases (ttl, expires) VALUES (?, ?)", (ttl, tx.now + ttl)
+            )
+            assert cursor.lastrowid is not None
+            return Lease(cursor.lastrowid, ttl)
+
+        return await self._write(job)
+
+    async def keepalive(self, lease_id: int) -> float:
+        def job(tx: _Tx) -> float:
+            row = tx.conn.execute("SELECT ttl FROM leases WHERE id = ?", (lease_id,)).fetchone()
+            if row is None:
+                raise LeaseNotFound(lease_id)
+            ttl: float = row[0]
+            tx.conn.execute("UPDATE leases SET expires = ? WHERE id = ?", (tx.now + ttl, lease_id))
+            return ttl
+
+        return await self._write(job)
+
+    async def revoke(self, lease_id: int) -> None:
+        await self._write(lambda tx: _end_lease(tx, lease_id))
+
+    # ------------------------------------------------------------------ watch
+
+    @asynccontextmanager
+    async def watch(
+        self, prefix: str, start_revision: int | None = None
+    ) -> AsyncIterator[AsyncIterator[WatchEvent]]:
+        revision, compacted = await self._read(_meta)
+        start = revision + 1 if start_revision is None else max(1, start_revision)
+        if start <= compacted:
+            raise RevisionCompacted(start, compacted)
+        stream = self._stream(prefix, start)
+        try:
+            yield stream
+        finally:
+            await stream.aclose()
+
+    async def _stream(self, prefix: str, next_revision: int) -> AsyncGenerator[WatchEvent, None]:
+        while True:
+            events, next_revision = await self._read(
+                functools.partial(_changes_since, prefix=prefix, next_revision=next_revision)
+            )
+            if events:
+                for event in events:
+                    yield event
+                continue
+            with trio.move_on_after(self._poll_interval):
+                await self._changed.park()
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def aclose(self) -> None:
+        if self._closed:
+            await trio.lowlevel.checkpoint()
+            return
+        self._closed = True
+        self._changed.unpark_all()
+        async with self._write_lock:  # let an in-flight threaded commit finish
+            self._conn.close()
+            if self._write_conn is not None:
+                self._write_conn.close()
+
+    # ------------------------------------------------------------------ internals
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise trio.ClosedResourceError("this SQLiteRegistry is closed")
+
+    async def _read(self, read: Callable[[sqlite3.Connection], T]) -> T:
+        """Run a read on the loop (WAL readers never wait for the disk to sync),
+        first expiring leases whose time has come."""
+        await trio.lowlevel.checkpoint()
+        while True:
+            self._check_open()
+            try:
+                due = self._conn.execute(
+                    "SELECT EXISTS (SELECT 1 FROM leases WHERE expires <= ?)", (self._clock(),)
+                ).fetchone()[0]
+                if not due:
+                    return read(self._conn)
+            except sqlite3.OperationalError as exc:
+                if not _is_busy(exc):
+                    raise _unavailable(self._path, exc) from exc
+                await trio.sleep(0.001)  # WAL recovery by another process; brief
+                continue
+            except sqlite3.Error as exc:
+                raise _unavailable(self._path, exc) from exc
+            await self._write(lambda tx: None)  # every write expires due leases first
+
+    async def _write(self, job: Callable[[_Tx], T]) -> T:
+        self._check_open()
+        slot: _Slot[T] = _Slot(job)
+        if self._write_conn is None:
+            await trio.lowlevel.checkpoint()
+            await self._commit_on_loop([slot])
+        else:
+            self._queue.append(slot)
+            try:
+                async with self._write_lock:
+                    if not slot.taken:
+                        batch, self._queue = self._queue, []
+                        for queued in batch:
+                            queued.taken = True
+                        await self._commit_in_thread(batch)
+            except BaseException:
+                if not slot.taken:
+                    self._queue.remove(slot)
+                    raise
+                if not slot.done:  # our batch is in flight under another task: see it out
+                    with trio.CancelScope(shield=True):
+                        await slot.finished.wait()
+                raise
+            if not slot.done:
+                await slot.finished.wait()
+        return slot.result()
+
+    async def _commit_on_loop(self, batch: list[_Slot[Any]]) -> None:
+        delay = 0.001
+        deadline = trio.current_time() + self._busy_timeout
+        while True:
+            self._check_open()
+            try:
+                _run_batch(self._conn, batch, self._clock(), self._history)
+                break
+            except sqlite3.OperationalError as exc:
+                if not _is_busy(exc) or trio.current_time() >= deadline:
+                    raise _unavailable(self._path, exc) from exc
+            except sqlite3.Error as exc:
+                raise _unavailable(self._path, exc) from exc
+            await trio.sleep(delay)  # another process holds the write lock
+            delay = min(delay * 2, 0.05)
+        self._after_commit(batch)
+        self._commits_since_checkpoint += 1
+        if self._commits_since_checkpoint >= self._checkpoint_every and not self._checkpointing:
+            await self._checkpoint()
+
+    async def _commit_in_thread(self, batch: list[_Slot[Any]]) -> None:
+        conn = self._write_conn
+        assert conn is not None
+        try:
+            await trio.to_thread.run_sync(_run_batch, conn, batch, self._clock(), self._history)
+        except sqlite3.Error as exc:
+            error = _unavailable(self._path, exc)
+            for slot in batch:
+                slot.error = error
+        self._after_commit(batch)
+
+    def _after_commit(self, batch: list[_Slot[Any]]) -> None:
+        for slot in batch:
+            slot.done = True
+            slot.finished.set()
+        self._changed.unpark_all()
+
+    async def _checkpoint(self) -> None:
+        """Move the WAL into the database file in a worker thread: this is where
+        the disk syncs in NORMAL mode."""
+        self._checkpointing = True
+        self._commits_since_checkpoint = 0
+        path, sync = self._path, self._synchronous
+
+        def checkpoint() -> None:
+            conn = _connect(path, sync, self._busy_timeout)
+            try:
+                conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+            finally:
+                conn.close()
+
+        try:
+            await trio.to_thread.run_sync(checkpoint)
+        except sqlite3.Error:
+            pass  # a checkpoint is housekeeping; the next one retries
+        finally:
+            self._checkpointing = False
+
+
+# ---------------------------------------------------------------------- SQL
+
+
+def _connect(path: str, synchronous: str, busy_timeout: float) -> sqlite3.Connection:
+    conn = sqlite3.connect(
+        path, timeout=busy_timeout, isolation_level=None, check_same_thread=False
+    )
+    conn.execute(f"PRAGMA synchronous={synchronous}")
+    conn.execute("PRAGMA journal_size_limit=67108864")
+    return conn
+
+
+def _is_busy(exc: sqlite3.OperationalError) -> bool:
+    message = str(exc)
+    return "locked" in message or "busy" in message
+
+
+def _unavailable(path: str, exc: sqlite3.Error) -> RegistryUnavailable:
+    return RegistryUnavailable(
+        f"SQLite registry {path} failed: {exc}; if another process holds the write lock "
+        "for long, find it; otherwise check the disk"
+    )
+
+
+def _meta(conn: sqlite3.Connection) -> tuple[int, int]:
+    revision, compacted = conn.execute("SELECT revision, compacted FROM meta").fetchone()
+    return revision, compacted
+
+
+def _get(conn: sqlite3.Connection, key: str) -> KeyValue | None:
+    row = conn.execute(f"SELECT {_KV_COLUMNS} FROM kv WHERE key = ?", (key,)).fetchone()
+    return None if row is None else _kv(row)
+
+
+def _range(conn: sqlite3.Connection, prefix: str) -> list[KeyValue]:
+    low, high = _prefix_bounds(prefix)
+    if high is None:
+        rows = conn.execute(
+            f"SELECT {_KV_COLUMNS} FROM kv WHERE key >= ? ORDER BY key", (low,)
+        ).fetchall()
+    else:
+        rows = conn.execute(
+            f"SELECT {_KV_COLUMNS} FROM kv WHERE key >= ? AND key < ? ORDER BY key", (low, high)
+        ).fetchall()
+    return [_kv(row) for row in rows]
+
+
+def _changes_since(
+    conn: sqlite3.Connection, prefix: str, next_revision: int
+) -> tuple[list[WatchEvent], int]:
+    """Events under ``prefix`` from ``next_revision`` on, and the revision to ask
+    for next."""
+    revision, compacted = _meta(conn)
+    if next_revision <= compacted:
+        raise RevisionCompacted(next_revision, compacted)
+    if revision < next_revision:
+        return [], next_revision
+    low, high = _prefix_bounds(prefix)
+    rows = conn.execute(
+        "SELECT revision, deleted, key, value, create_revision, version, lease FROM changes "
+        "WHERE revision >= ? AND revision <= ? AND key >= ? AND (? IS NULL OR key < ?) "
+        "ORDER BY revision, seq",
+        (next_revision, min(revision, next_revision + _WATCH_BATCH - 1), low, high, high),
+    ).fetchall()
+    events = [
+        WatchEvent(
+            EventType.DELETE if deleted else EventType.PUT,
+            KeyValue(key, bytes(value), create, rev, version, lease),
+        )
+        for rev, deleted, key, value, create, version, lease in rows
+    ]
+    return events, min(revision, next_revision + _WATCH_BATCH - 1) + 1
+
+
+def _run_batch(conn: sqlite3.Connection, batch: list[_Slot[Any]], now: float, history: int) -> None:
+    """One write transaction: expire due leases, then each job in its own
+    savepoint (a job that raises leaves no trace and fails alone)."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        revision, compacted = _meta(conn)
+        tx = _Tx(conn, now, revision, compacted, revision)
+        for (lease_id,) in conn.execute(
+            "SELECT id FROM leases WHERE expires <= ? ORDER BY expires, id", (now,)
+        ).fetchall():
+            _end_lease(tx, lease_id)
+        for slot in batch:
+            conn.execute("SAVEPOINT job")
+            before = tx.revision
+            try:
+                slot.value = slot.job(tx)
+            except (RegistryError, ValueError, TypeError) as exc:
+                conn.execute("ROLLBACK TO job")
+                tx.revision = before
+                slot.error = exc
+            conn.execute("RELEASE job")
+        if tx.revision != tx.start_revision:
+            floor = tx.revision - history
+            if floor > tx.compacted and (floor - tx.compacted >= max(1, history // 10)):
+                conn.execute("DELETE FROM changes WHERE revision <= ?", (floor,))
+                tx.compacted = floor
+            conn.execute(
+                "UPDATE meta SET revision = ?, compacted = ?", (tx.revision, tx.compacted)
+            )
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+
+
+def _end_lease(tx: _Tx, lease_id: int) -> None:
+    conn = tx.conn
+    if conn.execute("DELETE FROM leases WHERE id = ?", (lease_id,)).rowcount == 0:
+        return
+    keys = [
+        row[0]
+        for row in conn.execute("SELECT key FROM kv WHERE lease = ? ORDER BY key", (lease_id,))
+    ]
+    if keys:
+        _apply(tx, [Delete(key) for key in keys])
+
+
+def _apply(tx: _Tx, ops: Sequence[TxnOp]) -> list[list[KeyValue] | int | None]:
+    """Run ``ops`` as one revision (bumped only when something changed)."""
+    conn = tx.conn
+    for op in ops:
+        if isinstance(op, Put) and op.lease is not None:
+            if conn.execute("SELECT 1 FROM leases WHERE id = ?", (op.lease,)).fetchone() is None:
+                raise LeaseNotFound(op.lease)
+    revision = tx.revision + 1
+    seq = 0
+    responses: list[list[KeyValue] | int | None] = []
+    for op in ops:
+        if isinstance(op, Get):
+            responses.append(_range(conn, op.key) if op.prefix else _listed(_get(conn, op.key)))
+        elif isinstance(op, Put):
+            row = conn.execute(
+                "SELECT create_revision, version FROM kv WHERE key = ?", (op.key,)
+            ).fetchone()
+            create, version = (revision, 1) if row is None else (row[0], row[1] + 1)
+            conn.execute(
+                "INSERT OR REPLACE INTO kv (key, value, create_revision, mod_revision, version, "
+                "lease) VALUES (?, ?, ?, ?, ?, ?)",
+                (op.key, op.value, create, revision, version, op.lease),
+            )
+            conn.execute(
+                "INSERT INTO changes (revision, seq, deleted, key, value, create_revision, "
+                "version, lease) VALUES (?, ?, 0, ?, ?, ?, ?, ?)",
+                (revision, seq, op.key, op.value, create, version, op.lease),
+            )
+            seq += 1
+            responses.append(None)
+        else:
+            matching = _range(conn, op.key) if op.prefix else _listed(_get(conn, op.key))
+            gone = [kv.key for kv in matching]
+            for key in gone:
+                conn.execute("DELETE FROM kv WHERE key = ?", (key,))
+                conn.execute(
+                    "INSERT INTO changes (revision, seq, deleted, key, value, create_revision, "
+                    "version, lease) VALUES (?, ?, 1, ?, x'', 0, 0, NULL)",
+                    (revision, seq, key),
+                )
+                seq += 1
+            responses.append(len(gone))
+    if seq:
+        tx.revision = revision
+    return responses
+
+
+def _listed(kv: KeyValue | None) -> list[KeyValue]:
+    return [] if kv is None else [kv]
