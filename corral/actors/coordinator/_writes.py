@@ -1,0 +1,256 @@
+"""Turning a pass's decisions into fenced registry transactions (pure).
+
+Theory of operation
+-------------------
+The planner says, per application, which nodes should serve it. This module
+compares that with the placement records as they were read, and produces the
+writes that close the gap, grouped into transactions (*batches*) that the
+coordinator sends one after the other.
+
+* **Only differences are written.** A record whose node set already matches
+  is left alone, so a pass over an unchanged cluster produces no batch at all.
+  ``decidedAt`` moves only when the node set does.
+* **Every batch is guarded twice.** Its first compare is "the lease key's
+  create revision is still my fence": a coordinator whose lease lapsed (and
+  was re-acquired by anyone, under a larger fence) writes nothing. Then one
+  compare per written key pins the ``mod_revision`` read at the start of the
+  pass (or absence), so a record written since — by a newer coordinator with
+  a larger fence, say — is never overwritten by a decision made without it.
+* **Larger fences win.** A record already carrying a fence larger than the
+  writer's is not touched at all; the plan lists it as ``superseded``, which
+  can only mean the writer's lease is no longer the newest, so the caller
+  drops its role.
+* **Removals go first.** Deletions and writes that only take nodes away come
+  before writes that add a node, across batches as well as within one, so a
+  reader never sees a new placement before the removal it pairs with. (A
+  move inside one record is one atomic write, so it is never split.)
+* **A missing record is pending.** A planner answer of "no nodes" for an app
+  deletes its record rather than writing an empty one, and an app the
+  planner could not place is simply not in ``targets``.
+* **Batches stay small.** At most ``max_writes`` writes per transaction, well
+  under etcd's default limit of 128 operations per txn.
+
+Everything here is a function of its arguments: no clock, no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from corral.registry import (
+    COORDINATOR_LEASE_KEY,
+    Compare,
+    CompareOp,
+    CompareTarget,
+    Delete,
+    PlacementRecord,
+    Put,
+    placement_key,
+)
+
+__all__ = [
+    "DEFAULT_MAX_WRITES",
+    "CurrentPlacement",
+    "PlacementWrite",
+    "WriteBatch",
+    "WritePlan",
+    "fence_guard",
+    "plan_writes",
+]
+
+#: Writes per transaction. etcd refuses a txn with more than 128 operations
+#: per branch by default; the guards count towards the compare list.
+DEFAULT_MAX_WRITES = 64
+
+
+@dataclass(frozen=True, slots=True)
+class CurrentPlacement:
+    """A placement record as read at the start of the pass."""
+
+    record: PlacementRecord
+    mod_revision: int
+
+
+@dataclass(frozen=True, slots=True)
+class PlacementWrite:
+    """One record change: ``record`` is None for a deletion."""
+
+    app: str
+    record: PlacementRecord | None
+    previous: tuple[str, ...] | None
+    observed_mod_revision: int
+
+    @property
+    def key(self) -> str:
+        return placement_key(self.app)
+
+    @property
+    def nodes(self) -> tuple[str, ...] | None:
+        return None if self.record is None else tuple(self.record.nodes)
+
+    @property
+    def is_removal(self) -> bool:
+        """True when the write only takes nodes away (or deletes the record)."""
+        if self.record is None:
+            return True
+        if self.previous is None:
+            return False
+        return set(self.record.nodes) < set(self.previous)
+
+    def guard(self) -> Compare:
+        if self.observed_mod_revision == 0:
+            return Compare.absent(self.key)
+        return Compare.mod_revision_is(self.key, self.observed_mod_revision)
+
+    def operation(self) -> Put | Delete:
+        if self.record is None:
+            return Delete(self.key)
+        return Put(self.key, self.record.encode())
+
+
+@dataclass(frozen=True, slots=True)
+class WriteBatch:
+    """One transaction: every compare must hold for any of the writes to land."""
+
+    compares: tuple[Compare, ...]
+    operations: tuple[Put | Delete, ...]
+    writes: tuple[PlacementWrite, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class WritePlan:
+    """What a pass writes, in order.
+
+    Attributes:
+        batches: transactions to send one after the other; empty when nothing
+            changed.
+        superseded: apps whose record carries a fence larger than the
+            writer's; they are left untouched.
+        unchanged: apps whose record already matches the decision.
+    """
+
+    batches: tuple[WriteBatch, ...] = ()
+    superseded: tuple[str, ...] = ()
+    unchanged: tuple[str, ...] = ()
+    removals: int = 0
+    placements: int = 0
+    records: Mapping[str, PlacementRecord | None] = field(default_factory=dict)
+
+    @property
+    def writes(self) -> tuple[PlacementWrite, ...]:
+        return tuple(write for batch in self.batches for write in batch.writes)
+
+
+def fence_guard(fence: int) -> Compare:
+    """The guard every coordinator write carries: the lease key's create
+    revision is still ``fence``. An absent key has create revision 0, which is
+    never a fence."""
+    return Compare(COORDINATOR_LEASE_KEY, CompareTarget.CREATE_REVISION, CompareOp.EQUAL, fence)
+
+
+def plan_writes(
+    targets: Mapping[str, tuple[str, ...] | None],
+    current: Mapping[str, CurrentPlacement],
+    *,
+    fence: int,
+    decided_at: float,
+    max_writes: int = DEFAULT_MAX_WRITES,
+) -> WritePlan:
+    """Plan the transactions that make the placement records match ``targets``.
+
+    Args:
+        targets: app -> the nodes that should serve it (any order, no
+            duplicates), or None for "remove its placement record". Apps not
+            named here are not touched.
+        current: app -> the record and its mod revision, as read this pass.
+        fence: the writer's lease fence (create revision of the lease key).
+        decided_at: wall-clock time stamped on every record written.
+        max_writes: most writes in one transaction (>= 1).
+
+    Returns:
+        The plan; ``records`` maps each written app to its new record (None
+        for a deletion).
+
+    Raises:
+        ValueError: ``fence`` < 1 or ``max_writes`` < 1.
+    """
+    if fence < 1:
+        raise ValueError(f"fence must be a create revision (>= 1), got {fence}")
+    if max_writes < 1:
+        raise ValueError(f"max_writes must be at least 1, got {max_writes}")
+
+    removals: list[PlacementWrite] = []
+    placements: list[PlacementWrite] = []
+    superseded: list[str] = []
+    unchanged: list[str] = []
+    for app in sorted(targets):
+        wanted = targets[app]
+        existing = current.get(app)
+        if existing is not None and existing.record.fence > fence:
+            superseded.append(app)
+            continue
+        write = _write_for(app, wanted, existing, fence=fence, decided_at=decided_at)
+        if write is None:
+            unchanged.append(app)
+        elif write.is_removal:
+            removals.append(write)
+        else:
+            placements.append(write)
+
+    ordered = removals + placements
+    batches = tuple(
+        _batch(ordered[start : start + max_writes], fence)
+        for start in range(0, len(ordered), max_writes)
+    )
+    return WritePlan(
+        batches=batches,
+        superseded=tuple(superseded),
+        unchanged=tuple(unchanged),
+        removals=len(removals),
+        placements=len(placements),
+        records={write.app: write.record for write in ordered},
+    )
+
+
+def _write_for(
+    app: str,
+    wanted: tuple[str, ...] | None,
+    existing: CurrentPlacement | None,
+    *,
+    fence: int,
+    decided_at: float,
+) -> PlacementWrite | None:
+    nodes = None if wanted is None else tuple(sorted(set(wanted)))
+    if not nodes:
+        if existing is None:
+            return None
+        return PlacementWrite(app, None, tuple(existing.record.nodes), existing.mod_revision)
+    if existing is None:
+        placed_at = dict.fromkeys(nodes, decided_at)
+        record = PlacementRecord(
+            nodes=list(nodes), decided_at=decided_at, fence=fence, placed_at=placed_at
+        )
+        return PlacementWrite(app, record, None, 0)
+    previous = tuple(existing.record.nodes)
+    if tuple(sorted(previous)) == nodes:
+        return None
+    # Kept instances keep their placement time (absent means "long ago", as
+    # the planner reads it); added ones are stamped now.
+    old_placed = existing.record.placed_at
+    placed_at = {node: decided_at for node in nodes if node not in previous}
+    placed_at.update(
+        {node: old_placed[node] for node in nodes if node in previous and node in old_placed}
+    )
+    record = PlacementRecord(
+        nodes=list(nodes), decided_at=decided_at, fence=fence, placed_at=placed_at
+    )
+    return PlacementWrite(app, record, previous, existing.mod_revision)
+
+
+def _batch(writes: list[PlacementWrite], fence: int) -> WriteBatch:
+    return WriteBatch(
+        compares=(fence_guard(fence), *(write.guard() for write in writes)),
+        operations=tuple(write.operation() for write in writes),
+        writes=tuple(writes),
+    )

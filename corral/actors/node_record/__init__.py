@@ -1,0 +1,27 @@
+"""The NodeRegistration actor: the node's lease and its ``nodes/<id>`` record."""
+
+from corral.actors.node_record._actor import (
+    DEFAULT_CAPACITY_INTERVAL,
+    DEFAULT_NODE_LEASE_TTL,
+    GetRegistration,
+    NodeRegistration,
+    node_registration_child_spec,
+)
+from corral.actors.node_record._record import (
+    NodeIdentity,
+    capacity_update,
+    fresh_record,
+    rewritten_record,
+)
+
+__all__ = [
+    "DEFAULT_CAPACITY_INTERVAL",
+    "DEFAULT_NODE_LEASE_TTL",
+    "GetRegistration",
+    "NodeIdentity",
+    "NodeRegistration",
+    "capacity_update",
+    "fresh_record",
+    "node_registration_child_spec",
+    "rewritten_record",
+]

@@ -1,0 +1,184 @@
+"""The write plan: fenced, minimal, removals first, never over a larger fence."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from corral.actors.coordinator import (
+    CurrentPlacement,
+    PlacementWrite,
+    WritePlan,
+    fence_guard,
+    plan_writes,
+)
+from corral.registry import (
+    COORDINATOR_LEASE_KEY,
+    Compare,
+    CompareTarget,
+    Delete,
+    PlacementRecord,
+    Put,
+    decode_record,
+    placement_key,
+)
+
+NODES = ["n1", "n2", "n3", "n4"]
+APPS = ["a", "b", "c", "d", "e", "f"]
+
+node_sets = st.lists(st.sampled_from(NODES), min_size=1, max_size=4, unique=True).map(tuple)
+targets_strategy = st.dictionaries(
+    st.sampled_from(APPS), st.one_of(st.none(), st.just(()), node_sets), max_size=len(APPS)
+)
+
+
+@st.composite
+def currents(draw: st.DrawFn) -> dict[str, CurrentPlacement]:
+    apps = draw(st.lists(st.sampled_from(APPS), unique=True, max_size=len(APPS)))
+    out: dict[str, CurrentPlacement] = {}
+    for index, app in enumerate(apps):
+        nodes = draw(node_sets)
+        fence = draw(st.integers(1, 20))
+        placed = {n: draw(st.floats(0, 100)) for n in nodes}
+        record = PlacementRecord(nodes=list(nodes), decided_at=50.0, fence=fence, placed_at=placed)
+        out[app] = CurrentPlacement(record, mod_revision=100 + index)
+    return out
+
+
+def apply(
+    plan: WritePlan, current: dict[str, CurrentPlacement]
+) -> dict[str, CurrentPlacement]:
+    after = dict(current)
+    for write in plan.writes:
+        if write.record is None:
+            del after[write.app]
+        else:
+            after[write.app] = CurrentPlacement(write.record, mod_revision=1000)
+    return after
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    targets=targets_strategy,
+    current=currents(),
+    fence=st.integers(1, 20),
+    max_writes=st.integers(1, 4),
+)
+def test_plan_properties(
+    targets: dict[str, tuple[str, ...] | None],
+    current: dict[str, CurrentPlacement],
+    fence: int,
+    max_writes: int,
+) -> None:
+    plan = plan_writes(targets, current, fence=fence, decided_at=200.0, max_writes=max_writes)
+    written = {w.app for w in plan.writes}
+
+    # Every target is accounted for exactly once.
+    assert sorted(written | set(plan.superseded) | set(plan.unchanged)) == sorted(targets)
+    assert not written & set(plan.superseded)
+
+    # Never over a larger fence; everything else ends where the planner said.
+    for app in plan.superseded:
+        assert current[app].record.fence > fence
+    after = apply(plan, current)
+    for app, wanted in targets.items():
+        if app in plan.superseded:
+            assert after[app] == current[app]
+        elif not wanted:
+            assert app not in after
+        else:
+            assert after[app].record.nodes == sorted(wanted)
+
+    # Batches: bounded, each guarded by the fence and by every key it writes.
+    for batch in plan.batches:
+        assert 1 <= len(batch.writes) <= max_writes
+        assert batch.compares[0] == fence_guard(fence)
+        assert list(batch.compares[1:]) == [w.guard() for w in batch.writes]
+        assert [op.key for op in batch.operations] == [w.key for w in batch.writes]
+
+    # Removals strictly before anything that adds a node.
+    kinds = [w.is_removal for w in plan.writes]
+    assert kinds == sorted(kinds, reverse=True)
+    assert plan.removals == sum(kinds)
+    assert plan.placements == len(kinds) - sum(kinds)
+
+    # Written records carry the writer's fence and keep placement times of kept nodes.
+    for write in plan.writes:
+        record = write.record
+        if record is None:
+            assert isinstance(write.operation(), Delete)
+            continue
+        assert record.fence == fence
+        assert record.decided_at == 200.0
+        assert set(record.placed_at) <= set(record.nodes)
+        old = current.get(write.app)
+        for node in record.nodes:
+            if old is not None and node in old.record.nodes:
+                assert record.placed_at.get(node) == old.record.placed_at.get(node)
+            else:
+                assert record.placed_at[node] == 200.0
+        op = write.operation()
+        assert isinstance(op, Put)
+        assert decode_record(op.key, op.value) == record
+
+    # A second plan over the result writes nothing.
+    again = plan_writes(targets, after, fence=fence, decided_at=300.0, max_writes=max_writes)
+    assert again.batches == ()
+
+
+def test_unchanged_cluster_writes_nothing() -> None:
+    record = PlacementRecord(nodes=["n1", "n2"], decided_at=1.0, fence=3, placed_at={})
+    current = {"a": CurrentPlacement(record, 7)}
+    plan = plan_writes({"a": ("n2", "n1")}, current, fence=5, decided_at=9.0)
+    assert plan.batches == ()
+    assert plan.unchanged == ("a",)
+
+
+def test_new_placement_is_guarded_on_absence_and_fence() -> None:
+    plan = plan_writes({"a": ("n2", "n1")}, {}, fence=5, decided_at=9.0)
+    (batch,) = plan.batches
+    assert batch.compares == (
+        Compare(COORDINATOR_LEASE_KEY, CompareTarget.CREATE_REVISION, fence_guard(5).op, 5),
+        Compare.absent(placement_key("a")),
+    )
+    (op,) = batch.operations
+    assert isinstance(op, Put)
+    assert decode_record(op.key, op.value) == PlacementRecord(
+        nodes=["n1", "n2"], decided_at=9.0, fence=5, placed_at={"n1": 9.0, "n2": 9.0}
+    )
+
+
+def test_larger_fence_is_superseded_not_overwritten() -> None:
+    newer = PlacementRecord(nodes=["n1"], decided_at=1.0, fence=9, placed_at={"n1": 1.0})
+    plan = plan_writes({"a": ("n2",), "b": None}, {"a": CurrentPlacement(newer, 4)}, fence=5,
+                       decided_at=2.0)
+    assert plan.superseded == ("a",)
+    assert plan.batches == ()
+    assert plan.unchanged == ("b",)
+
+
+def test_removals_come_before_placements_across_batches() -> None:
+    def cp(nodes: list[str], rev: int) -> CurrentPlacement:
+        return CurrentPlacement(PlacementRecord(nodes=nodes, decided_at=0.0, fence=1), rev)
+
+    current = {"a": cp(["n1"], 1), "b": cp(["n1", "n2"], 2), "z": cp(["n3"], 3)}
+    targets: dict[str, tuple[str, ...] | None] = {
+        "a": ("n2",),  # a move: one atomic write, counted as a placement
+        "b": ("n2",),  # shrink: a removal
+        "c": ("n1",),  # new: a placement
+        "z": None,  # deleted: a removal
+    }
+    plan = plan_writes(targets, current, fence=2, decided_at=5.0, max_writes=1)
+    assert [w.app for w in plan.writes] == ["b", "z", "a", "c"]
+    assert [len(b.writes) for b in plan.batches] == [1, 1, 1, 1]
+    moved = plan.writes[2]
+    assert isinstance(moved, PlacementWrite)
+    assert moved.previous == ("n1",)
+    assert moved.guard() == Compare.mod_revision_is(placement_key("a"), 1)
+
+
+@pytest.mark.parametrize(("fence", "max_writes"), [(0, 1), (1, 0)])
+def test_bad_arguments_are_refused(fence: int, max_writes: int) -> None:
+    with pytest.raises(ValueError, match="must"):
+        plan_writes({}, {}, fence=fence, decided_at=0.0, max_writes=max_writes)
