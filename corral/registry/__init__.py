@@ -29,6 +29,7 @@ from corral.registry._errors import (
     RegistryUnavailable,
     RevisionCompacted,
 )
+from corral.registry._etcd import EtcdRegistry
 from corral.registry._memory import MemoryRegistry
 from corral.registry._open import (
     RegistryUrl,
@@ -78,6 +79,7 @@ from corral.registry._records import (
     validate_domain,
     validate_name,
 )
+from corral.registry._sqlite import SQLiteRegistry
 
 __all__ = [
     "ALIAS_PREFIX",
@@ -99,6 +101,7 @@ __all__ = [
     "CoordinatorLease",
     "Delete",
     "Deployment",
+    "EtcdRegistry",
     "EventType",
     "Get",
     "InvalidKey",
@@ -122,6 +125,7 @@ __all__ = [
     "RegistryUrl",
     "RevisionCompacted",
     "RoutingTable",
+    "SQLiteRegistry",
     "ServingEntry",
     "TxnOp",
     "TxnResult",

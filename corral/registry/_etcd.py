@@ -433,9 +433,7 @@ class EtcdRegistry(Registry):
             f"{', '.join(self._endpoints)}: {last}; check that etcd is running and reachable"
         )
 
-    async def _attempt(
-        self, url: str, content: str, path: str, first_line: bool
-    ) -> dict[str, Any]:
+    async def _attempt(self, url: str, content: str, path: str, first_line: bool) -> dict[str, Any]:
         try:
             # A streaming call (keepalive) sent one request: the gateway answers one
             # line and ends the response, so a plain POST reads it whole.

@@ -91,9 +91,7 @@ def check_txn_branch(ops: Sequence[TxnOp], key_check: KeyCheck) -> None:
     for delete in deletes:
         for key in puts:
             if key == delete.key or (delete.prefix and key.startswith(delete.key)):
-                raise InvalidTxn(
-                    f"txn both puts and deletes {key!r}; write each key once per txn"
-                )
+                raise InvalidTxn(f"txn both puts and deletes {key!r}; write each key once per txn")
 
 
 def prefix_end(prefix: bytes) -> bytes:

@@ -616,9 +616,7 @@ def _run_batch(conn: sqlite3.Connection, batch: list[_Slot[Any]], now: float, hi
             if floor > tx.compacted and (floor - tx.compacted >= max(1, history // 10)):
                 conn.execute("DELETE FROM changes WHERE revision <= ?", (floor,))
                 tx.compacted = floor
-            conn.execute(
-                "UPDATE meta SET revision = ?, compacted = ?", (tx.revision, tx.compacted)
-            )
+            conn.execute("UPDATE meta SET revision = ?, compacted = ?", (tx.revision, tx.compacted))
         conn.execute("COMMIT")
     except BaseException:
         if conn.in_transaction:

@@ -59,7 +59,8 @@ async def test_every_write_bumps_the_revision_by_one(backend: RegistryHarness) -
     result = await registry.txn([], [Put("apps/c", b"1"), Put("apps/d", b"1")])
     assert result.revision == rev + 4 == await registry.revision()
     failed = await registry.txn([Compare.absent("apps/c")], [Put("apps/e", b"1")])
-    assert not failed.succeeded and failed.revision == rev + 4
+    assert not failed.succeeded
+    assert failed.revision == rev + 4
     lease = await registry.grant(backend.ttl(60))
     assert await registry.revision() == rev + 4  # a grant is not a write
     await registry.put("nodes/n1", b"", lease=lease.id)
@@ -88,7 +89,9 @@ async def test_cas_on_an_absent_key_has_exactly_one_winner(backend: RegistryHarn
     assert len(winners) == 1
     (winner,) = winners
     stored = await registry.get("ports/n1/24000")
-    assert stored is not None and stored.value == winner.encode() and stored.version == 1
+    assert stored is not None
+    assert stored.value == winner.encode()
+    assert stored.version == 1
     for name, result in results.items():
         if name != winner:
             (seen,) = result.responses
@@ -104,14 +107,16 @@ async def test_guarded_txn_on_version_revisions_and_value(backend: RegistryHarne
         [Put("alias/x.example", b"web-b"), Put("alias/x.example/previous", b"web-a")],
         [Get("alias/x.example")],
     )
-    assert flip.succeeded and flip.responses == (None, None)
+    assert flip.succeeded
+    assert flip.responses == (None, None)
     # The same guard again is stale: nothing is written, the failure branch reads.
     stale = await registry.txn(
         [Compare.version_is("alias/x.example", 1)],
         [Put("alias/x.example", b"web-c")],
         [Get("alias/x.example")],
     )
-    assert not stale.succeeded and stale.revision == flip.revision
+    assert not stale.succeeded
+    assert stale.revision == flip.revision
     (current,) = stale.responses
     assert isinstance(current, list)
     assert [(kv.value, kv.version, kv.mod_revision) for kv in current] == [
@@ -152,8 +157,10 @@ async def test_txn_responses_follow_the_branch_ops(backend: RegistryHarness) -> 
         [Get("apps/", prefix=True), Delete("apps/a"), Put("nodes/n1", b"3"), Get("nodes/n1")],
     )
     listed, deleted, put, read_back = result.responses
-    assert isinstance(listed, list) and [kv.key for kv in listed] == ["apps/a", "apps/b"]
-    assert deleted == 1 and put is None
+    assert isinstance(listed, list)
+    assert [kv.key for kv in listed] == ["apps/a", "apps/b"]
+    assert deleted == 1
+    assert put is None
     assert isinstance(read_back, list)
     assert [(kv.value, kv.mod_revision) for kv in read_back] == [(b"3", result.revision)]
     assert await registry.get("apps/a") is None
@@ -217,7 +224,8 @@ async def test_keepalive_keeps_keys_past_their_ttl(backend: RegistryHarness) -> 
         assert await registry.keepalive(lease.id) == lease.ttl
     await backend.elapse(lease.ttl * 0.75)  # 2.25 TTLs after the grant
     kv = await registry.get("nodes/n1")
-    assert kv is not None and kv.lease == lease.id
+    assert kv is not None
+    assert kv.lease == lease.id
     await registry.revoke(lease.id)
 
 
@@ -261,9 +269,11 @@ async def test_watch_replays_puts_deletes_and_expiries_in_order(
         got = await take_events(events, len(expected))
     assert summary(got) == expected
     revisions = [e.kv.mod_revision for e in got]
-    assert revisions == sorted(revisions) and revisions[0] == start
+    assert revisions == sorted(revisions)
+    assert revisions[0] == start
     assert revisions[3] == revisions[4]  # one txn, one revision
-    assert got[2].kv.version == 2 and got[2].kv.create_revision == revisions[1]
+    assert got[2].kv.version == 2
+    assert got[2].kv.create_revision == revisions[1]
     async with registry.watch("apps/", start + 2) as events:
         got = await take_events(events, 3)
     assert summary(got) == expected[2:5]
@@ -286,7 +296,8 @@ async def test_watch_from_now_sees_later_writes_and_expiries(backend: RegistryHa
         ("delete", "nodes/n2", b""),
         ("delete", "nodes/n1", b""),
     ]
-    assert got[0].type is EventType.PUT and got[0].kv.lease == lease.id
+    assert got[0].type is EventType.PUT
+    assert got[0].kv.lease == lease.id
 
 
 async def test_revision_is_monotonic_under_concurrent_writers(backend: RegistryHarness) -> None:

@@ -1,0 +1,170 @@
+"""SQLite backend specifics: sharing one file between registries and processes,
+persistence, compaction, group commit."""
+
+from __future__ import annotations
+
+import sqlite3
+import sys
+from pathlib import Path
+
+import pytest
+import trio
+
+from corral.registry import (
+    EventType,
+    LeaseNotFound,
+    RegistryUnavailable,
+    RevisionCompacted,
+    default_registry_url,
+    open_registry,
+)
+from corral.registry._sqlite import SQLiteRegistry
+from corral.registry._testing import ManualClock, take_events
+
+
+async def test_two_registries_on_one_file_share_state_watches_and_expiry(
+    tmp_path: Path,
+) -> None:
+    clock = ManualClock()
+    path = tmp_path / "shared.db"
+    a = await SQLiteRegistry.open(path, clock=clock, poll_interval=0.01)
+    b = await SQLiteRegistry.open(path, clock=clock, poll_interval=0.01)
+    try:
+        lease = await a.grant(10)
+        async with a.watch("nodes/") as events:
+            await b.put("nodes/n2", b"from b")
+            await a.put("nodes/n1", b"from a", lease=lease.id)
+            assert [kv.key for kv in await b.range("nodes/")] == ["nodes/n1", "nodes/n2"]
+            assert await a.revision() == await b.revision()
+            clock.advance(11)
+            assert await b.get("nodes/n1") is None  # b enforces a's lease
+            got = await take_events(events, 3, within=5)
+        assert [(e.type, e.kv.key) for e in got] == [
+            (EventType.PUT, "nodes/n2"),
+            (EventType.PUT, "nodes/n1"),
+            (EventType.DELETE, "nodes/n1"),
+        ]
+        with pytest.raises(LeaseNotFound):
+            await a.keepalive(lease.id)
+    finally:
+        await a.aclose()
+        await b.aclose()
+
+
+async def test_a_watcher_sweeps_expired_leases_without_other_access(tmp_path: Path) -> None:
+    clock = ManualClock()
+    registry = await SQLiteRegistry.open(tmp_path / "sweep.db", clock=clock, poll_interval=0.01)
+    try:
+        lease = await registry.grant(5)
+        await registry.put("nodes/n1", b"x", lease=lease.id)
+        async with registry.watch("nodes/") as events:
+            clock.advance(6)  # nobody reads: the watcher's poll expires the lease
+            (event,) = await take_events(events, 1, within=5)
+        assert event.type is EventType.DELETE
+    finally:
+        await registry.aclose()
+
+
+_CLAIM = """
+import sys, trio
+from corral.registry import Compare, Get, Put, open_registry
+
+async def main(url, name):
+    async with open_registry(url) as registry:
+        result = await registry.txn(
+            [Compare.absent("ports/n1/24000")],
+            [Put("ports/n1/24000", name.encode())],
+            [Get("ports/n1/24000")],
+        )
+        holder = name if result.succeeded else result.responses[0][0].value.decode()
+        print(("won" if result.succeeded else "lost"), holder)
+
+trio.run(main, sys.argv[1], sys.argv[2])
+"""
+
+
+@pytest.mark.slow
+async def test_processes_sharing_the_file_get_exactly_one_cas_winner(tmp_path: Path) -> None:
+    url = default_registry_url(tmp_path)
+    async with open_registry(url) as registry:
+        await registry.put("apps/warm", b"creates the file first")
+    outputs: list[str] = []
+
+    async def claim(name: str) -> None:
+        done = await trio.run_process(
+            [sys.executable, "-c", _CLAIM, url, name], capture_stdout=True, check=True
+        )
+        outputs.append(done.stdout.decode().strip())
+
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            for i in range(4):
+                nursery.start_soon(claim, f"proc-{i}")
+    winners = [line.split()[1] for line in outputs if line.startswith("won")]
+    assert len(winners) == 1
+    assert sorted(line.split()[1] for line in outputs) == [winners[0]] * 4
+
+
+async def test_state_survives_reopening_and_the_file_is_wal(tmp_path: Path) -> None:
+    url = default_registry_url(tmp_path / "data")
+    assert url == f"sqlite://{tmp_path}/data/registry.db"
+    async with open_registry(url) as registry:
+        rev = await registry.put("apps/a", b"1")
+    async with open_registry(url) as registry:
+        assert await registry.revision() == rev
+        kv = await registry.get("apps/a")
+        assert kv is not None
+        assert kv.value == b"1"
+    conn = sqlite3.connect(tmp_path / "data" / "registry.db")
+    try:
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    finally:
+        conn.close()
+
+
+async def test_old_history_is_compacted(tmp_path: Path) -> None:
+    registry = await SQLiteRegistry.open(tmp_path / "c.db", history=10)
+    try:
+        for i in range(30):
+            await registry.put(f"apps/a{i % 3}", str(i).encode())
+        with pytest.raises(RevisionCompacted):
+            async with registry.watch("apps/", 2):
+                pass
+        start = await registry.revision() - 4
+        async with registry.watch("apps/", start) as events:
+            got = await take_events(events, 5)
+        assert [e.kv.mod_revision for e in got] == list(range(start, start + 5))
+    finally:
+        await registry.aclose()
+
+
+async def test_group_commit_isolates_a_failing_write(tmp_path: Path) -> None:
+    registry = await SQLiteRegistry.open(tmp_path / "g.db", synchronous="FULL")
+    try:
+        errors: list[BaseException] = []
+        revisions: list[int] = []
+
+        async def put(i: int) -> None:
+            try:
+                revisions.append(
+                    await registry.put(f"apps/a{i}", b"x", lease=999 if i == 3 else None)
+                )
+            except LeaseNotFound as exc:
+                errors.append(exc)
+
+        before = await registry.revision()
+        async with trio.open_nursery() as nursery:
+            for i in range(8):
+                nursery.start_soon(put, i)
+        assert len(errors) == 1
+        assert sorted(revisions) == list(range(before + 1, before + 8))
+        assert len(await registry.range("apps/")) == 7
+    finally:
+        await registry.aclose()
+
+
+async def test_a_file_that_is_not_a_registry_is_refused(tmp_path: Path) -> None:
+    bogus = tmp_path / "bogus.db"
+    bogus.write_bytes(b"this is not a database" * 100)
+    with pytest.raises(RegistryUnavailable, match=r"bogus\.db"):
+        await SQLiteRegistry.open(bogus)
