@@ -1,0 +1,82 @@
+"""The node's event log as the API serves it: numbered, with wall-clock times.
+
+The actor system keeps recent :class:`~corral.supervision.Event` objects with
+trio-clock times. :class:`EventLog` copies them into JSON-able dicts with a
+strictly increasing ``seq`` (so a follower knows what it has seen) and a
+``wall_time`` (unix seconds, for people).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import trio
+
+from corral.supervision import ActorSystem, Event
+
+DEFAULT_SIZE = 1000
+
+
+def jsonable(value: Any) -> Any:
+    """``value`` if JSON can carry it, else its ``str``; containers converted recursively."""
+    if value is None or isinstance(value, str | int | float | bool):
+        return value
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        return [jsonable(v) for v in value]
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError):
+        return str(value)
+    return value
+
+
+class EventLog:
+    """Recent events, numbered, oldest first."""
+
+    def __init__(
+        self,
+        size: int = DEFAULT_SIZE,
+        *,
+        wall_clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] = trio.current_time,
+    ) -> None:
+        self._events: deque[dict[str, Any]] = deque(maxlen=size)
+        self._seq = itertools.count(1)
+        self._wall_clock = wall_clock
+        self._clock = clock
+
+    def add(self, event: Event) -> None:
+        age = max(0.0, self._clock() - event.time)
+        self._events.append(
+            {
+                "seq": next(self._seq),
+                "time": event.time,
+                "wall_time": round(self._wall_clock() - age, 3),
+                "kind": event.kind,
+                "path": event.path,
+                "fields": jsonable(event.fields),
+            }
+        )
+
+    def recent(self) -> list[dict[str, Any]]:
+        return list(self._events)
+
+    async def follow(self, system: ActorSystem) -> None:
+        """Copy the system's events in, from those already logged on; runs until cancelled."""
+        async with system.subscribe_events() as live:
+            backlog = system.events()
+            seen = {id(event) for event in backlog}
+            for event in backlog:
+                self.add(event)
+            async for event in live:
+                if id(event) in seen:
+                    seen.discard(id(event))
+                    continue
+                self.add(event)

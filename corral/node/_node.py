@@ -1,0 +1,394 @@
+"""``corral node run``: one node, assembled under a root supervisor.
+
+::
+
+    /                     root supervisor (one_for_one)
+    ├── registration      NodeRegistration: the node lease and nodes/<id>
+    ├── peers             PeerDirectory: other nodes' peer addresses -> transport
+    ├── agent/            Reconciler, PortAllocator, ProcessSupervisor
+    ├── coordinator       Coordinator: campaigns for lease/coordinator, places apps
+    └── api               ApiServer: the HTTP API (Starlette on Hypercorn's Trio worker)
+
+Children start in that order and stop in reverse: the API stops taking
+requests, the coordinator hands its lease back (a successor takes over at
+once), the agent stops every app process, and last the registration revokes
+the node lease so ``nodes/<id>`` disappears. SIGTERM or SIGINT starts that
+shutdown; a second signal ends the node at once (its app processes are
+killed first, so nothing is left behind either way).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+import psutil
+import trio
+
+from corral.actors.node_record import NodeIdentity, node_registration_child_spec
+from corral.node._api import ApiServices, build_api, record_json
+from corral.node._artifact_store import ArtifactStore, Materializer
+from corral.node._config import SETTINGS, NodeConfig, load_config_file, resolve_node_config
+from corral.node._errors import ConfigError
+from corral.node._events import EventLog
+from corral.node._identity import (
+    SECRET_FILE,
+    TOKEN_FILE,
+    ensure_node_id,
+    ensure_secret_file,
+    probe_capacity,
+)
+from corral.node._peers import PeerDirectory
+from corral.node._server import ApiServer
+from corral.registry import (
+    COORDINATOR_LEASE_KEY,
+    CoordinatorLease,
+    NodeRecord,
+    PlacementRecord,
+    Registry,
+    RegistryError,
+    decode_record,
+    node_key,
+    open_registry,
+    read_records,
+)
+from corral.supervision import (
+    ActorSystem,
+    ChildSpec,
+    Strategy,
+    SupervisionError,
+    SupervisorSpec,
+    open_actor_system,
+)
+from corral.transport._websocket import open_websocket_transport
+
+log = logging.getLogger("corral.node")
+
+ASK_TIMEOUT = 2.0
+
+
+@dataclass(frozen=True)
+class NodeRuntime:
+    """What the node resolved at start: its id, secrets and where things live."""
+
+    config: NodeConfig
+    node_id: str
+    token: str
+    secret: str
+
+    @property
+    def apps_dir(self) -> Path:
+        return self.config.data_dir / "apps"
+
+    @property
+    def artifacts_dir(self) -> Path:
+        return self.config.data_dir / "artifacts"
+
+    @property
+    def api_address(self) -> str:
+        return f"{self.config.advertise}:{self.config.api.port}"
+
+    @property
+    def peer_address(self) -> str:
+        return f"{self.config.advertise}:{self.config.listen.port}"
+
+
+def prepare_runtime(config: NodeConfig, hostname: str | None = None) -> NodeRuntime:
+    """Create the data directory and resolve the node id, token and secret (files, 0600).
+
+    Raises:
+        ConfigError: the data directory cannot be used, or the node id is refused.
+    """
+    try:
+        config.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"--data-dir {config.data_dir} cannot be created: {exc}") from exc
+    node_id = ensure_node_id(config.data_dir, config.node_id, hostname or socket.gethostname())
+    token = ensure_secret_file(config.data_dir / TOKEN_FILE, config.token)
+    secret = ensure_secret_file(config.data_dir / SECRET_FILE, config.secret)
+    return NodeRuntime(config=config, node_id=node_id, token=token, secret=secret)
+
+
+def check_bindable(config: NodeConfig) -> None:
+    """Fail early, in one line, when the API or peer address is taken."""
+    for flag, address in (("--api", config.api), ("--listen", config.listen)):
+        family = socket.AF_INET6 if ":" in address.host else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind((address.host, address.port))
+            except OSError as exc:
+                raise ConfigError(
+                    f"{flag} {address} cannot be used ({exc.strerror}); is another corral node "
+                    f"running there? pick another address with {flag}"
+                ) from None
+
+
+class NodeServices:
+    """The node's view of itself for the API: state, actors, events."""
+
+    def __init__(self, runtime: NodeRuntime, registry: Registry, events: EventLog) -> None:
+        self.runtime = runtime
+        self.registry = registry
+        self.events = events
+        self.system: ActorSystem | None = None
+
+    async def _ask(self, path: str, message: object, node: str | None = None) -> Any:
+        assert self.system is not None
+        ref = self.system.ref(path, node=node)
+        try:
+            return await ref.ask(message, timeout=ASK_TIMEOUT)
+        except SupervisionError as exc:
+            return {"error": str(exc)}
+
+    async def state(self) -> dict[str, Any]:
+        me = self.runtime.node_id
+        state: dict[str, Any] = {"node_id": me}
+        try:
+            kv = await self.registry.get(node_key(me))
+            record = None if kv is None else decode_record(kv.key, kv.value)
+            state["node"] = record_json(record) if isinstance(record, NodeRecord) else None
+            lease_kv = await self.registry.get(COORDINATOR_LEASE_KEY)
+            lease = None if lease_kv is None else decode_record(lease_kv.key, lease_kv.value)
+            if isinstance(lease, CoordinatorLease) and lease_kv is not None:
+                state["lease"] = {
+                    "holder": lease.holder,
+                    "acquired_at": lease.acquired_at,
+                    "fence": lease_kv.create_revision,
+                }
+            else:
+                state["lease"] = None
+            state["coordinating"] = bool(state["lease"] and state["lease"]["holder"] == me)
+            placements, undecodable = await read_records(self.registry, "placement/")
+            state["placements"] = {
+                key.removeprefix("placement/"): record_json(p)
+                for key, p in sorted(placements.items())
+                if isinstance(p, PlacementRecord)
+            }
+            state["undecodable"] = [{"key": u.key, "reason": u.reason} for u in undecodable]
+        except RegistryError as exc:
+            state["registry_error"] = str(exc)
+        state.update(await self._actor_views(state))
+        return state
+
+    async def _actor_views(self, state: dict[str, Any]) -> dict[str, Any]:
+        views: dict[str, Any] = {}
+        for name, view in sorted(ACTOR_VIEWS.items()):
+            views[name] = await view(self, state)
+        return views
+
+    def actors(self) -> dict[str, Any]:
+        assert self.system is not None
+        tree: dict[str, Any] = self.system.tree().to_dict()
+        return tree
+
+    def recent_events(self) -> list[dict[str, Any]]:
+        return self.events.recent()
+
+
+#: name -> async function adding a view to GET /v1/state (filled in by the assembly).
+ACTOR_VIEWS: dict[str, Callable[[NodeServices, dict[str, Any]], Any]] = {}
+
+
+def root_spec(
+    runtime: NodeRuntime, registry: Registry, services: NodeServices, transport: Any
+) -> tuple[ChildSpec | SupervisorSpec, ...]:
+    """The node's top-level children, in start order."""
+    config = runtime.config
+    grace = config.shutdown_grace_ms / 1000
+    identity = NodeIdentity(
+        node_id=runtime.node_id,
+        labels=dict(config.labels),
+        rack=config.rack,
+        datacenter=config.datacenter,
+        peer_address=runtime.peer_address,
+        api_address=runtime.api_address,
+        advertise_host=config.advertise,
+    )
+    artifacts = ArtifactStore(
+        registry, runtime.artifacts_dir, node_id=runtime.node_id, secret=runtime.secret
+    )
+    materialize = Materializer(artifacts, runtime.apps_dir)
+
+    def api_app() -> Any:
+        return build_api(
+            ApiServices(
+                token=runtime.token,
+                secret=runtime.secret,
+                node_id=runtime.node_id,
+                registry=registry,
+                artifacts=artifacts,
+                state=services.state,
+                actors=services.actors,
+                events=services.recent_events,
+                wall_clock=time.time,
+            )
+        )
+
+    children: list[ChildSpec | SupervisorSpec] = [
+        node_registration_child_spec(
+            identity,
+            registry,
+            capacity_probe=lambda: probe_capacity(config.data_dir),
+            lease_ttl=config.node_ttl_ms / 1000,
+            shutdown_grace=grace,
+        ),
+        ChildSpec(
+            name="peers",
+            factory=lambda: PeerDirectory(registry, transport),
+            shutdown_grace=1.0,
+        ),
+    ]
+    children += agent_specs(runtime, registry, materialize)
+    children += coordinator_specs(runtime, registry)
+    children.append(
+        ChildSpec(name="api", factory=lambda: ApiServer(api_app, config.api), shutdown_grace=3.0)
+    )
+    return tuple(children)
+
+
+def agent_specs(
+    runtime: NodeRuntime, registry: Registry, materialize: Materializer
+) -> list[ChildSpec | SupervisorSpec]:
+    """Reconciler, PortAllocator and ProcessSupervisor (the agent helper's spec)."""
+    return []
+
+
+def coordinator_specs(runtime: NodeRuntime, registry: Registry) -> list[ChildSpec | SupervisorSpec]:
+    """The Coordinator (the coordinator helper's spec)."""
+    return []
+
+
+async def run_node(
+    config: NodeConfig,
+    *,
+    stop: trio.Event,
+    task_status: trio.TaskStatus[NodeRuntime] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run one node until ``stop`` is set, then shut it down cleanly.
+
+    Raises:
+        ConfigError: the data directory, node id or an address cannot be used.
+        RegistryError: the registry cannot be opened.
+    """
+    runtime = prepare_runtime(config)
+    check_bindable(config)
+    events = EventLog()
+    async with open_registry(config.registry_url) as registry:
+        services = NodeServices(runtime, registry, events)
+        async with open_websocket_transport(
+            runtime.node_id,
+            (config.listen.host, config.listen.port),
+            secret=runtime.secret,
+        ) as transport:
+            children = root_spec(runtime, registry, services, transport)
+            async with trio.open_nursery() as nursery:
+                async with open_actor_system(
+                    runtime.node_id,
+                    transport,
+                    children=children,
+                    root=SupervisorSpec(
+                        name="node", strategy=Strategy.ONE_FOR_ONE, max_restarts=10, within=60.0
+                    ),
+                ) as system:
+                    services.system = system
+                    nursery.start_soon(events.follow, system)
+                    log.info(
+                        "node %s up: api http://%s, peers %s, registry %s, data %s",
+                        runtime.node_id,
+                        config.api,
+                        config.listen,
+                        config.registry_url,
+                        config.data_dir,
+                    )
+                    system.emit("node.started", node=runtime.node_id, api=str(config.api))
+                    task_status.started(runtime)
+                    await stop.wait()
+                    log.info("node %s stopping", runtime.node_id)
+                nursery.cancel_scope.cancel()
+    log.info("node %s stopped", runtime.node_id)
+
+
+def kill_descendants() -> list[int]:
+    """SIGKILL every process below this one (a forced stop must leave none behind)."""
+    killed: list[int] = []
+    try:
+        children = psutil.Process().children(recursive=True)
+    except psutil.Error:
+        return killed
+    for child in children:
+        try:
+            child.kill()
+            killed.append(child.pid)
+        except psutil.Error:
+            continue
+    return killed
+
+
+async def serve_until_signalled(config: NodeConfig) -> None:
+    """Run the node; the first SIGTERM/SIGINT stops it cleanly, a second forces it."""
+    stop = trio.Event()
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async with trio.open_nursery() as nursery:
+
+            async def watch() -> None:
+                async for signum in signals:
+                    if not stop.is_set():
+                        log.info(
+                            "%s: stopping cleanly (send it again to force)",
+                            signal.Signals(signum).name,
+                        )
+                        stop.set()
+                    else:
+                        killed = kill_descendants()
+                        log.warning("forced stop; killed %d app process(es)", len(killed))
+                        os._exit(128 + signum)
+
+            nursery.start_soon(watch)
+            await run_node(config, stop=stop)
+            nursery.cancel_scope.cancel()
+
+
+def configure_logging(stream: TextIO) -> None:
+    logging.basicConfig(
+        level=os.environ.get("CORRAL_LOG_LEVEL", "INFO").upper(),
+        stream=stream,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    logging.getLogger("hypercorn.error").setLevel(logging.WARNING)
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+
+
+def config_from_args(
+    args: argparse.Namespace, env: dict[str, str] | os._Environ[str]
+) -> NodeConfig:
+    flags: dict[str, object] = {}
+    for name in SETTINGS:
+        flags[name] = getattr(args, name.replace("-", "_"), None)
+    config_path = args.config or env.get("CORRAL_CONFIG")
+    file_values = load_config_file(Path(config_path)) if config_path else {}
+    return resolve_node_config(
+        flags, env, file_values, cwd=Path.cwd(), file_name=str(config_path or "")
+    )
+
+
+def node_run_command(args: argparse.Namespace, stderr: TextIO) -> int:
+    """``corral node run``; returns the exit status."""
+    config = config_from_args(args, os.environ)
+    configure_logging(stderr)
+    try:
+        trio.run(serve_until_signalled, config)
+    except ConfigError:
+        raise
+    except RegistryError as exc:
+        print(f"corral: error: the registry cannot be used: {exc}", file=stderr)
+        return 1
+    return 0

@@ -1,0 +1,83 @@
+"""PeerDirectory: teaches the peer transport where the other nodes listen.
+
+Every node publishes its peer address in ``nodes/<id>``. This actor reads the
+node records now and then and adds each other node's address to the
+WebSocket transport (and forgets nodes whose record is gone), so actors can
+``ask`` an actor on another node by its id.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+from corral.registry import NodeRecord, Registry, RegistryError, read_records
+from corral.supervision import Actor
+
+DEFAULT_INTERVAL = 2.0
+
+
+class PeerBook(Protocol):
+    def add_peer(self, node_id: str, address: str) -> None: ...
+
+    def remove_peer(self, node_id: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class _Refresh:
+    pass
+
+
+def peer_changes(
+    known: Mapping[str, str], records: Mapping[str, NodeRecord], me: str
+) -> tuple[dict[str, str], list[str]]:
+    """(peers to add or re-address, peers to forget), from the node records. Pure."""
+    wanted = {
+        record.id: record.peer_address
+        for record in records.values()
+        if record.id != me and record.peer_address
+    }
+    add = {node: address for node, address in wanted.items() if known.get(node) != address}
+    remove = sorted(node for node in known if node not in wanted)
+    return add, remove
+
+
+class PeerDirectory(Actor):
+    def __init__(
+        self, registry: Registry, peers: PeerBook, *, interval: float = DEFAULT_INTERVAL
+    ) -> None:
+        super().__init__()
+        self._registry = registry
+        self._peers = peers
+        self._interval = interval
+        self._known: dict[str, str] = {}
+
+    async def started(self) -> None:
+        await self._refresh()
+        self.ctx.every(self._interval, _Refresh())
+
+    async def handle(self, message: object) -> object:
+        if isinstance(message, _Refresh):
+            await self._refresh()
+            return None
+        return await super().handle(message)
+
+    async def _refresh(self) -> None:
+        try:
+            records, _ = await read_records(self._registry, "nodes/")
+        except RegistryError as exc:
+            self.ctx.log.warning("cannot read node records for peer addresses: %s", exc)
+            return
+        nodes = {key: r for key, r in records.items() if isinstance(r, NodeRecord)}
+        add, remove = peer_changes(self._known, nodes, self.ctx.node_id)
+        for node, address in sorted(add.items()):
+            try:
+                self._peers.add_peer(node, address)
+            except ValueError as exc:
+                self.ctx.log.warning("node %s publishes a bad peer address: %s", node, exc)
+                continue
+            self._known[node] = address
+        for node in remove:
+            self._peers.remove_peer(node)
+            del self._known[node]

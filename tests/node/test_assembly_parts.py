@@ -1,0 +1,64 @@
+"""Pieces of the node assembly that need no running node."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+import trio
+
+from corral.node._config import resolve_node_config
+from corral.node._errors import ConfigError
+from corral.node._events import EventLog, jsonable
+from corral.node._node import check_bindable, prepare_runtime
+from corral.node._peers import peer_changes
+from corral.registry import NodeRecord
+from corral.supervision import Event
+
+
+def test_peer_changes_adds_readdresses_and_forgets() -> None:
+    records = {
+        "nodes/a": NodeRecord(id="a", peer_address="127.0.0.1:1"),
+        "nodes/b": NodeRecord(id="b", peer_address="127.0.0.1:2"),
+        "nodes/me": NodeRecord(id="me", peer_address="127.0.0.1:3"),
+        "nodes/c": NodeRecord(id="c"),
+    }
+    add, remove = peer_changes(
+        {"a": "127.0.0.1:1", "b": "127.0.0.1:9", "gone": "x:1"}, records, "me"
+    )
+    assert add == {"b": "127.0.0.1:2"}
+    assert remove == ["gone"]
+
+
+async def test_event_log_numbers_events_and_stamps_wall_time() -> None:
+    log = EventLog(size=2, wall_clock=lambda: 1000.0, clock=lambda: 50.0)
+    for index in range(3):
+        log.add(Event(48.0, f"k{index}", "/x", {"obj": object(), "n": index}))
+    recent = log.recent()
+    assert [e["seq"] for e in recent] == [2, 3]
+    assert recent[0]["wall_time"] == 998.0
+    assert isinstance(recent[0]["fields"]["obj"], str)
+    assert jsonable({"t": (1, 2)}) == {"t": [1, 2]}
+    assert trio.current_time() >= 0
+
+
+def test_prepare_runtime_writes_private_files(tmp_path: Path) -> None:
+    config = resolve_node_config({"data-dir": "d", "node-id": "n1"}, {}, cwd=tmp_path)
+    runtime = prepare_runtime(config)
+    assert runtime.node_id == "n1"
+    assert (tmp_path / "d" / "token").read_text().strip() == runtime.token
+    assert (tmp_path / "d" / "secret").stat().st_mode & 0o077 == 0
+    assert runtime.api_address == "127.0.0.1:7400"
+    again = prepare_runtime(config)
+    assert (again.token, again.secret) == (runtime.token, runtime.secret)
+
+
+def test_a_taken_api_address_is_one_clear_line(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        config = resolve_node_config({"api": f"127.0.0.1:{port}"}, {}, cwd=tmp_path)
+        with pytest.raises(ConfigError, match=f"--api 127.0.0.1:{port} cannot be used"):
+            check_bindable(config)
