@@ -6,7 +6,7 @@ wait for the new instance) and is closed when the actor will not run again
 there; a closed cell fails queued asks with :class:`ActorStopped`.
 
 A supervisor run owns its children's cells and the nursery their tasks run in.
-Each child task runs inside a cancel scope shielded from the supervisor, so a
+Each child runs inside a cancel scope shielded from the supervisor, so a
 supervisor being cancelled still stops its children one by one in reverse start
 order, each with its stop request and bounded grace; only the child itself (or
 its grace deadline) ends it. Restart decisions come from ``_policy``.
@@ -77,6 +77,43 @@ def message_label(item: object) -> str:
         item = item.message
     kind = getattr(type(item), "__corral_kind__", None)
     return kind if isinstance(kind, str) else type(item).__qualname__
+
+
+class Signal:
+    """A one-shot flag tasks can wait for (a lighter ``trio.Event``; kernels keep many)."""
+
+    __slots__ = ("_waiters", "is_set_")
+
+    def __init__(self) -> None:
+        self.is_set_ = False
+        self._waiters: list[trio.lowlevel.Task] | None = None
+
+    def is_set(self) -> bool:
+        return self.is_set_
+
+    def set(self) -> None:
+        if self.is_set_:
+            return
+        self.is_set_ = True
+        waiters, self._waiters = self._waiters, None
+        for task in waiters or ():
+            trio.lowlevel.reschedule(task)
+
+    async def wait(self) -> None:
+        if self.is_set_:
+            await trio.lowlevel.checkpoint()
+            return
+        task = trio.lowlevel.current_task()
+        if self._waiters is None:
+            self._waiters = []
+        self._waiters.append(task)
+
+        def abort(_: object) -> trio.lowlevel.Abort:
+            if self._waiters is not None and task in self._waiters:
+                self._waiters.remove(task)
+            return trio.lowlevel.Abort.SUCCEEDED
+
+        await trio.lowlevel.wait_task_rescheduled(abort)
 
 
 class RemoteAsk:
@@ -225,7 +262,7 @@ class Cell:
 
 
 async def run_actor(
-    cell: Cell, spec: ChildSpec, ready: trio.Event, prepared: Actor | None = None
+    cell: Cell, spec: ChildSpec, ready: Signal, prepared: Actor | None = None
 ) -> Exit:
     """Run one instance of ``spec`` in ``cell`` until it stops, crashes or is told to stop."""
     system = cell.system
@@ -243,7 +280,7 @@ async def run_actor(
     ctx = ActorContext(cell)
     actor._ctx = ctx
     try:
-        with trio.CancelScope() as loop_scope:
+        with trio.CancelScope(shield=True) as loop_scope:
             cell.loop_scope = loop_scope
             if cell.stop_requested:
                 loop_scope.cancel()
@@ -338,8 +375,7 @@ async def _message_loop(cell: Cell, actor: Actor) -> None:
 
 def _crash_error(cell: Cell, message: object, exc: BaseException) -> ActorCrashed:
     err = ActorCrashed(
-        f"actor {cell.path} crashed handling a {message_label(message)} message: "
-        f"{describe_error(exc)}"
+        f"actor {cell.path} crashed handling {message_label(message)}: {describe_error(exc)}"
     )
     err.__cause__ = exc
     return err
@@ -396,9 +432,9 @@ class Child:
         self.run_id = 0
         self.attempt = 0
         self.started_at = 0.0
-        self.done = trio.Event()
+        self.done = Signal()
         self.done.set()  # not running yet
-        self.ready = trio.Event()
+        self.ready = Signal()
         self.exit: Exit | None = None
         self.stopping = False
         self.prepared: Actor | None = None
@@ -408,13 +444,19 @@ class Child:
         return not self.done.is_set()
 
 
-async def run_supervisor(cell: Cell, spec: SupervisorSpec, ready: trio.Event) -> Exit:
-    """Run one life of a supervisor in ``cell``; return how it ended."""
+async def run_supervisor(
+    cell: Cell, spec: SupervisorSpec, ready: Signal, *, shield: bool = True
+) -> Exit:
+    """Run one life of a supervisor in ``cell``; return how it ended.
+
+    ``shield=False`` (the root) lets an outer cancellation reach the supervisor,
+    which then still stops its children in order.
+    """
     run = SupervisorRun(cell, spec)
     cell.supervisor = run
     cell.state = "starting"
     try:
-        with trio.CancelScope() as loop_scope:
+        with trio.CancelScope(shield=shield) as loop_scope:
             cell.loop_scope = loop_scope
             if cell.stop_requested:
                 loop_scope.cancel()
@@ -438,6 +480,7 @@ class SupervisorRun:
         self.spec = spec
         self.system = cell.system
         self.children: list[Child] = []
+        self.by_name: dict[str, Child] = {}
         self.history: tuple[float, ...] = ()
         # The control queue holds child exits and spawn/stop requests; it is bounded by
         # the number of children plus callers awaiting a spawn/stop, so no size limit.
@@ -449,7 +492,7 @@ class SupervisorRun:
         base = self.cell.path
         return f"{base}{name}" if base.endswith("/") else f"{base}/{name}"
 
-    async def run(self, ready: trio.Event) -> None:
+    async def run(self, ready: Signal) -> None:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             try:
@@ -473,7 +516,7 @@ class SupervisorRun:
     # ------------------------------------------------------------------ children
 
     def _add(self, spec: ChildSpec | SupervisorSpec) -> Child:
-        if any(c.spec.name == spec.name for c in self.children):
+        if spec.name in self.by_name:
             raise ActorExists(
                 f"{self.cell.path} already has a child named {spec.name!r}; pick another name"
             )
@@ -499,13 +542,14 @@ class SupervisorRun:
         if isinstance(spec, ChildSpec):
             child.prepared = prepared
         self.children.append(child)
+        self.by_name[spec.name] = child
         return child
 
     async def _start(self, child: Child) -> None:
         assert self._nursery is not None
         child.run_id += 1
-        child.done = trio.Event()
-        child.ready = trio.Event()
+        child.done = Signal()
+        child.ready = Signal()
         child.exit = None
         child.stopping = False
         child.cell.stop_requested = False
@@ -513,16 +557,15 @@ class SupervisorRun:
         self._nursery.start_soon(self._run_child, child, child.run_id, child.ready, child.done)
         await child.ready.wait()
 
-    async def _run_child(
-        self, child: Child, run_id: int, ready: trio.Event, done: trio.Event
-    ) -> None:
+    async def _run_child(self, child: Child, run_id: int, ready: Signal, done: Signal) -> None:
+        # The child's own loop scope is shielded: only its stop request (or its
+        # grace deadline) ends it, never its supervisor's cancellation.
         spec = child.spec
-        with trio.CancelScope(shield=True):
-            if isinstance(spec, SupervisorSpec):
-                exit_ = await run_supervisor(child.cell, spec, ready)
-            else:
-                prepared, child.prepared = child.prepared, None
-                exit_ = await run_actor(child.cell, spec, ready, prepared)
+        if isinstance(spec, SupervisorSpec):
+            exit_ = await run_supervisor(child.cell, spec, ready)
+        else:
+            prepared, child.prepared = child.prepared, None
+            exit_ = await run_actor(child.cell, spec, ready, prepared)
         child.exit = exit_
         done.set()
         if not child.stopping and child.run_id == run_id:
@@ -536,8 +579,11 @@ class SupervisorRun:
 
     async def _stop_all(self) -> None:
         for child in reversed(self.children):
+            was_running = child.running
             await self._stop_child(child)
             child.cell.state = "stopped"
+            if was_running:
+                self.system.emit("actor.stopped", child.cell.path, reason="shutdown")
 
     def close_cells(self) -> None:
         """Close every cell of this run's subtree (the run is over for good)."""
@@ -547,7 +593,8 @@ class SupervisorRun:
             child.cell.close()
 
     def _remove(self, child: Child) -> None:
-        if child in self.children:
+        if self.by_name.get(child.spec.name) is child:
+            del self.by_name[child.spec.name]
             self.children.remove(child)
         if child.cell.supervisor is not None:
             child.cell.supervisor.close_cells()
@@ -568,18 +615,22 @@ class SupervisorRun:
                     await self._start(child)
                     item.resolve(outcome.Value(child.cell.ref))
                 elif type(request) is StopChild:
-                    found = [c for c in self.children if c.spec.name == request.name]
-                    if not found:
+                    found = self.by_name.get(request.name)
+                    if found is None:
                         raise ActorNotFound(f"{self.cell.path} has no child named {request.name!r}")
-                    await self._stop_child(found[0])
-                    self._remove(found[0])
-                    self.system.emit("actor.stopped", found[0].cell.path, reason="stop request")
+                    await self._stop_child(found)
+                    self._remove(found)
+                    self.system.emit("actor.stopped", found.cell.path, reason="stop request")
                     item.resolve(outcome.Value(None))
             except (ActorExists, ActorNotFound) as exc:
                 item.resolve(outcome.Error(exc))
 
     async def _on_child_ended(self, child: Child, run_id: int) -> None:
-        if child not in self.children or child.run_id != run_id or child.exit is None:
+        if (
+            self.by_name.get(child.spec.name) is not child
+            or child.run_id != run_id
+            or child.exit is None
+        ):
             return
         exit_ = child.exit
         crashed = exit_.reason == "crashed"
@@ -653,7 +704,11 @@ class SupervisorRun:
 
     async def _on_restart_due(self, due: RestartDue) -> None:
         for child in due.children:
-            if child not in self.children or child.running or child.cell.state != "restarting":
+            if (
+                self.by_name.get(child.spec.name) is not child
+                or child.running
+                or child.cell.state != "restarting"
+            ):
                 continue
             child.cell.restarts += 1
             await self._start(child)

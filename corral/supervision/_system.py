@@ -34,6 +34,7 @@ from corral.supervision._ref import ActorRef, Ask
 from corral.supervision._runtime import (
     Cell,
     RemoteAsk,
+    Signal,
     StartChild,
     StopChild,
     describe_error,
@@ -243,7 +244,7 @@ class ActorSystem:
         return await ask.wait()
 
     async def _run(self, root: SupervisorSpec, task_status: trio.TaskStatus[None]) -> None:
-        ready = trio.Event()
+        ready = Signal()
         async with trio.open_nursery() as nursery:
 
             async def signal_ready() -> None:
@@ -252,7 +253,7 @@ class ActorSystem:
 
             nursery.start_soon(signal_ready)
             try:
-                exit_ = await run_supervisor(self._root, root, ready)
+                exit_ = await run_supervisor(self._root, root, ready, shield=False)
             finally:
                 self._root_done.set()
             if exit_.error is not None:
