@@ -221,8 +221,9 @@ def _describe(exc: BaseException) -> str:
 def _close_text(reason: trio_websocket.CloseReason | None) -> str:
     if reason is None:
         return "connection closed"
+    name = "" if reason.code >= 4000 else f" {reason.name}"
     detail = f" ({reason.reason})" if reason.reason else ""
-    return f"close code {reason.code} {reason.name}{detail}"
+    return f"close code {reason.code}{name}{detail}"
 
 
 class WebSocketTransport(Transport):
@@ -510,9 +511,10 @@ class WebSocketTransport(Transport):
         if address is None:
             raise PeerUnavailable(f"no address for peer {link.peer!r}")
         host, port = parse_peer_address(address)
-        async with trio.open_nursery() as conn_nursery:
-            stream: trio.abc.Stream | None = None
-            try:
+        stream: trio.abc.Stream | None = None
+        started = False
+        try:
+            async with trio.open_nursery() as conn_nursery:
                 with trio.fail_after(self._config.connect_timeout):
                     stream = await self._network.connect(host, port)
                     ws = await trio_websocket.wrap_client_stream(
@@ -525,21 +527,28 @@ class WebSocketTransport(Transport):
                         receive_buffer_size=self._config.receive_buffer_size,
                     )
                     info = await self._client_handshake(ws, link.peer, address)
-            except BaseException:
-                conn_nursery.cancel_scope.cancel()
-                if stream is not None:
-                    await trio.aclose_forcefully(stream)
+                conn = _Connection(link, ws, info, trio.current_time())
+                if not self._install(link, conn):
+                    await self._close_ws(ws, CloseCode.SUPERSEDED, "a preferred connection exists")
+                    raise HandshakeFailed(
+                        f"connection to {link.peer!r} superseded by the one it dialed to us"
+                    )
+                conn.ready.set()
+                task_status.started(conn)
+                started = True
+                await self._run_connection(conn, conn_nursery)
+        except Exception as exc:
+            if not started:
                 raise
-            conn = _Connection(link, ws, info, trio.current_time())
-            if not self._install(link, conn):
-                await self._close_ws(ws, CloseCode.SUPERSEDED, "a preferred connection exists")
-                conn_nursery.cancel_scope.cancel()
-                raise HandshakeFailed(
-                    f"connection to {link.peer!r} superseded by the one it dialed to us"
-                )
-            conn.ready.set()
-            task_status.started(conn)
-            await self._run_connection(conn, conn_nursery)
+            log.error(
+                "%s: connection to %r ended unexpectedly: %s",
+                self._node_id,
+                link.peer,
+                _describe(exc),
+            )
+        finally:
+            if stream is not None:
+                await trio.aclose_forcefully(stream)
 
     async def _handle_inbound(self, stream: trio.abc.Stream) -> None:
         """serve_listeners handler: upgrade, authenticate, then serve one peer."""
@@ -650,10 +659,13 @@ class WebSocketTransport(Transport):
                 await self._refuse(ws, info, origin)
                 return None
         except trio_websocket.ConnectionClosed as exc:
-            log.info(
-                "%s: %s left during the handshake: %s",
+            refused = exc.reason is not None and exc.reason.code >= 4000
+            log.log(
+                logging.WARNING if refused else logging.INFO,
+                "%s: %s %s the handshake: %s",
                 self._node_id,
                 origin,
+                "refused" if refused else "left during",
                 _close_text(exc.reason),
             )
             return None
