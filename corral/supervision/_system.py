@@ -13,7 +13,7 @@ import itertools
 import logging
 import math
 from collections import deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -291,19 +291,42 @@ class ActorSystem:
             ) from None
 
     async def _remote_ask(self, ref: ActorRef, message: object, timeout: float) -> Any:  # noqa: ASYNC109
-        transport = self._require_transport(ref.node_id)
+        self._require_transport(ref.node_id)
+
+        def build(ident: int, sender: str) -> bytes:
+            kind, body = encode_message(message)
+            return encode_envelope(
+                Envelope(ident, ref.address, sender, kind, body, None, True), self.limits
+            )
+
+        return await self._raw_ask(ref.node_id, build, timeout, ref.address, message)
+
+    async def _raw_ask(
+        self,
+        peer: str,
+        build: Callable[[int, str], bytes],
+        timeout: float,  # noqa: ASYNC109
+        target: str = "",
+        message: object = None,
+    ) -> Any:
+        """Send the frame ``build(id, from_address)`` as an ask to ``peer`` and await its reply.
+
+        The kernel's remote ask, also used by the transport contract tests to send
+        hand-made (bad) frames and observe the error reply.
+        """
+        transport = self._require_transport(peer)
         ident = next(self._ids)
-        data = self._encode_to(ref, message, ident, True)
+        data = build(ident, self._address)
         slot = Ask(message)
         self._pending[ident] = slot
         try:
             with trio.move_on_after(timeout if timeout is not None else math.inf):
-                await transport.send(ref.node_id, data)
+                await transport.send(peer, data)
                 return await slot.wait()
         finally:
             self._pending.pop(ident, None)
         raise AskTimeout(
-            f"no reply from {ref.address} within {timeout} s to a "
+            f"no reply from {target or peer} within {timeout} s to a "
             f"{type(message).__qualname__} message; the node may be slow, partitioned or down"
         )
 
