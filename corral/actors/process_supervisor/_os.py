@@ -76,7 +76,6 @@ class OsProcess:
         self._process = process
         self._spec = spec
         self._logs = logs
-        self._exited = trio.Event()
         self._pumps_done = trio.Event()
         self._pump_scope = trio.CancelScope()
         self._stop_started = False
@@ -84,7 +83,6 @@ class OsProcess:
         self._reaped = False
         self._returncode: int | None = None
         self._tree: list[psutil.Process] = []
-        nursery.start_soon(self._watch_exit)
         nursery.start_soon(self._pump_logs)
 
     @property
@@ -104,30 +102,40 @@ class OsProcess:
             return True
         return result is not None
 
-    async def _watch_exit(self) -> None:
+    async def wait_exited(self) -> None:
+        """Wait until the leader exited, without reaping it (so its pid, hence its group
+        id, stays reserved). Each call watches its own pidfd, so any number of tasks may
+        wait at once, also after the nursery of the process was cancelled."""
+        if self._reaped:
+            await trio.lowlevel.checkpoint()
+            return
         try:
             fd = os.pidfd_open(self.pid)
         except (AttributeError, OSError):
             fd = None
-        if fd is not None:
-            try:
-                await trio.lowlevel.wait_readable(fd)
-            finally:
-                os.close(fd)
-        else:  # pragma: no cover - kernels before 5.3
+        if fd is None:  # pragma: no cover - kernels before 5.3
             while not self._leader_exited():  # noqa: ASYNC110 - no event to wait for
                 await trio.sleep(_POLL)
-        self._exited.set()
+            return
+        try:
+            await trio.lowlevel.wait_readable(fd)
+        finally:
+            os.close(fd)
+
+    def _exited(self) -> bool:
+        return self._reaped or self._leader_exited()
 
     async def _pump_logs(self) -> None:
-        with self._pump_scope:
-            async with trio.open_nursery() as nursery:
-                stdout, stderr = self._process.stdout, self._process.stderr
-                if stdout is not None:
-                    nursery.start_soon(self._pump, stdout, self._logs[0])
-                if stderr is not None:
-                    nursery.start_soon(self._pump, stderr, self._logs[1])
-        self._pumps_done.set()
+        try:
+            with self._pump_scope:
+                async with trio.open_nursery() as nursery:
+                    stdout, stderr = self._process.stdout, self._process.stderr
+                    if stdout is not None:
+                        nursery.start_soon(self._pump, stdout, self._logs[0])
+                    if stderr is not None:
+                        nursery.start_soon(self._pump, stderr, self._logs[1])
+        finally:
+            self._pumps_done.set()
 
     @staticmethod
     async def _pump(stream: trio.abc.ReceiveStream, sink: RotatingLog) -> None:
@@ -139,13 +147,10 @@ class OsProcess:
         finally:
             await trio.aclose_forcefully(stream)
 
-    async def wait_exited(self) -> None:
-        await self._exited.wait()
-
     async def wait_ready(self) -> bool:
         delay = _POLL
         with trio.move_on_after(self._spec.ready_timeout):
-            while not self._exited.is_set():
+            while not self._exited():
                 try:
                     stream = await trio.open_tcp_stream(
                         self._spec.ready_host, self._spec.public_port
@@ -171,7 +176,7 @@ class OsProcess:
         _signal_all(self._tree, signal.SIGKILL)
 
     async def finish(self) -> int:
-        await self._exited.wait()
+        await self.wait_exited()
         # The zombie leader still holds the group id: end what it left in its group.
         self._tree = _descendants(self.pid)
         self.kill()
@@ -188,7 +193,7 @@ class OsProcess:
                 self._signal_group(signal.SIGTERM)
                 _signal_all(self._tree, signal.SIGTERM)
                 with trio.move_on_after(grace):
-                    await self._exited.wait()
+                    await self.wait_exited()
                     # Descendants are not our children: psutil can only be polled.
                     while any(_alive(p) for p in self._tree):  # noqa: ASYNC110
                         await trio.sleep(_POLL)

@@ -427,10 +427,15 @@ class ProcessTable:
                 return _Outcome(not woken, code, uptime)
             finally:
                 if proc is not None and not proc.reaped:
-                    # Cancelled (the actor or node is going away): nothing may outlive us.
-                    proc.kill()
-                    with trio.CancelScope(shield=True), trio.move_on_after(5.0):
-                        await proc.reap()
+                    # Cancelled: the actor (or the node) is going away, and nothing may
+                    # outlive it. Still SIGTERM first, shielded, bounded by the grace.
+                    with trio.CancelScope(shield=True):
+                        with trio.move_on_after(self.grace + 5.0):
+                            await proc.stop(self.grace)
+                        if not proc.reaped:
+                            proc.kill()
+                            with trio.move_on_after(5.0):
+                                await proc.reap()
 
     async def _watch(self, slot: _Slot, proc: LaunchedProcess) -> bool:
         """Wait until the process exits (False) or the slot is woken (True); meanwhile
