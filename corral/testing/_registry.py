@@ -37,9 +37,22 @@ from corral.registry import (
 
 __all__ = ["CountingRegistry", "GateMode", "RegistryGate"]
 
-#: Every operation name a gate or a counter knows, for ``ops=`` filters.
+#: Every operation name a gate knows, for ``ops=`` filters. A txn that only
+#: reads (no Put or Delete in either branch) is ``"txn-read"``; any other is ``"txn"``.
 OPERATIONS = frozenset(
-    {"get", "range", "put", "delete", "txn", "grant", "keepalive", "revoke", "watch", "revision"}
+    {
+        "get",
+        "range",
+        "put",
+        "delete",
+        "txn",
+        "txn-read",
+        "grant",
+        "keepalive",
+        "revoke",
+        "watch",
+        "revision",
+    }
 )
 
 
@@ -145,7 +158,8 @@ class RegistryGate(Registry):
         on_success: Sequence[TxnOp],
         on_failure: Sequence[TxnOp] = (),
     ) -> TxnResult:
-        await self._pass("txn")
+        writes = any(isinstance(op, Put | Delete) for op in (*on_success, *on_failure))
+        await self._pass("txn" if writes else "txn-read")
         return await self._inner.txn(compares, on_success, on_failure)
 
     async def grant(self, ttl: float) -> Lease:

@@ -1,5 +1,37 @@
-"""The Coordinator: one lease, fenced writes, skipped idle passes, instant hand-back."""
+"""The Coordinator: one lease, fenced writes, skipped idle passes, instant hand-back.
 
+The actor (:class:`Coordinator`, :func:`coordinator_child_spec`) is a thin shell
+around three pure pieces, public so they can be tested and reused:
+
+* :func:`view_from_kvs` / :func:`plan_input_from_view` — registry records to the
+  planner's input (node states with the operator's intent applied);
+* :func:`inputs_digest` / :func:`needs_time` — when a pass can be skipped;
+* :func:`plan_writes` — decisions to fenced, ordered transaction batches.
+"""
+
+from corral.actors.coordinator._actor import (
+    DEFAULT_LEASE_TTL,
+    Coordinator,
+    GetCoordinatorState,
+    KickCoordinator,
+    coordinator_child_spec,
+)
+from corral.actors.coordinator._errors import (
+    CoordinatorError,
+    FenceRejected,
+    LeadershipLost,
+    LeaseExpired,
+)
+from corral.actors.coordinator._inputs import (
+    INPUT_PREFIXES,
+    RegistryView,
+    effective_state,
+    inputs_digest,
+    needs_time,
+    plan_input_from_view,
+    view_from_kvs,
+    with_placements,
+)
 from corral.actors.coordinator._writes import (
     DEFAULT_MAX_WRITES,
     CurrentPlacement,
@@ -11,11 +43,28 @@ from corral.actors.coordinator._writes import (
 )
 
 __all__ = [
+    "DEFAULT_LEASE_TTL",
     "DEFAULT_MAX_WRITES",
+    "INPUT_PREFIXES",
+    "Coordinator",
+    "CoordinatorError",
     "CurrentPlacement",
+    "FenceRejected",
+    "GetCoordinatorState",
+    "KickCoordinator",
+    "LeadershipLost",
+    "LeaseExpired",
     "PlacementWrite",
+    "RegistryView",
     "WriteBatch",
     "WritePlan",
+    "coordinator_child_spec",
+    "effective_state",
     "fence_guard",
+    "inputs_digest",
+    "needs_time",
+    "plan_input_from_view",
     "plan_writes",
+    "view_from_kvs",
+    "with_placements",
 ]

@@ -1,0 +1,658 @@
+"""The Coordinator actor: one lease, fenced writes, skipped idle passes, instant hand-back.
+
+Every node runs one. At most one of them holds ``lease/coordinator`` and
+coordinates; the others watch the key and campaign the moment it disappears.
+
+The lease
+---------
+A campaign grants a registry lease of ``lease_ttl`` seconds and puts the lease
+key attached to it, guarded on the key being absent. The key's create revision
+is the **fence**: every acquisition creates the key anew, so every fence is
+larger than any before it. The holder renews at a third of the TTL (the tick).
+A renewal that fails — the lease is gone, or the registry cannot be reached —
+ends coordinating at once, before anything else is written, and so does a
+local deadline: nothing is written later than ``lease_ttl`` after the last
+renewal was sent, the moment the registry would let the lease lapse.
+
+A pass
+------
+Each tick the holder reads ``apps/``, ``nodes/``, ``intent/`` and
+``placement/`` in one read-only transaction (one consistent revision), builds
+the planner's input (:mod:`._inputs`) and digests it. When the digest has not
+moved since the last completed pass, and nothing in that pass was waiting on
+time (a deferred move, a down node's grace), the pass is skipped: the planner
+would decide what is already decided. Otherwise the planner decides and the
+write plan (:mod:`._writes`) says what to write; each batch is one transaction
+guarded by "the lease key still carries my fence" and by the ``mod_revision``
+of every record it writes. A failed fence guard drops the role.
+
+Hand-back
+---------
+``stopping()`` (the node's supervisor stopping the actor: a clean shutdown or
+SIGTERM) revokes the lease inside the kernel's shielded cleanup. The key
+vanishes in one revision, every other node's watch sees it, and one of them
+holds the lease a moment later and runs its first pass straight away.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+
+from corral.actors.coordinator._errors import (
+    FenceRejected,
+    LeadershipLost,
+    LeaseExpired,
+)
+from corral.actors.coordinator._inputs import (
+    INPUT_PREFIXES,
+    RegistryView,
+    inputs_digest,
+    needs_time,
+    plan_input_from_view,
+    view_from_kvs,
+    with_placements,
+)
+from corral.actors.coordinator._writes import (
+    DEFAULT_MAX_WRITES,
+    CurrentPlacement,
+    WritePlan,
+    plan_writes,
+)
+from corral.actors.planner import (
+    Decisions,
+    NodeState,
+    PlacementUnavailable,
+    PlanInput,
+    Policy,
+    ScoreCache,
+    plan,
+)
+from corral.registry import (
+    COORDINATOR_LEASE_KEY,
+    Compare,
+    CoordinatorLease,
+    EventType,
+    Get,
+    KeyValue,
+    LeaseNotFound,
+    Put,
+    Registry,
+    RegistryError,
+    RevisionCompacted,
+    decode_record,
+)
+from corral.supervision import Actor, ChildSpec, Restart
+from corral.transport import message
+
+__all__ = [
+    "DEFAULT_LEASE_TTL",
+    "Coordinator",
+    "GetCoordinatorState",
+    "KickCoordinator",
+    "coordinator_child_spec",
+]
+
+#: ``leaseTtlMs`` in seconds (45 000 ms).
+DEFAULT_LEASE_TTL = 45.0
+#: Pause before a broken lease watch is opened again.
+_WATCH_RETRY = 1.0
+
+
+@message("coordinator.state")
+@dataclass(frozen=True)
+class GetCoordinatorState:
+    """Ask for the coordinator's state (holder, fence, last pass, unplaced apps)."""
+
+
+@message("coordinator.kick")
+@dataclass(frozen=True)
+class KickCoordinator:
+    """Check the inputs now instead of at the next tick (a pass runs only if they moved)."""
+
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class _Tick:
+    """Timer, every third of the TTL: renew and pass, or campaign."""
+
+
+@dataclass(frozen=True)
+class _LeaseVacated:
+    """The lease key was deleted (revoked, or expired)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Holding:
+    lease: int
+    fence: int
+    deadline: float  # trio time after which the lease may have lapsed
+
+
+class Coordinator(Actor):
+    """Campaigns for the coordinator lease and, while holding it, places apps.
+
+    Args:
+        node_id: this node's id (the lease holder's name).
+        registry: the shared registry.
+        policy: the planner's brakes.
+        lease_ttl: the lease TTL in seconds (``leaseTtlMs`` / 1000); renewed
+            and ticked at a third of it.
+        wall_clock: unix time, stamped on placements (``decided_at``,
+            ``placed_at``) and handed to the planner as ``now``; timing
+            (ticks, deadlines) uses trio's clock.
+        max_writes: most writes per transaction.
+        membership: returns node id -> state as membership (SWIM) sees it,
+            overriding the node records' states; None until SWIM is wired in.
+    """
+
+    def __init__(
+        self,
+        node_id: str,
+        registry: Registry,
+        policy: Policy | None = None,
+        lease_ttl: float = DEFAULT_LEASE_TTL,
+        wall_clock: Callable[[], float] = time.time,
+        *,
+        max_writes: int = DEFAULT_MAX_WRITES,
+        membership: Callable[[], Mapping[str, NodeState]] | None = None,
+    ) -> None:
+        super().__init__()
+        if not lease_ttl > 0 or not math.isfinite(lease_ttl):
+            raise ValueError(f"lease_ttl must be a positive number of seconds, got {lease_ttl!r}")
+        self._node_id = node_id
+        self._registry = registry
+        self._policy = policy if policy is not None else Policy()
+        self._lease_ttl = lease_ttl
+        self._tick = lease_ttl / 3
+        self._wall_clock = wall_clock
+        self._max_writes = max_writes
+        self._membership = membership
+        self._holding: _Holding | None = None
+        self._cache = ScoreCache()
+        self._holder: str | None = None
+        self._holder_fence: int | None = None
+        self._stale_leases: set[int] = set()
+        self._last_digest: str | None = None
+        self._waiting_on_time = False
+        self._unplaced: tuple[dict[str, str], ...] = ()
+        self._last_pass: dict[str, Any] | None = None
+        self._counts = {"applied": 0, "skipped": 0, "acquired": 0, "lost": 0}
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def started(self) -> None:
+        self.ctx.every(self._tick, _Tick())
+        self.ctx.start_task(self._watch_lease)
+        self.ctx.after(0.0, _Tick())
+
+    async def handle(self, message: object) -> object:
+        match message:
+            case _Tick():
+                await self._on_tick()
+                return None
+            case _LeaseVacated():
+                await self._on_vacated()
+                return None
+            case KickCoordinator():
+                if self._coordinating():
+                    await self._run_pass(trigger=message.reason or "kick")
+                return None
+            case GetCoordinatorState():
+                return self._state()
+        return await super().handle(message)
+
+    async def stopping(self) -> None:
+        holding, self._holding = self._holding, None
+        leases = set(self._stale_leases)
+        if holding is not None:
+            leases.add(holding.lease)
+            self.ctx.emit(
+                "coordinator.handing-back",
+                node=self._node_id,
+                fence=holding.fence,
+                until=min(trio.current_time(), holding.deadline),
+            )
+        for lease in sorted(leases):
+            try:
+                await self._registry.revoke(lease)
+            except RegistryError as exc:
+                # Cut off: the lease lapses by itself a TTL after the last renewal.
+                self.ctx.log.warning("could not hand back coordinator lease %s: %s", lease, exc)
+
+    # ------------------------------------------------------------------ the lease
+
+    def _coordinating(self) -> bool:
+        holding = self._holding
+        return holding is not None and trio.current_time() < holding.deadline
+
+    def _drop(self, why: str, error: Exception | None = None) -> None:
+        holding, self._holding = self._holding, None
+        if holding is None:
+            return
+        self._stale_leases.add(holding.lease)
+        self._counts["lost"] += 1
+        self._last_digest = None
+        if self._holder == self._node_id:
+            self._holder = None
+            self._holder_fence = None
+        self.ctx.emit(
+            "coordinator.lost",
+            node=self._node_id,
+            fence=holding.fence,
+            why=why,
+            error=None if error is None else str(error),
+            # The moment it stopped being entitled: now, or earlier if the lease
+            # may have lapsed while this actor was busy (a hung registry call).
+            until=min(trio.current_time(), holding.deadline),
+        )
+        self.ctx.log.warning("stopped coordinating (fence %s): %s", holding.fence, why)
+
+    async def _on_tick(self) -> None:
+        if self._holding is not None:
+            try:
+                await self._renew()
+            except LeadershipLost as exc:
+                self._drop("renewal failed", exc)
+            else:
+                await self._run_pass(trigger="tick")
+                return
+        await self._revoke_stale()
+        if await self._campaign():
+            await self._run_pass(trigger="acquired")
+
+    async def _on_vacated(self) -> None:
+        if self._holding is not None:
+            # Our key went away under us (expired or revoked by someone): check.
+            try:
+                kv = await self._registry.get(COORDINATOR_LEASE_KEY)
+            except RegistryError as exc:
+                self._drop("lease key vanished and could not be checked", exc)
+            else:
+                if kv is not None and kv.create_revision == self._holding.fence:
+                    return
+                self._drop("lease key vanished")
+        await self._revoke_stale()
+        if await self._campaign():
+            await self._run_pass(trigger="acquired")
+
+    async def _renew(self) -> None:
+        holding = self._holding
+        assert holding is not None
+        sent_at = trio.current_time()
+        if sent_at >= holding.deadline:
+            raise LeaseExpired(
+                f"the lease TTL ({self._lease_ttl} s) passed since the last renewal was sent"
+            )
+        try:
+            await self._registry.keepalive(holding.lease)
+        except LeaseNotFound as exc:
+            raise LeaseExpired(str(exc)) from exc
+        except RegistryError as exc:
+            raise LeaseExpired(f"renewal could not reach the registry: {exc}") from exc
+        if self._holding is holding:
+            self._holding = _Holding(holding.lease, holding.fence, sent_at + self._lease_ttl)
+
+    async def _campaign(self) -> bool:
+        """Try to take the lease; True when this node holds it now."""
+        try:
+            kv = await self._registry.get(COORDINATOR_LEASE_KEY)
+            if kv is not None:
+                self._note_holder(kv)
+                if not await self._reclaim_own(kv):
+                    return False
+            sent_at = trio.current_time()
+            lease = await self._registry.grant(self._lease_ttl)
+            value = CoordinatorLease(holder=self._node_id, acquired_at=self._wall_clock())
+            result = await self._registry.txn(
+                [Compare.absent(COORDINATOR_LEASE_KEY)],
+                [
+                    Put(COORDINATOR_LEASE_KEY, value.encode(), lease=lease.id),
+                    Get(COORDINATOR_LEASE_KEY),
+                ],
+                [Get(COORDINATOR_LEASE_KEY)],
+            )
+        except RegistryError as exc:
+            self.ctx.log.info("campaign for the coordinator lease failed: %s", exc)
+            return False
+        if not result.succeeded:
+            self._stale_leases.add(lease.id)
+            await self._revoke_stale()
+            current = result.responses[0] if result.responses else None  # the Get
+            if isinstance(current, list) and current:
+                self._note_holder(current[0])
+            return False
+        # The key did not exist, so this txn created it: its create revision
+        # (the txn's revision) is the fence.
+        created = result.responses[1] if len(result.responses) > 1 else None
+        fence = (
+            created[0].create_revision
+            if isinstance(created, list) and created
+            else result.revision
+        )
+        self._holding = _Holding(lease.id, fence, sent_at + self._lease_ttl)
+        self._holder, self._holder_fence = self._node_id, fence
+        self._last_digest = None
+        self._counts["acquired"] += 1
+        self.ctx.emit("coordinator.acquired", node=self._node_id, fence=fence, lease=lease.id)
+        self.ctx.log.info("coordinating under fence %s", fence)
+        return True
+
+    async def _reclaim_own(self, kv: KeyValue) -> bool:
+        """The key names this node but not our current lease: an earlier life of
+        this node (crashed, or dropped after a failed renewal) still holds it.
+        Hand it back so the cluster need not wait for its TTL. True when freed."""
+        if self._holder != self._node_id or kv.lease is None:
+            return False
+        self._stale_leases.add(kv.lease)
+        await self._revoke_stale()
+        return kv.lease not in self._stale_leases
+
+    def _note_holder(self, kv: KeyValue) -> None:
+        record = decode_record(kv.key, kv.value)
+        self._holder = record.holder if isinstance(record, CoordinatorLease) else None
+        self._holder_fence = kv.create_revision
+
+    async def _revoke_stale(self) -> None:
+        for lease in sorted(self._stale_leases):
+            try:
+                await self._registry.revoke(lease)
+            except RegistryError:
+                return
+            self._stale_leases.discard(lease)
+
+    async def _watch_lease(self) -> None:
+        """Tell the actor whenever the lease key disappears (runs for the actor's life)."""
+        while True:
+            try:
+                await self._watch_once()
+            except (RegistryError, RevisionCompacted) as exc:
+                self.ctx.log.debug("lease watch broke (%s); watching again", exc)
+            except trio.ClosedResourceError:
+                return  # the registry was closed under us: nothing more to watch
+            await trio.sleep(_WATCH_RETRY)
+
+    async def _watch_once(self) -> None:
+        snapshot = await self._registry.txn([], [Get(COORDINATOR_LEASE_KEY)])
+        current = snapshot.responses[0]
+        if not current:
+            await self.ctx.ref.tell(_LeaseVacated())
+        async with self._registry.watch(COORDINATOR_LEASE_KEY, snapshot.revision + 1) as events:
+            async for event in events:
+                if event.kv.key == COORDINATOR_LEASE_KEY and event.type is EventType.DELETE:
+                    await self.ctx.ref.tell(_LeaseVacated())
+
+    # ------------------------------------------------------------------ a pass
+
+    async def _run_pass(self, *, trigger: str) -> None:
+        started = trio.current_time()
+        try:
+            await self._pass(trigger, started)
+        except LeadershipLost as exc:
+            self._record_pass(started, trigger, "lost-lease", error=str(exc))
+            self._drop("a write was refused", exc)
+        except _Conflict as exc:
+            self._last_digest = None
+            self._record_pass(started, trigger, "conflict", error=str(exc))
+        except RegistryError as exc:
+            # The registry could not be reached mid-pass: some batches may have
+            # landed. Read everything again next tick.
+            self._last_digest = None
+            self._record_pass(started, trigger, "registry-error", error=str(exc))
+            self.ctx.log.warning("pass aborted: %s", exc)
+
+    async def _read_view(self) -> RegistryView:
+        reads = [Get(prefix, prefix=True) for prefix in INPUT_PREFIXES]
+        result = await self._registry.txn([], reads)
+        kvs: list[KeyValue] = []
+        for response in result.responses:
+            assert isinstance(response, list)
+            kvs.extend(response)
+        return view_from_kvs(kvs)
+
+    def _inputs(self, view: RegistryView, now: float) -> PlanInput:
+        membership = self._membership() if self._membership is not None else None
+        return plan_input_from_view(view, policy=self._policy, now=now, membership=membership)
+
+    async def _pass(self, trigger: str, started: float) -> None:
+        view = await self._read_view()
+        now = self._wall_clock()
+        inputs = self._inputs(view, now)
+        digest = inputs_digest(inputs)
+        if digest == self._last_digest and not self._waiting_on_time:
+            self._counts["skipped"] += 1
+            self._record_pass(started, trigger, "skipped", digest=digest)
+            self._emit_pending(skipped=True)
+            return
+        try:
+            decisions = plan(
+                inputs.apps,
+                inputs.nodes,
+                inputs.placements,
+                self._policy,
+                now,
+                undecodable=inputs.undecodable,
+                cache=self._cache,
+            )
+        except PlacementUnavailable as exc:
+            self._last_digest = digest
+            self._waiting_on_time = False
+            self._unplaced = tuple(
+                {"app": app.name, "reason": PlacementUnavailable.code, "message": str(exc)}
+                for app in inputs.apps
+                if not (app.retired or app.blocked)
+            )
+            self._counts["applied"] += 1
+            self._record_pass(started, trigger, PlacementUnavailable.code, digest=digest,
+                              error=str(exc))
+            self.ctx.emit("placement.unavailable", message=str(exc))
+            self._emit_pending(skipped=False)
+            return
+        if decisions.paused is not None:
+            self._last_digest = digest
+            self._waiting_on_time = False
+            self._counts["applied"] += 1
+            self._record_pass(started, trigger, "paused", digest=digest, decisions=decisions)
+            self.ctx.emit(
+                "placement.paused",
+                keys=list(decisions.paused.keys),
+                message=decisions.paused.message,
+            )
+            return
+        written_plan = self._plan_writes(view, decisions, now)
+        written = await self._apply(written_plan)
+        after = self._inputs(with_placements(view, written), now)
+        self._last_digest = inputs_digest(after)
+        self._waiting_on_time = needs_time(inputs, decisions)
+        self._unplaced = tuple(
+            {"app": u.app, "reason": u.reason, "message": u.message} for u in decisions.unplaced
+        )
+        self._counts["applied"] += 1
+        self._record_pass(
+            started, trigger, "applied", digest=self._last_digest, decisions=decisions,
+            written=written_plan,
+        )
+        self._emit_outcomes(decisions)
+
+    def _plan_writes(self, view: RegistryView, decisions: Decisions, now: float) -> WritePlan:
+        holding = self._holding
+        if holding is None:
+            raise LeaseExpired("the lease was dropped during the pass")
+        apps = set(decisions.placements) | set(view.placements)
+        targets = {app: decisions.placements.get(app) for app in sorted(apps)}
+        written = plan_writes(
+            targets,
+            view.placements,
+            fence=holding.fence,
+            decided_at=now,
+            max_writes=self._max_writes,
+        )
+        if written.superseded:
+            newest = max(view.placements[app].record.fence for app in written.superseded)
+            raise FenceRejected(holding.fence, newest)
+        return written
+
+    async def _apply(self, written_plan: WritePlan) -> dict[str, CurrentPlacement | None]:
+        written: dict[str, CurrentPlacement | None] = {}
+        for batch in written_plan.batches:
+            holding = self._holding
+            if holding is None or trio.current_time() >= holding.deadline:
+                raise LeaseExpired(
+                    f"the lease TTL ({self._lease_ttl} s) passed since the last renewal was sent"
+                )
+            result = await self._registry.txn(
+                batch.compares, batch.operations, [Get(COORDINATOR_LEASE_KEY)]
+            )
+            if not result.succeeded:
+                lease_kvs = result.responses[0] if result.responses else None
+                lease_kv = lease_kvs[0] if isinstance(lease_kvs, list) and lease_kvs else None
+                if lease_kv is None or lease_kv.create_revision != holding.fence:
+                    raise FenceRejected(
+                        holding.fence, None if lease_kv is None else lease_kv.create_revision
+                    )
+                # Still ours: a record changed since it was read. Read again next tick.
+                raise _Conflict()
+            for write in batch.writes:
+                record = write.record
+                written[write.app] = (
+                    None if record is None else CurrentPlacement(record, result.revision)
+                )
+        return written
+
+    # ------------------------------------------------------------------ reporting
+
+    def _emit_pending(self, *, skipped: bool) -> None:
+        for entry in self._unplaced:
+            self.ctx.emit("placement.pending", skipped=skipped, **entry)
+
+    def _emit_outcomes(self, decisions: Decisions) -> None:
+        self._emit_pending(skipped=False)
+        for deferred in decisions.deferred:
+            self.ctx.emit(
+                "placement.deferred", app=deferred.app, node=deferred.node, reason=deferred.reason
+            )
+        for stranded in decisions.stranded:
+            self.ctx.emit(
+                "placement.stranded", app=stranded.app, node=stranded.node, reason=stranded.reason
+            )
+        if decisions.refused is not None:
+            self.ctx.emit(
+                "placement.refused",
+                reason=decisions.refused.reason,
+                message=decisions.refused.message,
+                drains=[
+                    {"node": d.node, "apps": list(d.apps)} for d in decisions.refused.drains
+                ],
+            )
+
+    def _record_pass(
+        self,
+        started: float,
+        trigger: str,
+        outcome: str,
+        *,
+        digest: str | None = None,
+        decisions: Decisions | None = None,
+        written: WritePlan | None = None,
+        error: str | None = None,
+    ) -> None:
+        counts: dict[str, int] = {}
+        if written is not None:
+            counts.update(
+                writes=len(written.writes),
+                batches=len(written.batches),
+                removals=written.removals,
+                placements=written.placements,
+                unchanged=len(written.unchanged),
+            )
+        if decisions is not None:
+            counts.update(
+                placed=len(decisions.placements),
+                unplaced=len(decisions.unplaced),
+                deferred=len(decisions.deferred),
+                stranded=len(decisions.stranded),
+            )
+        holding = self._holding
+        self._last_pass = {
+            "time": started,
+            "duration": trio.current_time() - started,
+            "wall_time": self._wall_clock(),
+            "trigger": trigger,
+            "outcome": outcome,
+            "skipped": outcome == "skipped",
+            "digest": digest,
+            "fence": None if holding is None else holding.fence,
+            "counts": counts,
+            "error": error,
+        }
+        if outcome != "skipped":
+            self.ctx.emit(
+                "coordinator.pass",
+                outcome=outcome,
+                trigger=trigger,
+                writes=counts.get("writes", 0),
+                error=error,
+            )
+
+    def _state(self) -> dict[str, Any]:
+        coordinating = self._coordinating()
+        holding = self._holding
+        return {
+            "node": self._node_id,
+            "coordinating": coordinating,
+            "holder": self._holder,
+            "fence": holding.fence if holding is not None else self._holder_fence,
+            "lease_ttl": self._lease_ttl,
+            "last_pass": None if self._last_pass is None else dict(self._last_pass),
+            "passes": dict(self._counts),
+            "unplaced": [dict(entry) for entry in self._unplaced],
+        }
+
+
+class _Conflict(RegistryError):
+    """A record written by someone else since the pass read it; retry next tick."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "a placement record changed after this pass read it; its writes were not applied "
+            "and the next tick reads everything again"
+        )
+
+
+def coordinator_child_spec(
+    node_id: str,
+    registry: Registry,
+    policy: Policy | None = None,
+    lease_ttl: float = DEFAULT_LEASE_TTL,
+    wall_clock: Callable[[], float] = time.time,
+    *,
+    max_writes: int = DEFAULT_MAX_WRITES,
+    membership: Callable[[], Mapping[str, NodeState]] | None = None,
+    name: str = "coordinator",
+    shutdown_grace: float = 5.0,
+) -> ChildSpec:
+    """A ChildSpec running :class:`Coordinator` (PERMANENT) for the node assembly.
+
+    ``shutdown_grace`` bounds the hand-back (one revoke) on shutdown.
+    """
+
+    def factory() -> Coordinator:
+        return Coordinator(
+            node_id,
+            registry,
+            policy,
+            lease_ttl,
+            wall_clock,
+            max_writes=max_writes,
+            membership=membership,
+        )
+
+    return ChildSpec(
+        name=name, factory=factory, restart=Restart.PERMANENT, shutdown_grace=shutdown_grace
+    )

@@ -1,0 +1,300 @@
+"""From registry records to the planner's input, and the digest of it (pure).
+
+Theory of operation
+-------------------
+A pass reads four prefixes — ``apps/``, ``nodes/``, ``intent/``,
+``placement/`` — into a :class:`RegistryView`: the decoded records, each
+placement with the ``mod_revision`` its write will be guarded on, and every
+key that could not be decoded. :func:`plan_input_from_view` turns the view into the
+planner's frozen :class:`~corral.actors.planner.PlanInput`:
+
+* an app is its name, replicas, selector, resources and the pinned, retired
+  and blocked flags — nothing else (deployments, domains and app labels are
+  not decisions the planner makes, so they are not handed to it);
+* a node is one whose leased record exists (a node that stops renewing
+  vanishes), with the state the membership gives it (the record's own state
+  until SWIM feeds one), then the operator's intent on top: draining makes it
+  ``left`` (a drain is a decision), cordoning makes an ``alive`` or
+  ``suspect`` node ``cordoned`` — a node already ``down`` or ``left`` stays
+  so, or cordoning a dead node would pin its work to it for ever;
+* a placement is its sorted nodes and when each was placed;
+* an undecodable key of any of the four kinds is passed on by name, and the
+  planner pauses the pass.
+
+:func:`inputs_digest` hashes exactly those inputs (not the policy, not the
+time), in a canonical form, so the coordinator can skip a pass whose inputs
+have not moved: the planner is a function of them, and would decide what is
+already decided.
+
+:func:`needs_time` says when the same inputs may still decide differently
+later — a move deferred by a cooldown, a ``down`` node whose grace lapses —
+so those passes are not skipped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import hashlib
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from corral.actors.coordinator._writes import CurrentPlacement
+from corral.actors.planner import (
+    AppSpec,
+    Decisions,
+    NodeInfo,
+    NodeState,
+    Placement,
+    PlanInput,
+    Policy,
+)
+from corral.actors.planner import Capacity as PlannerCapacity
+from corral.registry import (
+    APPS_PREFIX,
+    INTENT_PREFIX,
+    NODES_PREFIX,
+    PLACEMENT_PREFIX,
+    AppRecord,
+    Capacity,
+    KeyValue,
+    NodeIntent,
+    NodeRecord,
+    PlacementRecord,
+    Undecodable,
+    decode_record,
+)
+
+__all__ = [
+    "INPUT_PREFIXES",
+    "RegistryView",
+    "effective_state",
+    "inputs_digest",
+    "needs_time",
+    "plan_input_from_view",
+    "view_from_kvs",
+    "with_placements",
+]
+
+#: The prefixes a pass reads, in the order it reads them.
+INPUT_PREFIXES = (APPS_PREFIX, NODES_PREFIX, INTENT_PREFIX, PLACEMENT_PREFIX)
+
+
+@dataclass(frozen=True, slots=True)
+class RegistryView:
+    """The records one pass read.
+
+    Attributes:
+        apps: by app name.
+        nodes: by node id (only nodes whose leased record exists).
+        intents: by node id.
+        placements: by app name, with the mod revision read.
+        undecodable: keys whose value could not be decoded (or that sit under
+            one of the prefixes but outside the key space), sorted by key.
+    """
+
+    apps: Mapping[str, AppRecord] = field(default_factory=dict)
+    nodes: Mapping[str, NodeRecord] = field(default_factory=dict)
+    intents: Mapping[str, NodeIntent] = field(default_factory=dict)
+    placements: Mapping[str, CurrentPlacement] = field(default_factory=dict)
+    undecodable: tuple[Undecodable, ...] = ()
+
+
+def view_from_kvs(kvs: Iterable[KeyValue]) -> RegistryView:
+    """Decode what a pass read from :data:`INPUT_PREFIXES` (in any order).
+
+    A value of the wrong kind for its key, or one that breaks its schema, is
+    :class:`~corral.registry.Undecodable`; it never raises.
+    """
+    apps: dict[str, AppRecord] = {}
+    nodes: dict[str, NodeRecord] = {}
+    intents: dict[str, NodeIntent] = {}
+    placements: dict[str, CurrentPlacement] = {}
+    undecodable: list[Undecodable] = []
+    for kv in kvs:
+        record = decode_record(kv.key, kv.value)
+        name = kv.key.partition("/")[2]
+        if isinstance(record, Undecodable):
+            undecodable.append(record)
+        elif isinstance(record, AppRecord):
+            apps[name] = record
+        elif isinstance(record, NodeRecord):
+            nodes[name] = record
+        elif isinstance(record, NodeIntent):
+            intents[name] = record
+        elif isinstance(record, PlacementRecord):
+            placements[name] = CurrentPlacement(record, kv.mod_revision)
+        else:
+            undecodable.append(
+                Undecodable(kv.key, f"a {type(record).__name__} is not expected here")
+            )
+    return RegistryView(
+        apps=dict(sorted(apps.items())),
+        nodes=dict(sorted(nodes.items())),
+        intents=dict(sorted(intents.items())),
+        placements=dict(sorted(placements.items())),
+        undecodable=tuple(sorted(undecodable, key=lambda u: u.key)),
+    )
+
+
+def effective_state(
+    record_state: NodeState, intent: NodeIntent | None, membership: NodeState | None = None
+) -> NodeState:
+    """The state the planner is given for one node.
+
+    Args:
+        record_state: the state in the node's record.
+        intent: the operator's ``intent/<node>``, if any.
+        membership: the state membership (SWIM) reports, overriding the
+            record's when given.
+
+    Returns:
+        ``left`` when draining; ``cordoned`` when cordoned and the node is
+        ``alive`` or ``suspect``; otherwise the membership or record state.
+    """
+    state: NodeState = membership if membership is not None else record_state
+    if intent is None:
+        return state
+    if intent.draining:
+        return "left"
+    if intent.cordoned and state in ("alive", "suspect"):
+        return "cordoned"
+    return state
+
+
+def _capacity(capacity: Capacity | None) -> PlannerCapacity | None:
+    if capacity is None:
+        return None
+    return PlannerCapacity(
+        memory_mb=capacity.memory_mb,
+        memory_free_mb=capacity.memory_free_mb,
+        disk_mb=capacity.disk_mb,
+        disk_free_mb=capacity.disk_free_mb,
+    )
+
+
+def _app(record: AppRecord) -> AppSpec:
+    return AppSpec(
+        name=record.name,
+        replicas=record.replicas,
+        selector=record.selector,
+        memory_mb=record.memory_mb,
+        disk_mb=record.disk_mb,
+        pinned=record.pinned,
+        retired=record.retired,
+        blocked=record.blocked,
+    )
+
+
+def _node(
+    record: NodeRecord, intent: NodeIntent | None, membership: NodeState | None
+) -> NodeInfo:
+    return NodeInfo(
+        id=record.id,
+        state=effective_state(record.state, intent, membership),
+        labels=record.labels,
+        rack=record.rack,
+        datacenter=record.datacenter,
+        down_since=record.down_since,
+        capacity=_capacity(record.capacity),
+    )
+
+
+def _placement(record: PlacementRecord) -> Placement:
+    return Placement(nodes=tuple(record.nodes), placed_at=record.placed_at)
+
+
+def plan_input_from_view(
+    view: RegistryView,
+    *,
+    policy: Policy,
+    now: float,
+    membership: Mapping[str, NodeState] | None = None,
+) -> PlanInput:
+    """The planner's input for one pass.
+
+    Args:
+        view: what the pass read.
+        policy: the planner's brakes.
+        now: wall-clock time of the pass (placement and down times are wall-clock).
+        membership: node id -> state from SWIM, overriding the record's state.
+
+    Returns:
+        A :class:`~corral.actors.planner.PlanInput` with apps and nodes sorted.
+    """
+    membership = membership or {}
+    return PlanInput(
+        apps=tuple(_app(record) for _, record in sorted(view.apps.items())),
+        nodes=tuple(
+            _node(record, view.intents.get(node_id), membership.get(node_id))
+            for node_id, record in sorted(view.nodes.items())
+        ),
+        placements={
+            app: _placement(current.record) for app, current in sorted(view.placements.items())
+        },
+        policy=policy,
+        now=now,
+        undecodable=tuple(u.key for u in view.undecodable),
+    )
+
+
+def with_placements(
+    view: RegistryView, written: Mapping[str, CurrentPlacement | None]
+) -> RegistryView:
+    """The view as it stands after a pass wrote ``written`` (None = deleted)."""
+    placements = dict(view.placements)
+    for app, current in written.items():
+        if current is None:
+            placements.pop(app, None)
+        else:
+            placements[app] = current
+    return dataclasses.replace(view, placements=dict(sorted(placements.items())))
+
+
+def inputs_digest(inputs: PlanInput) -> str:
+    """A sha256 hex digest of what the planner decides from.
+
+    Covers the apps, nodes, placements and undecodable keys of ``inputs`` —
+    not the policy and not ``now`` — in a canonical form (sorted mappings),
+    so equal inputs always give equal digests.
+    """
+    document = {
+        "apps": [_canonical(app) for app in sorted(inputs.apps, key=lambda a: a.name)],
+        "nodes": [_canonical(node) for node in sorted(inputs.nodes, key=lambda n: n.id)],
+        "placements": {app: _canonical(p) for app, p in sorted(inputs.placements.items())},
+        "undecodable": sorted(inputs.undecodable),
+    }
+    encoded = json.dumps(document, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    return hashlib.sha256(encoded.encode()).hexdigest()
+
+
+def _canonical(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _canonical(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, Mapping):
+        return {str(k): _canonical(v) for k, v in sorted(value.items())}
+    if isinstance(value, list | tuple):
+        return [_canonical(v) for v in value]
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)  # 5 and 5.0 are the same input
+    return value
+
+
+def needs_time(inputs: PlanInput, decisions: Decisions) -> bool:
+    """Whether a pass over these same inputs could decide differently later.
+
+    True when a move was deferred (cooldowns lapse, the disruption budget
+    refills) or a ``down`` node with a known ``down_since`` still holds work
+    (its grace period lapses).
+    """
+    if decisions.deferred:
+        return True
+    holding = {node for p in inputs.placements.values() for node in p.nodes}
+    return any(
+        node.state == "down" and node.down_since is not None and node.id in holding
+        for node in inputs.nodes
+    )

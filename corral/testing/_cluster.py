@@ -1,0 +1,510 @@
+"""Several corral nodes in one process: the Cluster harness.
+
+Each node is an :class:`~corral.supervision.ActorSystem` on one shared
+:class:`~corral.transport.MemoryNetwork`, running a ``node`` supervisor
+(NodeRegistration and Coordinator by default; pass ``children=`` to add
+yours), and reaching one shared registry through its own
+:class:`~corral.testing.RegistryGate`. All of them sit behind one
+:class:`~corral.testing.CountingRegistry`, so a test can count writes::
+
+    async with open_cluster(3) as cluster:             # node-1, node-2, node-3
+        holder = await cluster.wait_for_coordinator()
+        await cluster.kill(holder)                      # crash: no cleanup reaches anyone
+        successor = await cluster.wait_for_coordinator(exclude={holder})
+        cluster.cut_registry("node-2", hang=True)       # a paused / partitioned node
+        cluster.partition({"node-1"}, {"node-2", "node-3"})
+
+Faults:
+
+* :meth:`Cluster.stop` — a clean shutdown (SIGTERM): every actor's cleanup
+  runs and reaches the registry (leases are handed back).
+* :meth:`Cluster.kill` — a crash (SIGKILL): the node's registry gate and
+  network link are cut first, so its cleanup reaches nothing; its leases
+  lapse a TTL later.
+* :meth:`Cluster.restart` — a new life of a stopped or killed node, same id.
+* :meth:`Cluster.partition` / :meth:`Cluster.heal` — the transport.
+* :meth:`Cluster.cut_registry` / :meth:`Cluster.restore_registry` — one
+  node's registry link: refused (``RegistryUnavailable``) or hanging (calls
+  wait, then arrive late).
+
+Time comes from trio, so the whole harness runs under
+``MockClock(autojump_threshold=0)``; the default wall clock is virtual too
+(:func:`virtual_wall_clock`), so placements carry deterministic times.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import AsyncIterator, Callable, Collection, Iterable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+
+from corral.actors.coordinator import GetCoordinatorState, coordinator_child_spec
+from corral.actors.node_record import NodeIdentity, node_registration_child_spec
+from corral.actors.planner import Policy
+from corral.registry import Capacity, MemoryRegistry, Registry
+from corral.supervision import (
+    ActorRef,
+    ActorSystem,
+    ChildSpec,
+    Event,
+    SupervisionError,
+    SupervisorSpec,
+    open_actor_system,
+)
+from corral.testing._registry import CountingRegistry, RegistryGate
+from corral.transport import MemoryNetwork
+
+__all__ = [
+    "DEFAULT_TEST_CAPACITY",
+    "VIRTUAL_EPOCH",
+    "Cluster",
+    "ClusterNode",
+    "CoordinatorInterval",
+    "NodeContext",
+    "default_node_children",
+    "open_cluster",
+    "virtual_wall_clock",
+]
+
+#: What every harness node reports unless told otherwise (MiB).
+DEFAULT_TEST_CAPACITY = Capacity(
+    memory_mb=16_384, memory_free_mb=16_384, disk_mb=200_000, disk_free_mb=200_000
+)
+#: Unix time at trio time zero for :func:`virtual_wall_clock`.
+VIRTUAL_EPOCH = 1_700_000_000.0
+#: Name of every node's top supervisor: actors live at ``/node/<name>``.
+NODE_SUPERVISOR = "node"
+
+
+def virtual_wall_clock() -> float:
+    """Unix time that moves with trio's clock (MockClock-friendly)."""
+    return VIRTUAL_EPOCH + trio.current_time()
+
+
+@dataclass(frozen=True)
+class NodeContext:
+    """What a node's child specs are built from (one per node life)."""
+
+    node_id: str
+    registry: Registry
+    identity: NodeIdentity
+    capacity: Capacity | None
+    wall_clock: Callable[[], float]
+    lease_ttl: float
+    node_lease_ttl: float
+    policy: Policy
+    life: int
+
+
+ChildrenFactory = Callable[[NodeContext], Sequence[ChildSpec | SupervisorSpec]]
+
+
+def default_node_children(ctx: NodeContext) -> list[ChildSpec | SupervisorSpec]:
+    """NodeRegistration (``/node/registration``) then Coordinator (``/node/coordinator``)."""
+    capacity = ctx.capacity
+    return [
+        node_registration_child_spec(
+            ctx.identity,
+            ctx.registry,
+            capacity_probe=lambda: capacity,
+            wall_clock=ctx.wall_clock,
+            lease_ttl=ctx.node_lease_ttl,
+        ),
+        coordinator_child_spec(
+            ctx.node_id, ctx.registry, ctx.policy, ctx.lease_ttl, ctx.wall_clock
+        ),
+    ]
+
+
+@dataclass(frozen=True, slots=True)
+class CoordinatorInterval:
+    """A stretch of time one node was entitled to coordinate (trio time)."""
+
+    node: str
+    fence: int
+    start: float
+    end: float  # math.inf while still coordinating
+
+
+@dataclass
+class ClusterNode:
+    """One node of the cluster, across its lives."""
+
+    node_id: str
+    identity: NodeIdentity
+    capacity: Capacity | None
+    life: int = 0
+    system: ActorSystem | None = None
+    gate: RegistryGate | None = None
+    history: list[Event] = field(default_factory=list)
+    _scope: trio.CancelScope | None = None
+    _stop: trio.Event = field(default_factory=trio.Event)
+    _done: trio.Event = field(default_factory=trio.Event)
+
+    @property
+    def running(self) -> bool:
+        return self.system is not None
+
+    def ref(self, name: str) -> ActorRef:
+        """The ref of ``/node/<name>`` in this node's current life."""
+        if self.system is None:
+            raise RuntimeError(f"node {self.node_id} is not running; restart() it first")
+        return self.system.ref(f"/{NODE_SUPERVISOR}/{name}")
+
+    @property
+    def coordinator(self) -> ActorRef:
+        return self.ref("coordinator")
+
+    @property
+    def registration(self) -> ActorRef:
+        return self.ref("registration")
+
+    def events(self) -> list[Event]:
+        """Every event of every life of this node, oldest first."""
+        current = self.system.events() if self.system is not None else []
+        return [*self.history, *current]
+
+
+class Cluster:
+    """Nodes on one in-memory network and one registry. Build it with :func:`open_cluster`."""
+
+    def __init__(
+        self,
+        nursery: trio.Nursery,
+        registry: Registry,
+        network: MemoryNetwork,
+        *,
+        lease_ttl: float,
+        node_lease_ttl: float,
+        policy: Policy,
+        wall_clock: Callable[[], float],
+        children: ChildrenFactory,
+    ) -> None:
+        self._nursery = nursery
+        self.registry = CountingRegistry(registry)
+        self.network = network
+        self.lease_ttl = lease_ttl
+        self.node_lease_ttl = node_lease_ttl
+        self.policy = policy
+        self.wall_clock = wall_clock
+        self._children = children
+        self.nodes: dict[str, ClusterNode] = {}
+
+    # ------------------------------------------------------------------ membership
+
+    def node(self, node_id: str) -> ClusterNode:
+        try:
+            return self.nodes[node_id]
+        except KeyError:
+            raise KeyError(
+                f"no node {node_id!r} in this cluster (nodes: {sorted(self.nodes)})"
+            ) from None
+
+    @property
+    def running(self) -> list[str]:
+        """Ids of the nodes running now, sorted."""
+        return sorted(n for n, node in self.nodes.items() if node.running)
+
+    async def add_node(
+        self,
+        node_id: str,
+        *,
+        labels: Mapping[str, str] | None = None,
+        rack: str | None = None,
+        datacenter: str | None = None,
+        capacity: Capacity | None = DEFAULT_TEST_CAPACITY,
+    ) -> ClusterNode:
+        """Start a new node; returns once its actors have started."""
+        if node_id in self.nodes:
+            raise ValueError(f"node {node_id!r} already exists; restart() it instead")
+        identity = NodeIdentity(
+            node_id,
+            labels=dict(labels or {}),
+            rack=rack,
+            datacenter=datacenter,
+            peer_address=f"memory://{node_id}",
+            api_address="",
+            advertise_host="127.0.0.1",
+        )
+        node = ClusterNode(node_id, identity, capacity)
+        self.nodes[node_id] = node
+        await self._nursery.start(self._run_life, node)
+        return node
+
+    async def stop(self, node_id: str) -> None:
+        """Shut a node down cleanly (SIGTERM): its cleanups reach the registry."""
+        node = self.node(node_id)
+        if not node.running:
+            return
+        node._stop.set()
+        await node._done.wait()
+
+    async def kill(self, node_id: str) -> None:
+        """Crash a node (SIGKILL): nothing it would still send reaches anyone."""
+        node = self.node(node_id)
+        if not node.running:
+            return
+        assert node.gate is not None
+        assert node._scope is not None
+        node.gate.kill()
+        self.network.kill(node_id)
+        node._scope.cancel()
+        await node._done.wait()
+
+    async def restart(self, node_id: str) -> ClusterNode:
+        """Start a new life of a node (stopping the current one cleanly first)."""
+        node = self.node(node_id)
+        await self.stop(node_id)
+        self.network.revive(node_id)
+        node._stop = trio.Event()
+        node._done = trio.Event()
+        await self._nursery.start(self._run_life, node)
+        return node
+
+    async def _run_life(
+        self, node: ClusterNode, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        node.life += 1
+        gate = RegistryGate(self.registry, name=node.node_id)
+        node.gate = gate
+        ctx = NodeContext(
+            node_id=node.node_id,
+            registry=gate,
+            identity=node.identity,
+            capacity=node.capacity,
+            wall_clock=self.wall_clock,
+            lease_ttl=self.lease_ttl,
+            node_lease_ttl=self.node_lease_ttl,
+            policy=self.policy,
+            life=node.life,
+        )
+        spec = SupervisorSpec(name=NODE_SUPERVISOR, children=tuple(self._children(ctx)))
+        system: ActorSystem | None = None
+        try:
+            with trio.CancelScope() as scope:
+                node._scope = scope
+                transport = self.network.connect(node.node_id)
+                async with open_actor_system(
+                    node.node_id, transport, event_log_size=100_000
+                ) as system:
+                    node.system = system
+                    await system.spawn(spec)
+                    task_status.started()
+                    await node._stop.wait()
+        finally:
+            if system is not None:
+                node.history.extend(system.events())
+            node.system = None
+            node._scope = None
+            node._done.set()
+
+    # ------------------------------------------------------------------ faults
+
+    def partition(self, *groups: Iterable[str]) -> None:
+        """Cut the network between groups of nodes (see MemoryNetwork.partition)."""
+        self.network.partition(*groups)
+
+    def heal(self) -> None:
+        """Remove every network cut."""
+        self.network.heal()
+
+    def cut_registry(
+        self, node_id: str, *, hang: bool = False, ops: Collection[str] | None = None
+    ) -> None:
+        """Cut one node off from the registry.
+
+        Args:
+            node_id: the node.
+            hang: calls wait (and go through once restored) instead of failing
+                with RegistryUnavailable.
+            ops: only these operations ("txn", "keepalive", ...); default all.
+        """
+        gate = self._gate(node_id)
+        if hang:
+            gate.hang(ops)
+        else:
+            gate.fail(ops)
+
+    def restore_registry(self, node_id: str) -> None:
+        """Reconnect a node to the registry; held calls go through now."""
+        self._gate(node_id).restore()
+
+    def _gate(self, node_id: str) -> RegistryGate:
+        gate = self.node(node_id).gate
+        if gate is None or not self.node(node_id).running:
+            raise RuntimeError(f"node {node_id} is not running")
+        return gate
+
+    # ------------------------------------------------------------------ observing
+
+    async def coordinator_state(
+        self, node_id: str, *, ask_timeout: float = 1.0
+    ) -> dict[str, Any] | None:
+        """The node's coordinator state, or None when it is not running or does
+        not answer within ``ask_timeout`` (busy in a hung registry call, say)."""
+        node = self.node(node_id)
+        if not node.running:
+            return None
+        try:
+            state: dict[str, Any] = await node.coordinator.ask(
+                GetCoordinatorState(), timeout=ask_timeout
+            )
+        except SupervisionError:
+            return None
+        return state
+
+    async def coordinator_states(
+        self, *, ask_timeout: float = 1.0
+    ) -> dict[str, dict[str, Any] | None]:
+        """Every node's coordinator state (None for nodes not answering)."""
+        return {
+            node_id: await self.coordinator_state(node_id, ask_timeout=ask_timeout)
+            for node_id in sorted(self.nodes)
+        }
+
+    async def coordinators(self, *, ask_timeout: float = 1.0) -> list[str]:
+        """Nodes whose coordinator says it is coordinating now."""
+        states = await self.coordinator_states(ask_timeout=ask_timeout)
+        return [n for n, state in states.items() if state is not None and state["coordinating"]]
+
+    async def wait_for_coordinator(
+        self,
+        *,
+        exclude: Collection[str] = (),
+        within: float | None = None,
+        poll: float = 0.05,
+    ) -> str:
+        """Wait until some node (not in ``exclude``) coordinates; return its id.
+
+        Raises:
+            TimeoutError: none did ``within`` seconds (default: three lease TTLs).
+        """
+        limit = 3 * self.lease_ttl if within is None else within
+        with trio.move_on_after(limit):
+            while True:
+                for node_id in await self.coordinators():
+                    if node_id not in exclude:
+                        return node_id
+                await trio.sleep(poll)
+        raise TimeoutError(
+            f"no coordinator (other than {sorted(exclude)}) within {limit} s; "
+            f"running nodes: {self.running}"
+        )
+
+    def events(self, kind: str | None = None) -> list[tuple[str, Event]]:
+        """Every node's events (all lives), by time, optionally of one kind."""
+        merged = [
+            (node_id, event)
+            for node_id, node in self.nodes.items()
+            for event in node.events()
+            if kind is None or event.kind == kind
+        ]
+        merged.sort(key=lambda item: (item[1].time, item[0]))
+        return merged
+
+    def coordinator_intervals(self) -> list[CoordinatorInterval]:
+        """When each node was entitled to coordinate, from its events.
+
+        An interval starts at ``coordinator.acquired`` and ends at the matching
+        ``coordinator.lost`` (at its ``until``: the moment the lease may have
+        lapsed) or ``coordinator.handing-back``; one still open ends at infinity.
+        """
+        intervals: list[CoordinatorInterval] = []
+        for node_id, node in sorted(self.nodes.items()):
+            open_: tuple[int, float] | None = None
+            for event in node.events():
+                if event.kind == "coordinator.acquired":
+                    open_ = (int(event.fields["fence"]), event.time)
+                elif event.kind in ("coordinator.lost", "coordinator.handing-back") and open_:
+                    end = float(event.fields.get("until", event.time))
+                    intervals.append(CoordinatorInterval(node_id, open_[0], open_[1], end))
+                    open_ = None
+            if open_ is not None:
+                end = math.inf if node.running else node.events()[-1].time
+                intervals.append(CoordinatorInterval(node_id, open_[0], open_[1], end))
+        intervals.sort(key=lambda i: (i.start, i.node))
+        return intervals
+
+    def assert_single_coordinator(self) -> list[CoordinatorInterval]:
+        """Check that no two nodes were ever entitled to coordinate at once and
+        that fences only grew; return the intervals.
+
+        Raises:
+            AssertionError: naming the overlapping intervals.
+        """
+        intervals = self.coordinator_intervals()
+        for before, after in itertools.pairwise(intervals):
+            if after.start < before.end:
+                raise AssertionError(f"two coordinators at once: {before} and {after}")
+            if after.fence <= before.fence:
+                raise AssertionError(f"fence did not grow: {before} then {after}")
+        return intervals
+
+    async def aclose(self) -> None:
+        """Stop every running node cleanly (in reverse id order)."""
+        for node_id in sorted(self.nodes, reverse=True):
+            await self.stop(node_id)
+
+
+@asynccontextmanager
+async def open_cluster(
+    nodes: int | Iterable[str] = 3,
+    *,
+    registry: Registry | None = None,
+    network: MemoryNetwork | None = None,
+    lease_ttl: float = 45.0,
+    node_lease_ttl: float | None = None,
+    policy: Policy | None = None,
+    wall_clock: Callable[[], float] = virtual_wall_clock,
+    children: ChildrenFactory = default_node_children,
+    labels: Mapping[str, Mapping[str, str]] | None = None,
+    capacity: Capacity | None = DEFAULT_TEST_CAPACITY,
+) -> AsyncIterator[Cluster]:
+    """Run a cluster of in-process nodes for the duration of the block.
+
+    Args:
+        nodes: how many (named ``node-1``...) or their ids.
+        registry: the shared registry (default a fresh MemoryRegistry, closed
+            on exit; one passed in is left open).
+        network: the shared MemoryNetwork (default a fresh one).
+        lease_ttl: the coordinator lease TTL in seconds.
+        node_lease_ttl: the node records' lease TTL (default ``lease_ttl``).
+        policy: the planner's policy (default ``Policy()``).
+        wall_clock: unix time for records (default virtual, from trio's clock).
+        children: builds each node's child specs (default registration + coordinator).
+        labels: node id -> labels.
+        capacity: what every node reports.
+
+    Leaving the block stops every node cleanly.
+    """
+    ids = [f"node-{i}" for i in range(1, nodes + 1)] if isinstance(nodes, int) else list(nodes)
+    base = registry if registry is not None else MemoryRegistry()
+    try:
+        async with trio.open_nursery() as nursery:
+            cluster = Cluster(
+                nursery,
+                base,
+                network if network is not None else MemoryNetwork(),
+                lease_ttl=lease_ttl,
+                node_lease_ttl=lease_ttl if node_lease_ttl is None else node_lease_ttl,
+                policy=policy if policy is not None else Policy(),
+                wall_clock=wall_clock,
+                children=children,
+            )
+            try:
+                for node_id in ids:
+                    await cluster.add_node(
+                        node_id, labels=(labels or {}).get(node_id), capacity=capacity
+                    )
+                yield cluster
+            finally:
+                with trio.CancelScope(shield=True):
+                    await cluster.aclose()
+    finally:
+        if registry is None:
+            await base.aclose()
