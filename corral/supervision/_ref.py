@@ -178,6 +178,8 @@ class ActorRef:
                     f"no actor at {self.path} on node {self.node_id!r}; "
                     "check the path (system.tree() lists them) or that it was spawned"
                 )
+            if cell.closed:
+                raise ActorStopped(f"actor {self.address} has stopped")
             self._cell = cell
         return cell
 

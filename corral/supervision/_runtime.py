@@ -211,9 +211,15 @@ class Cell:
         if not in_handler and self.loop_scope is not None:
             self.loop_scope.cancel()
 
-    def close(self) -> None:
-        """No actor will run here again: fail what is queued and unregister the path."""
+    def close(self, *, keep_listed: bool = False) -> None:
+        """No actor will run here again: fail what is queued and unregister the path.
+
+        ``keep_listed`` leaves the path registered (it is still in the tree, as
+        "stopped"), so messages to it raise ActorStopped rather than ActorNotFound.
+        """
         if self.closed:
+            if not keep_listed:
+                self.system._unregister(self)
             return
         self.closed = True
         self.state = "stopped"
@@ -230,7 +236,8 @@ class Cell:
             receive.close()
             assert self.mailbox_send is not None
             self.mailbox_send.close()
-        self.system._unregister(self)
+        if not keep_listed:
+            self.system._unregister(self)
 
     # ------------------------------------------------------------------ introspection
 
@@ -639,7 +646,7 @@ class SupervisorRun:
             if restart is Restart.TEMPORARY:
                 self._remove(child)
             else:
-                child.cell.close()
+                child.cell.close(keep_listed=True)
             self.system.emit(
                 "actor.stopped", child.cell.path, reason="crashed" if crashed else "normal"
             )

@@ -359,10 +359,10 @@ def _validator_of(tp: Any) -> _Validator:
         item = _validator_of(args[0]) if args else _accept_any
 
         def v_list(value: Any, where: str) -> Any:
-            if type(value) is not list:
+            if type(value) not in (list, tuple):
                 raise _fail(where, "a list", value)
             if item is _accept_any:
-                return value
+                return list(value)
             return [item(x, f"{where}[{i}]") for i, x in enumerate(value)]
 
         return v_list
@@ -371,7 +371,7 @@ def _validator_of(tp: Any) -> _Validator:
             elem = _validator_of(args[0])
 
             def v_tuple(value: Any, where: str) -> Any:
-                if type(value) is not list:
+                if type(value) not in (list, tuple):
                     raise _fail(where, "a list", value)
                 return tuple(elem(x, f"{where}[{i}]") for i, x in enumerate(value))
 
@@ -379,7 +379,7 @@ def _validator_of(tp: Any) -> _Validator:
         elems = [_validator_of(a) for a in args]
 
         def v_fixed_tuple(value: Any, where: str) -> Any:
-            if type(value) is not list or len(value) != len(elems):
+            if type(value) not in (list, tuple) or len(value) != len(elems):
                 raise _fail(where, f"a list of {len(elems)} items", value)
             return tuple(
                 e(x, f"{where}[{i}]") for i, (e, x) in enumerate(zip(elems, value, strict=True))
