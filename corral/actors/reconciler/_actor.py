@@ -1,0 +1,507 @@
+"""The Reconciler actor: gathers a pass's inputs, plans (pure), asks its siblings to act,
+publishes what this node serves."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from corral.actors.port_allocator import EnsurePair, ReleasePorts
+from corral.actors.process_supervisor import (
+    AppPaths,
+    ForgetProcess,
+    ListProcesses,
+    ProcessesChanged,
+    ProcessGeneration,
+    StartProcess,
+    StopProcess,
+)
+from corral.actors.reconciler._plan import (
+    Action,
+    PassInputs,
+    Remove,
+    Restart,
+    Start,
+    Stop,
+    app_views,
+    plan_pass,
+    process_views,
+    serving_set,
+    should_skip,
+    with_serving,
+)
+from corral.registry import (
+    APPS_PREFIX,
+    PLACEMENT_PREFIX,
+    AppRecord,
+    Compare,
+    Deployment,
+    EventType,
+    InvalidKey,
+    InvalidName,
+    KeyKind,
+    NodeRecord,
+    PlacementRecord,
+    PortClaim,
+    Put,
+    Registry,
+    RegistryError,
+    ServingEntry,
+    WatchEvent,
+    decode_record,
+    node_key,
+    node_ports_prefix,
+    parse_key,
+    read_records,
+    validate_name,
+)
+from corral.supervision import Actor, ActorRef, SupervisionError, UnhandledMessage
+from corral.transport import message
+
+log = logging.getLogger("corral.actors.reconciler")
+
+Materialize = Callable[[str, Deployment], Awaitable[Path]]
+"""``materialize(app, deployment) -> revision directory``: gets the revision's files
+onto disk (fetch, verify the digest, unpack) and returns where they are."""
+
+
+@message("reconciler.kick")
+@dataclass(frozen=True)
+class Kick:
+    """Run a pass soon (it still skips when nothing moved)."""
+
+    reason: str = ""
+
+
+@message("reconciler.tick")
+@dataclass(frozen=True)
+class Tick:
+    """The pass timer (every ``interval`` seconds)."""
+
+
+@message("reconciler.run_pass")
+@dataclass(frozen=True)
+class RunPass:
+    """Run a pass now and reply with its summary (see :class:`PassSummary`). ``force``:
+    a full pass even when nothing moved."""
+
+    force: bool = False
+
+
+@message("reconciler.last_pass")
+@dataclass(frozen=True)
+class LastPass:
+    """Reply with the summary of the last pass (a dict), or None before the first."""
+
+
+@dataclass(slots=True)
+class PassSummary:
+    """What one pass did: when (wall time), at which change token, whether it skipped,
+    the actions taken (each with ``ok`` and, on failure, ``error``) and other errors."""
+
+    time: float
+    token: int | None
+    skipped: bool
+    reasons: list[str] = field(default_factory=list)
+    actions: list[dict[str, Any]] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    duration: float = 0.0
+    serving: int = 0
+    published: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "time": self.time,
+            "token": self.token,
+            "skipped": self.skipped,
+            "acted": bool(self.actions),
+            "reasons": list(self.reasons),
+            "actions": [dict(a) for a in self.actions],
+            "errors": list(self.errors),
+            "duration": self.duration,
+            "serving": self.serving,
+            "published": self.published,
+        }
+
+
+_MAX_REASONS = 8
+
+
+async def remove_tree(root: Path, *, batch: int = 200) -> None:
+    """Delete ``root`` and everything under it (a missing ``root`` is fine), yielding
+    to other tasks every ``batch`` entries: an unpacked revision can hold many files,
+    and the node's loop must not stall while they go (and no thread is involved).
+
+    Raises:
+        OSError: an entry could not be removed.
+    """
+    for _ in _remove_in_batches(root, batch):
+        await trio.lowlevel.checkpoint()
+
+
+def _remove_in_batches(root: Path, batch: int) -> Iterator[None]:
+    if not os.path.lexists(root):
+        return
+    if os.path.islink(root) or not os.path.isdir(root):
+        os.unlink(root)
+        return
+    done = 0
+    for directory, dirnames, filenames in os.walk(root, topdown=False):
+        for name in filenames:
+            os.unlink(os.path.join(directory, name))
+        for name in dirnames:
+            path = os.path.join(directory, name)
+            if os.path.islink(path):
+                os.unlink(path)
+            else:
+                os.rmdir(path)
+        done += len(filenames) + len(dirnames)
+        if done >= batch:
+            done = 0
+            yield
+    os.rmdir(root)
+
+
+class Reconciler(Actor):
+    """Makes this node run what the registry assigns it, and publishes what it serves.
+
+    A pass runs every ``interval`` seconds and as soon as a watched change concerns this
+    node (its placements, or an app it serves or keeps state for) or its process table
+    changed. A pass first reads the change token; with the token and the process table
+    unchanged and no timer due it stops there.
+
+    Args:
+        node_id: this node's id.
+        data_dir: the node's data directory (app working directories live under it).
+        registry: the shared registry.
+        materialize: gets a revision's files onto disk, returns its directory.
+        interval: seconds between timer passes.
+        full_pass_every: a full pass at least this often, even when nothing moved.
+        port_allocator, process_supervisor: the names of the sibling actors.
+        wall_clock: wall time for pass summaries.
+        ask_timeout: seconds to wait for a sibling's reply.
+        debounce: seconds to gather more triggers before a pass starts.
+    """
+
+    def __init__(
+        self,
+        *,
+        node_id: str,
+        data_dir: Path,
+        registry: Registry,
+        materialize: Materialize,
+        interval: float = 5.0,
+        full_pass_every: float = 60.0,
+        port_allocator: str = "port_allocator",
+        process_supervisor: str = "process_supervisor",
+        wall_clock: Callable[[], float] = time.time,
+        ask_timeout: float = 30.0,
+        debounce: float = 0.05,
+    ) -> None:
+        super().__init__()
+        self._node_id = node_id
+        self._data_dir = Path(data_dir)
+        self._registry = registry
+        self._materialize = materialize
+        self._interval = interval
+        self._full_pass_every = full_pass_every
+        self._names = (port_allocator, process_supervisor)
+        self._wall = wall_clock
+        self._ask_timeout = ask_timeout
+        self._debounce = debounce
+        self._wake = trio.Event()
+        self._force = False
+        self._reasons: list[str] = []
+        self._waiters: list[trio.Event] = []
+        self._last: PassSummary | None = None
+        self._last_token: int | None = None
+        self._last_generation: str | None = None
+        self._retry_due = False
+        self._next_full = -float("inf")
+        self._assigned: set[str] = set()
+        self._local: set[str] = set()
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def started(self) -> None:
+        parent = self.ctx.path.rsplit("/", 1)[0]
+        ports, processes = self._names
+        self._ports: ActorRef = self.ctx.system.ref(f"{parent}/{ports}")
+        self._processes: ActorRef = self.ctx.system.ref(f"{parent}/{processes}")
+        self._request("startup")
+        self.ctx.start_task(self._pass_loop)
+        self.ctx.start_task(self._watch, PLACEMENT_PREFIX)
+        self.ctx.start_task(self._watch, APPS_PREFIX)
+        self.ctx.every(self._interval, Tick())
+
+    async def handle(self, message: object) -> object:
+        match message:
+            case Tick():
+                self._request("timer")
+                return None
+            case Kick():
+                self._request(message.reason or "kick")
+                return None
+            case ProcessesChanged():
+                self._request("process table changed")
+                return None
+            case RunPass():
+                done = trio.Event()
+                self._waiters.append(done)
+                self._request("asked", force=message.force)
+                await done.wait()
+                assert self._last is not None
+                return self._last.to_dict()
+            case LastPass():
+                return None if self._last is None else self._last.to_dict()
+        raise UnhandledMessage(message)
+
+    def _request(self, reason: str, *, force: bool = False) -> None:
+        if len(self._reasons) < _MAX_REASONS and reason not in self._reasons:
+            self._reasons.append(reason)
+        self._force = self._force or force
+        self._wake.set()
+
+    async def _pass_loop(self) -> None:
+        while True:
+            await self._wake.wait()
+            if self._debounce > 0:
+                await trio.sleep(self._debounce)
+            self._wake = trio.Event()
+            force, self._force = self._force, False
+            reasons, self._reasons = self._reasons, []
+            waiters, self._waiters = self._waiters, []
+            self._last = await self._pass(force, reasons)
+            for waiter in waiters:
+                waiter.set()
+
+    # ------------------------------------------------------------------ watching
+
+    async def _watch(self, prefix: str) -> None:
+        delay = 0.5
+        while True:
+            try:
+                start = await self._registry.revision() + 1
+                async with self._registry.watch(prefix, start) as events:
+                    delay = 0.5
+                    async for event in events:
+                        if self._concerns_me(event):
+                            self._request(f"{event.kv.key} changed")
+            except RegistryError as exc:
+                log.warning("watch on %s failed (%s); retrying in %gs", prefix, exc, delay)
+                await trio.sleep(delay)
+                delay = min(delay * 2, 30.0)
+
+    def _concerns_me(self, event: WatchEvent) -> bool:
+        try:
+            kind, parts = parse_key(event.kv.key)
+        except InvalidKey:
+            return False
+        app = parts[0] if parts else ""
+        if app in self._assigned or app in self._local:
+            return True
+        if kind is KeyKind.PLACEMENT and event.type is EventType.PUT:
+            record = decode_record(event.kv.key, event.kv.value)
+            return isinstance(record, PlacementRecord) and self._node_id in record.nodes
+        return False
+
+    # ------------------------------------------------------------------ one pass
+
+    async def _pass(self, force: bool, reasons: list[str]) -> PassSummary:
+        began, t0 = self._wall(), trio.current_time()
+        summary = PassSummary(time=began, token=None, skipped=False, reasons=reasons)
+        try:
+            token = await self._registry.revision()
+            summary.token = token
+            generation = await self._processes.ask(ProcessGeneration(), self._ask_timeout)
+            timer_due = force or self._retry_due or trio.current_time() >= self._next_full
+            if should_skip(
+                token=token,
+                last_token=self._last_token,
+                generation=str(generation),
+                last_generation=self._last_generation,
+                timer_due=timer_due,
+            ):
+                summary.skipped = True
+                return summary
+            await self._full_pass(summary)
+            self._last_token, self._last_generation = token, str(generation)
+            self._next_full = t0 + self._full_pass_every
+        except (RegistryError, SupervisionError) as exc:
+            summary.errors.append(f"pass failed: {exc}")
+            log.warning("reconcile pass failed: %s", exc)
+        finally:
+            summary.duration = trio.current_time() - t0
+        self._retry_due = bool(summary.errors)
+        return summary
+
+    async def _full_pass(self, summary: PassSummary) -> None:
+        apps, bad_apps = await read_records(self._registry, APPS_PREFIX)
+        placements, bad_placements = await read_records(self._registry, PLACEMENT_PREFIX)
+        claims, _ = await read_records(self._registry, node_ports_prefix(self._node_id))
+        rows = await self._processes.ask(ListProcesses(), self._ask_timeout)
+
+        records = {r.name: r for r in apps.values() if isinstance(r, AppRecord)}
+        by_app = {
+            key.split("/", 1)[1]: r
+            for key, r in placements.items()
+            if isinstance(r, PlacementRecord)
+        }
+        unknown = {bad.key.split("/", 1)[1] for bad in (*bad_apps, *bad_placements)}
+        local = self._local_state() | {
+            c.app for c in claims.values() if isinstance(c, PortClaim) and c.node == self._node_id
+        }
+        views = app_views(self._node_id, records.values(), by_app)
+        actions = plan_pass(
+            PassInputs(
+                apps=views,
+                unknown=frozenset(unknown),
+                processes=process_views(rows),
+                local_state=frozenset(local),
+            )
+        )
+        for action in actions:
+            outcome = action.to_dict()
+            error = await self._apply(action, records)
+            outcome["ok"] = error is None
+            if error is not None:
+                outcome["error"] = error
+                summary.errors.append(error)
+            summary.actions.append(outcome)
+
+        rows = await self._processes.ask(ListProcesses(), self._ask_timeout)
+        serving = serving_set(rows)
+        summary.serving = len(serving)
+        summary.published = await self._publish(serving, summary)
+        self._assigned = {name for name, view in views.items() if view.assigned}
+        self._local = local | {row["app"] for row in rows}
+
+    def _local_state(self) -> set[str]:
+        root = AppPaths.apps_root(self._data_dir)
+        if not root.is_dir():
+            return set()
+        names = set()
+        for entry in root.iterdir():
+            try:
+                names.add(validate_name("app", entry.name))
+            except InvalidName:
+                continue
+        return names
+
+    # ------------------------------------------------------------------ acting
+
+    async def _apply(self, action: Action, records: Mapping[str, AppRecord]) -> str | None:
+        app = action.app
+        try:
+            match action:
+                case Start() | Restart():
+                    deployment = records[app].deployment
+                    assert deployment is not None
+                    return await self._start(action, deployment)
+                case Stop():
+                    log.info("stopping app %s: %s", app, action.reason)
+                    await self._processes.ask(StopProcess(app, action.reason), self._ask_timeout)
+                    self.ctx.emit("reconcile.stop", app=app, reason=action.reason)
+                    return None
+                case Remove():
+                    return await self._remove(app)
+        except SupervisionError as exc:
+            return f"app {app}: {type(action).__name__.lower()} failed: {exc}"
+        raise AssertionError(f"unknown action {action!r}")
+
+    async def _start(self, action: Start | Restart, deployment: Deployment) -> str | None:
+        app = action.app
+        try:
+            directory = await self._materialize(app, deployment)
+        except Exception as exc:
+            log.warning("app %s: cannot materialize %s", app, action.revision, exc_info=True)
+            return f"app {app}: cannot get revision {action.revision[:12]} onto disk: {exc}"
+        verify = isinstance(action, Start) and not action.after_stop
+        reply = await self._ports.ask(EnsurePair(app, verify=verify), self._ask_timeout)
+        if not reply.get("ok"):
+            self.ctx.emit(
+                "placement.unavailable", app=app, node=self._node_id, message=reply.get("message")
+            )
+            return f"app {app}: {reply.get('message')}"
+        accepted = await self._processes.ask(
+            StartProcess(
+                app=app,
+                revision=deployment.revision,
+                command=tuple(deployment.command),
+                cwd=str(directory),
+                public_port=reply["public"],
+                internal_port=reply["internal"],
+                env=dict(deployment.env),
+            ),
+            self._ask_timeout,
+        )
+        if not accepted:
+            return f"app {app}: the process supervisor is shutting down"
+        kind = "restart" if isinstance(action, Restart) else "start"
+        log.info(
+            "%s app %s revision %s on ports %d/%d",
+            kind,
+            app,
+            deployment.revision[:12],
+            reply["public"],
+            reply["internal"],
+        )
+        self.ctx.emit(
+            f"reconcile.{kind}",
+            app=app,
+            revision=deployment.revision,
+            public_port=reply["public"],
+            internal_port=reply["internal"],
+        )
+        return None
+
+    async def _remove(self, app: str) -> str | None:
+        if not await self._processes.ask(ForgetProcess(app), self._ask_timeout):
+            return None  # still stopping: a later pass removes it
+        reply = await self._ports.ask(ReleasePorts(app), self._ask_timeout)
+        if not reply.get("ok"):
+            return f"app {app}: cannot release its ports: {reply.get('message')}"
+        root = AppPaths.of(self._data_dir, app).root
+        try:
+            await remove_tree(root)
+        except OSError as exc:
+            return f"app {app}: cannot remove its working directory {root}: {exc}"
+        log.info("app %s was deleted: removed %s, released ports %s", app, root, reply["released"])
+        self.ctx.emit("reconcile.remove", app=app, released=reply["released"])
+        return None
+
+    async def _publish(self, serving: dict[str, ServingEntry], summary: PassSummary) -> bool:
+        key = node_key(self._node_id)
+        for _ in range(5):
+            current = await self._registry.get(key)
+            if current is None:
+                summary.errors.append(
+                    f"node record {key} does not exist yet; its serving set is published on a "
+                    "later pass"
+                )
+                return False
+            record = decode_record(current.key, current.value)
+            if not isinstance(record, NodeRecord):
+                summary.errors.append(f"node record {key} cannot be decoded; not publishing")
+                return False
+            updated = with_serving(record, serving)
+            if updated is None:
+                return False
+            result = await self._registry.txn(
+                [Compare.mod_revision_is(key, current.mod_revision)],
+                [Put(key, updated.encode(), lease=current.lease)],
+            )
+            if result.succeeded:
+                self.ctx.emit(
+                    "reconcile.published", serving=len(serving), change_token=updated.change_token
+                )
+                return True
+        summary.errors.append(f"node record {key} kept changing under 5 attempts to publish")
+        return False

@@ -1,0 +1,279 @@
+"""Pure reconcile planning: what this node starts, stops and clears in one pass.
+
+Theory of operation
+-------------------
+A node runs exactly one process per application it serves. Each pass it
+compares what the registry asks of it with what runs, and plans:
+
+=============================================  =====================================
+situation                                      action
+=============================================  =====================================
+assigned, deployed, no process running         **start** on the ports the app holds
+assigned, running another revision             **restart** with the deployed one
+running, runtime teardown pending              **stop** ("runtime teardown is pending")
+running, not assigned here (or retired,        **stop** ("application is no longer
+blocked, deleted)                              served by this node")
+assigned, never deployed                       nothing
+deleted, nothing of it runs, state left here   **remove** its working directory and
+                                               local state (ports to quarantine)
+=============================================  =====================================
+
+Starts (and restarts) come first, then stops, then removals; each group sorted
+by app name. Stopping keeps the working directory and ports; only deletion from
+the registry clears them, on a later pass, once nothing of the app runs. An app
+whose record or placement cannot be decoded is left exactly as it is.
+
+A pass is **skipped** when the registry's change token and the process table's
+generation are those of the last full pass and no timer (a retry, the periodic
+full pass) is due: the cost of an idle pass is one read, whatever the number of
+apps (:func:`should_skip`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final, Literal, TypeAlias
+
+from corral.registry import (
+    AppRecord,
+    NodeRecord,
+    PlacementRecord,
+    ServingEntry,
+)
+
+STOP_TEARDOWN: Final = "runtime teardown is pending"
+STOP_NOT_SERVED: Final = "application is no longer served by this node"
+
+Phase: TypeAlias = Literal["live", "stopping", "stopped"]
+_LIVE_STATES: Final = frozenset({"starting", "running", "backoff"})
+
+
+@dataclass(frozen=True, slots=True)
+class AppView:
+    """What the registry says about one app, from this node's point of view."""
+
+    name: str
+    assigned: bool
+    revision: str | None
+    teardown_pending: bool = False
+    retired: bool = False
+    blocked: bool = False
+
+    @property
+    def should_run(self) -> bool:
+        return (
+            self.assigned
+            and self.revision is not None
+            and not (self.teardown_pending or self.retired or self.blocked)
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessView:
+    """What runs for one app: ``live`` (running, starting or backing off),
+    ``stopping``, or ``stopped`` (an entry is kept, nothing runs)."""
+
+    app: str
+    revision: str
+    phase: Phase
+
+
+@dataclass(frozen=True, slots=True)
+class PassInputs:
+    """Everything one pass decides from.
+
+    Args:
+        apps: every app in the registry, by name.
+        unknown: apps whose record or placement could not be decoded (left alone).
+        processes: this node's process table, by app.
+        local_state: apps with a working directory or port claims on this node.
+    """
+
+    apps: Mapping[str, AppView]
+    unknown: frozenset[str] = frozenset()
+    processes: Mapping[str, ProcessView] = dataclasses.field(default_factory=dict)
+    local_state: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
+class Start:
+    """Start ``app`` at ``revision``. ``after_stop``: its old process is still stopping
+    (so its ports are its own and must not be probed)."""
+
+    app: str
+    revision: str
+    after_stop: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"action": "start", "app": self.app, "revision": self.revision}
+
+
+@dataclass(frozen=True, slots=True)
+class Restart:
+    """Replace ``app``'s process running ``previous`` with one running ``revision``."""
+
+    app: str
+    revision: str
+    previous: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "action": "restart",
+            "app": self.app,
+            "revision": self.revision,
+            "previous": self.previous,
+            "reason": "the deployment revision changed",
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Stop:
+    """Stop ``app``'s process for ``reason``; its directory and ports stay."""
+
+    app: str
+    reason: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"action": "stop", "app": self.app, "reason": self.reason}
+
+
+@dataclass(frozen=True, slots=True)
+class Remove:
+    """``app`` was deleted and nothing of it runs: clear its local state."""
+
+    app: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "action": "remove",
+            "app": self.app,
+            "reason": "application was deleted from the registry",
+        }
+
+
+Action: TypeAlias = Start | Restart | Stop | Remove
+
+
+def plan_pass(inputs: PassInputs) -> tuple[Action, ...]:
+    """Plan one reconcile pass (see the module docstring for the table).
+
+    Returns:
+        Starts and restarts, then stops, then removals; each sorted by app.
+    """
+    starts: list[Action] = []
+    stops: list[Action] = []
+    removals: list[Action] = []
+    names = set(inputs.apps) | set(inputs.processes) | set(inputs.local_state)
+    for name in sorted(names - inputs.unknown):
+        view = inputs.apps.get(name)
+        process = inputs.processes.get(name)
+        phase = process.phase if process is not None else None
+        if view is None:
+            if phase == "live":
+                stops.append(Stop(name, STOP_NOT_SERVED))
+            elif phase != "stopping" and (process is not None or name in inputs.local_state):
+                removals.append(Remove(name))
+        elif view.should_run:
+            assert view.revision is not None
+            if phase == "live":
+                assert process is not None
+                if process.revision != view.revision:
+                    starts.append(Restart(name, view.revision, process.revision))
+            else:
+                starts.append(Start(name, view.revision, after_stop=phase == "stopping"))
+        elif phase == "live":
+            if view.teardown_pending:
+                stops.append(Stop(name, STOP_TEARDOWN))
+            elif not (view.assigned and view.revision is None):
+                stops.append(Stop(name, STOP_NOT_SERVED))
+    return (*starts, *stops, *removals)
+
+
+def should_skip(
+    *,
+    token: int,
+    last_token: int | None,
+    generation: str,
+    last_generation: str | None,
+    timer_due: bool,
+) -> bool:
+    """Whether a pass can stop after reading the change token (and the process table's
+    generation): nothing moved since the last full pass and no timer is due."""
+    return not timer_due and token == last_token and generation == last_generation
+
+
+# --------------------------------------------------------------------------- inputs
+
+
+def app_views(
+    node_id: str,
+    apps: Iterable[AppRecord],
+    placements: Mapping[str, PlacementRecord],
+) -> dict[str, AppView]:
+    """One :class:`AppView` per app record; ``placements`` is keyed by app name (a
+    missing placement means not assigned)."""
+    views = {}
+    for app in apps:
+        placement = placements.get(app.name)
+        views[app.name] = AppView(
+            name=app.name,
+            assigned=placement is not None and node_id in placement.nodes,
+            revision=None if app.deployment is None else app.deployment.revision,
+            teardown_pending=app.teardown_pending,
+            retired=app.retired,
+            blocked=app.blocked,
+        )
+    return views
+
+
+def process_views(rows: Iterable[Mapping[str, Any]]) -> dict[str, ProcessView]:
+    """Process-table rows (``ProcessInfo.to_dict()``) as :class:`ProcessView` s."""
+    views = {}
+    for row in rows:
+        state = row["state"]
+        phase: Phase = (
+            "live" if state in _LIVE_STATES else "stopping" if state == "stopping" else "stopped"
+        )
+        views[row["app"]] = ProcessView(row["app"], row["revision"], phase)
+    return views
+
+
+# --------------------------------------------------------------------------- publishing
+
+
+def serving_set(rows: Iterable[Mapping[str, Any]]) -> dict[str, ServingEntry]:
+    """What this node serves, from its process-table rows: every live process with its
+    revision, ports, restarts and state (``crash-loop`` when crash-looping; ``starting``
+    until it answers or while it waits to be restarted)."""
+    serving = {}
+    for row in rows:
+        state = row["state"]
+        if state not in _LIVE_STATES:
+            continue
+        shown: Literal["starting", "running", "crash-loop"]
+        if row.get("crash_loop"):
+            shown = "crash-loop"
+        elif state == "running":
+            shown = "running"
+        else:
+            shown = "starting"
+        serving[row["app"]] = ServingEntry(
+            revision=row["revision"],
+            public_port=row["public_port"],
+            internal_port=row["internal_port"],
+            state=shown,
+            restarts=row.get("restarts", 0),
+        )
+    return serving
+
+
+def with_serving(record: NodeRecord, serving: Mapping[str, ServingEntry]) -> NodeRecord | None:
+    """``record`` with ``serving`` and a new change token, or None when it already
+    serves exactly that (nothing to write). Every other field is carried over."""
+    if record.serving == dict(serving):
+        return None
+    return dataclasses.replace(
+        record, serving=dict(sorted(serving.items())), change_token=record.change_token + 1
+    )

@@ -1,0 +1,395 @@
+"""The agent (Reconciler, PortAllocator, ProcessSupervisor) in virtual time, with the
+in-memory launcher and registry."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+from corral.actors.port_allocator import ListPorts
+from corral.actors.process_supervisor import (
+    AppPaths,
+    Behaviour,
+    ListProcesses,
+    MemoryLauncher,
+    RestartPolicy,
+    StartProcess,
+)
+from corral.actors.reconciler import STOP_NOT_SERVED, STOP_TEARDOWN, AgentSpec, LastPass, RunPass
+from corral.registry import (
+    AppRecord,
+    Deployment,
+    MemoryRegistry,
+    NodeRecord,
+    PlacementRecord,
+    PortClaim,
+    app_key,
+    decode_record,
+    node_key,
+    placement_key,
+)
+from corral.supervision import ActorCrashed, ActorRef, ActorSystem, open_actor_system
+from corral.testing import CountingRegistry
+
+R1, R2 = "1" * 64, "2" * 64
+NODE = "node-a"
+
+
+class WallClock:
+    def __init__(self) -> None:
+        self.offset = 1_700_000_000.0
+
+    def __call__(self) -> float:
+        return self.offset + trio.current_time()
+
+
+@dataclass
+class Agent:
+    system: ActorSystem
+    registry: CountingRegistry
+    launcher: MemoryLauncher
+    data_dir: Path
+    clock: WallClock
+
+    @property
+    def reconciler(self) -> ActorRef:
+        return self.system.ref("/agent/reconciler")
+
+    @property
+    def ports(self) -> ActorRef:
+        return self.system.ref("/agent/port_allocator")
+
+    @property
+    def processes(self) -> ActorRef:
+        return self.system.ref("/agent/process_supervisor")
+
+    async def settle(self) -> dict[str, Any]:
+        """Run passes until one finds nothing moved."""
+        for _ in range(30):
+            summary: dict[str, Any] = await self.reconciler.ask(RunPass())
+            if summary["skipped"]:
+                return summary
+            await trio.sleep(0.1)
+        raise AssertionError("the agent never settled")
+
+    async def node_record(self) -> NodeRecord:
+        kv = await self.registry.get(node_key(NODE))
+        assert kv is not None
+        record = decode_record(kv.key, kv.value)
+        assert isinstance(record, NodeRecord)
+        return record
+
+    async def rows(self) -> dict[str, dict[str, Any]]:
+        return {row["app"]: row for row in await self.processes.ask(ListProcesses())}
+
+    async def claims(self) -> dict[int, str]:
+        found = {}
+        for kv in await self.registry.range(f"ports/{NODE}/"):
+            claim = decode_record(kv.key, kv.value)
+            assert isinstance(claim, PortClaim)
+            found[claim.port] = claim.app
+        return found
+
+
+async def deploy(
+    registry: CountingRegistry, app: str, revision: str | None = R1, **flags: Any
+) -> None:
+    deployment = None if revision is None else Deployment(revision, ["python3", "server.py"])
+    await registry.put(app_key(app), AppRecord(app, deployment=deployment, **flags).encode())
+
+
+async def place(registry: CountingRegistry, app: str, *nodes: str) -> None:
+    await registry.put(placement_key(app), PlacementRecord(list(nodes), 0.0, 1).encode())
+
+
+async def until(predicate: Callable[[], Any], step: float = 0.05) -> None:
+    while not predicate():
+        await trio.sleep(step)
+
+
+@asynccontextmanager
+async def running_agent(
+    data_dir: Path,
+    *,
+    registry: CountingRegistry | None = None,
+    launcher: MemoryLauncher | None = None,
+    node_record: bool = True,
+    **options: Any,
+) -> AsyncIterator[Agent]:
+    registry = registry or CountingRegistry(MemoryRegistry())
+    launcher = launcher or MemoryLauncher()
+    clock = WallClock()
+    if node_record:
+        lease = await registry.grant(10**7)
+        await registry.put(node_key(NODE), NodeRecord(NODE).encode(), lease=lease.id)
+
+    async def materialize(app: str, deployment: Deployment) -> Path:
+        directory = AppPaths.of(data_dir, app).revision_dir(deployment.revision)
+        directory.mkdir(parents=True, exist_ok=True)
+        return directory
+
+    spec = AgentSpec(
+        node_id=NODE,
+        data_dir=data_dir,
+        registry=registry,
+        materialize=materialize,
+        launcher=launcher,
+        clock=clock,
+        random=random.Random(7),
+        probe_host="127.0.0.1",
+        restart_policy=RestartPolicy(initial_backoff=0.5, max_backoff=30, crash_loop_crashes=3),
+        **options,
+    )
+    async with open_actor_system(NODE) as system:
+        await system.spawn(spec.supervisor_spec())
+        yield Agent(system, registry, launcher, data_dir, clock)
+
+
+async def test_an_assigned_app_starts_on_its_ports_and_is_published(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    async with running_agent(tmp_path) as agent:
+        lease = (await agent.registry.get(node_key(NODE)))
+        assert lease is not None
+        await deploy(agent.registry, "hello")
+        await place(agent.registry, "hello", NODE, "node-b")
+        await agent.settle()
+        (process,) = agent.launcher.alive()
+        pair = (await agent.ports.ask(ListPorts()))["holdings"]["hello"]
+        assert process.spec.public_port == pair["public"]
+        assert process.spec.env["CORRAL_INTERNAL_PORT"] == str(pair["internal"])
+        assert process.spec.cwd == tmp_path / "apps" / "hello" / "revisions" / R1
+        record = await agent.node_record()
+        entry = record.serving["hello"]
+        assert (entry.revision, entry.public_port, entry.internal_port, entry.state) == (
+            R1,
+            pair["public"],
+            pair["internal"],
+            "running",
+        )
+        assert record.change_token >= 1
+        kv = await agent.registry.get(node_key(NODE))
+        assert kv is not None
+        assert kv.lease == lease.lease  # the node's lease is kept
+        assert await agent.claims() == {pair["public"]: "hello", pair["internal"]: "hello"}
+        last = await agent.reconciler.ask(LastPass())
+        assert last["skipped"]
+
+
+async def test_a_new_placement_is_acted_on_within_a_pass_not_on_the_timer(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    async with running_agent(tmp_path, interval=5.0) as agent:
+        await deploy(agent.registry, "hello")
+        await agent.settle()
+        t0 = trio.current_time()
+        await place(agent.registry, "hello", NODE)
+        await until(lambda: agent.launcher.alive(), step=0.01)
+        assert trio.current_time() - t0 < 0.5
+
+
+async def test_an_idle_pass_reads_only_the_change_token(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    async with running_agent(tmp_path) as agent:
+        for i in range(5):
+            await deploy(agent.registry, f"app-{i}")
+            await place(agent.registry, f"app-{i}", NODE)
+        await agent.settle()
+        agent.registry.reset()
+        for _ in range(3):
+            summary = await agent.reconciler.ask(RunPass())
+            assert summary["skipped"]
+            assert summary["actions"] == []
+        assert dict(agent.registry.calls) == {"revision": 3}
+        # a forced pass reads everything and, with nothing to do, writes nothing
+        summary = await agent.reconciler.ask(RunPass(force=True))
+        assert not summary["skipped"]
+        assert summary["actions"] == []
+        assert agent.registry.writes == 0
+
+
+async def test_an_unassigned_app_is_stopped_and_keeps_its_directory_and_ports(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    async with running_agent(tmp_path) as agent:
+        await deploy(agent.registry, "hello")
+        await place(agent.registry, "hello", NODE)
+        await agent.settle()
+        claims = await agent.claims()
+        await place(agent.registry, "hello", "node-b")
+        await until(lambda: not agent.launcher.alive())
+        await agent.settle()
+        rows = await agent.rows()
+        assert rows["hello"]["state"] == "stopped"
+        assert rows["hello"]["stop_reason"] == STOP_NOT_SERVED
+        assert AppPaths.of(tmp_path, "hello").ports_file.exists()
+        assert AppPaths.of(tmp_path, "hello").revisions.exists()
+        assert await agent.claims() == claims
+        assert "hello" not in (await agent.node_record()).serving
+        # assigned again: the same ports
+        await place(agent.registry, "hello", NODE)
+        await agent.settle()
+        (process,) = agent.launcher.alive()
+        assert {process.spec.public_port, process.spec.internal_port} == set(claims)
+
+
+async def test_teardown_pending_stops_with_its_reason(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    async with running_agent(tmp_path) as agent:
+        await deploy(agent.registry, "hello")
+        await place(agent.registry, "hello", NODE)
+        await agent.settle()
+        await deploy(agent.registry, "hello", teardown_pending=True)
+        await until(lambda: not agent.launcher.alive())
+        await agent.settle()
+        assert (await agent.rows())["hello"]["stop_reason"] == STOP_TEARDOWN
+
+
+async def test_never_deployed_does_nothing_and_a_new_revision_restarts(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    async with running_agent(tmp_path) as agent:
+        await deploy(agent.registry, "hello", revision=None)
+        await place(agent.registry, "hello", NODE)
+        await agent.settle()
+        assert agent.launcher.spawned == []
+        await deploy(agent.registry, "hello", revision=R1)
+        await agent.settle()
+        await deploy(agent.registry, "hello", revision=R2)
+        await agent.settle()
+        first, second = agent.launcher.spawned
+        assert (first.spec.revision, first.alive) == (R1, False)
+        assert (second.spec.revision, second.alive) == (R2, True)
+        assert second.spec.public_port == first.spec.public_port
+        assert (await agent.node_record()).serving["hello"].revision == R2
+
+
+async def test_a_deleted_app_is_cleaned_and_its_ports_wait_out_the_quarantine(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    async with running_agent(
+        tmp_path, port_range_start=24000, port_range_end=24003, port_quarantine_ms=60_000
+    ) as agent:
+        for app in ("old", "other"):
+            await deploy(agent.registry, app)
+            await place(agent.registry, app, NODE)
+        await agent.settle()
+        old_ports = {p for p, app in (await agent.claims()).items() if app == "old"}
+        await agent.registry.delete(app_key("old"))
+        await agent.registry.delete(placement_key("old"))
+        await until(lambda: not AppPaths.of(tmp_path, "old").root.exists())
+        await agent.settle()
+        assert "old" not in await agent.rows()
+        assert set(await agent.claims()) == {24000, 24001, 24002, 24003} - old_ports
+        quarantine = (await agent.ports.ask(ListPorts()))["quarantine"]
+        assert {int(p) for p in quarantine} == old_ports
+        assert {q["app"] for q in quarantine.values()} == {"old"}
+
+        # another app may not have those ports before the quarantine ends
+        await deploy(agent.registry, "newcomer")
+        await place(agent.registry, "newcomer", NODE)
+        summary = await agent.reconciler.ask(RunPass())
+        (action,) = summary["actions"]
+        assert not action["ok"]
+        assert "placement-unavailable" in action["error"]
+        assert "24000-24003" in action["error"]
+        assert "newcomer" not in {p.spec.app for p in agent.launcher.alive()}
+        await trio.sleep(61)  # the wall clock of the quarantine follows virtual time here
+        await agent.settle()
+        (newcomer,) = [p for p in agent.launcher.alive() if p.spec.app == "newcomer"]
+        assert {newcomer.spec.public_port, newcomer.spec.internal_port} == old_ports
+
+
+async def test_the_serving_set_waits_for_the_node_record(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    async with running_agent(tmp_path, node_record=False) as agent:
+        await deploy(agent.registry, "hello")
+        await place(agent.registry, "hello", NODE)
+        summary = await agent.reconciler.ask(RunPass())
+        assert any("does not exist yet" in e for e in summary["errors"])
+        assert agent.launcher.alive()
+        await agent.registry.put(node_key(NODE), NodeRecord(NODE, labels={"k": "v"}).encode())
+        await agent.settle()
+        record = await agent.node_record()
+        assert "hello" in record.serving
+        assert record.labels == {"k": "v"}
+
+
+async def test_a_crash_loop_is_published_and_reported(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    launcher = MemoryLauncher()
+    launcher.behave("hello", Behaviour(exit_after=0.2, exit_code=2))
+    async with running_agent(tmp_path, launcher=launcher) as agent:
+        await deploy(agent.registry, "hello")
+        await place(agent.registry, "hello", NODE)
+        t0 = trio.current_time()
+        while (entry := (await agent.node_record()).serving.get("hello")) is None or (
+            entry.state != "crash-loop"
+        ):
+            await trio.sleep(0.1)
+        assert entry.restarts == 2
+        assert trio.current_time() - t0 < 5
+        events = [e for e in agent.system.events() if e.kind == "process.crash-loop"]
+        assert [e.fields["app"] for e in events] == ["hello"]
+        row = (await agent.rows())["hello"]
+        assert row["crash_loop"]
+        assert row["last_exit_code"] == 2
+        # backing off (30 s), not spinning
+        spawned = len(launcher.spawned)
+        await trio.sleep(20)
+        assert len(launcher.spawned) == spawned
+
+
+async def test_a_restarted_agent_reuses_its_ports_and_ends_with_no_process(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    registry = CountingRegistry(MemoryRegistry())
+    launcher = MemoryLauncher()
+    async with running_agent(tmp_path, registry=registry, launcher=launcher) as agent:
+        await deploy(registry, "hello")
+        await place(registry, "hello", NODE)
+        await agent.settle()
+        (first,) = launcher.alive()
+    assert launcher.alive() == []
+    async with running_agent(
+        tmp_path, registry=registry, launcher=launcher, node_record=False
+    ) as agent:
+        await agent.settle()
+        (second,) = launcher.alive()
+    assert (second.spec.public_port, second.spec.internal_port) == (
+        first.spec.public_port,
+        first.spec.internal_port,
+    )
+    assert launcher.alive() == []
+
+
+async def test_a_crashed_process_supervisor_gets_its_processes_back(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    async with running_agent(tmp_path) as agent:
+        await deploy(agent.registry, "hello")
+        await place(agent.registry, "hello", NODE)
+        await agent.settle()
+        (first,) = agent.launcher.alive()
+        broken = StartProcess("hello", R1, ("x",), "/", 1, 2, env=None)  # type: ignore[arg-type]
+        with pytest.raises(ActorCrashed):
+            await agent.processes.ask(broken)
+        await until(lambda: len(agent.launcher.spawned) == 2)
+        await agent.settle()
+        assert not first.alive
+        assert first.signals == ["SIGTERM"]
+        (second,) = agent.launcher.alive()
+        assert second.spec.public_port == first.spec.public_port
+        assert (await agent.node_record()).serving["hello"].state == "running"
