@@ -116,7 +116,10 @@ class ActorSystem:
         self._subscribers: list[trio.MemorySendChannel[Event]] = []
         self._ids = itertools.count(1)
         self._pending: dict[int, Ask] = {}
+        # Frames that could not be sent from the caller's task wait here; while any
+        # wait for a peer, later frames to that peer queue behind them (per-pair order).
         self._outbox_send, self._outbox_receive = trio.open_memory_channel[tuple[str, bytes]](256)
+        self._queued: dict[str, int] = {}
         self._root = Cell(self, None, node_id, "/", "supervisor", 0)
         self._shutdown = trio.Event()
         self._root_done = trio.Event()
@@ -278,17 +281,13 @@ class ActorSystem:
     async def _remote_tell(self, ref: ActorRef, message: object) -> None:
         transport = self._require_transport(ref.node_id)
         data = self._encode_to(ref, message, next(self._ids), False)
-        await transport.send(ref.node_id, data)
+        await self._send_frame(transport, ref.node_id, data)
 
     def _remote_tell_nowait(self, ref: ActorRef, message: object) -> None:
         self._require_transport(ref.node_id)
         data = self._encode_to(ref, message, next(self._ids), False)
-        try:
-            self._outbox_send.send_nowait((ref.node_id, data))
-        except trio.WouldBlock:
-            raise MailboxFull(
-                f"the outbound queue of {self.node_id!r} is full; use `await tell()`"
-            ) from None
+        if not self._enqueue(ref.node_id, data):
+            raise MailboxFull(f"the outbound queue of {self.node_id!r} is full; use `await tell()`")
 
     async def _remote_ask(self, ref: ActorRef, message: object, timeout: float) -> Any:  # noqa: ASYNC109
         self._require_transport(ref.node_id)
@@ -321,7 +320,7 @@ class ActorSystem:
         self._pending[ident] = slot
         try:
             with trio.move_on_after(timeout if timeout is not None else math.inf):
-                await transport.send(peer, data)
+                await self._send_frame(transport, peer, data)
                 return await slot.wait()
         finally:
             self._pending.pop(ident, None)
@@ -371,7 +370,7 @@ class ActorSystem:
         if self.transport is None:
             return
         try:
-            await self.transport.send(peer, data)
+            await self._send_frame(self.transport, peer, data)
         except (TransportError, *_CLOSED) as exc:
             logger.info("%s: reply to %s lost: %s", self.node_id, peer, describe_error(exc))
             self.emit("transport.reply-lost", "/", peer=peer, error=describe_error(exc))
@@ -380,11 +379,36 @@ class ActorSystem:
         self._queue_frame(peer, self._reply_frame(peer, correlation_id, result))
 
     def _queue_frame(self, peer: str, data: bytes) -> None:
+        if not self._enqueue(peer, data):
+            logger.info("%s: outbound queue full, a frame to %s was dropped", self.node_id, peer)
+            self.emit("transport.reply-lost", "/", peer=peer, error="outbound queue full")
+
+    def _enqueue(self, peer: str, data: bytes) -> bool:
         try:
             self._outbox_send.send_nowait((peer, data))
         except (trio.WouldBlock, *_CLOSED):
-            logger.info("%s: outbound queue full, a frame to %s was dropped", self.node_id, peer)
-            self.emit("transport.reply-lost", "/", peer=peer, error="outbound queue full")
+            return False
+        self._queued[peer] = self._queued.get(peer, 0) + 1
+        return True
+
+    async def _send_frame(self, transport: Transport, peer: str, data: bytes) -> None:
+        """Send now, unless frames to ``peer`` are queued: then queue behind them."""
+        if not self._queued.get(peer):
+            await transport.send(peer, data)
+            return
+        self._queued[peer] += 1
+        try:
+            await self._outbox_send.send((peer, data))
+        except BaseException:
+            self._sent_one(peer)
+            raise
+
+    def _sent_one(self, peer: str) -> None:
+        left = self._queued.get(peer, 0) - 1
+        if left > 0:
+            self._queued[peer] = left
+        else:
+            self._queued.pop(peer, None)
 
     async def _outbox_loop(self, transport: Transport) -> None:
         async for peer, data in self._outbox_receive:
@@ -392,6 +416,8 @@ class ActorSystem:
                 await transport.send(peer, data)
             except (TransportError, *_CLOSED) as exc:
                 logger.info("%s: frame to %s lost: %s", self.node_id, peer, describe_error(exc))
+            finally:
+                self._sent_one(peer)
 
     # ------------------------------------------------------------------ remote: receiving
 
@@ -399,7 +425,7 @@ class ActorSystem:
         while True:
             try:
                 frame = await transport.receive()
-            except _CLOSED:
+            except (*_CLOSED, trio.EndOfChannel):
                 return
             try:
                 await self._on_frame(frame)

@@ -100,6 +100,8 @@ class MemoryNetwork:
                     for b in right:
                         if a != b:
                             self._cuts.add(frozenset((a, b)))
+        for transport in self._nodes.values():
+            transport._discard_unreachable()
 
     def heal(self) -> None:
         """Remove every partition cut."""
@@ -185,14 +187,38 @@ class MemoryTransport(Transport):
             if self._closed:
                 raise trio.ClosedResourceError("this MemoryTransport was closed")
             if self._held is None:
-                self._held = await self._inbox_receive.receive()
-            deliver_at, frame = self._held
+                try:
+                    self._held = await self._inbox_receive.receive()
+                except trio.EndOfChannel:
+                    raise trio.ClosedResourceError("this MemoryTransport was closed") from None
+            held = self._held
+            deliver_at, frame = held
             if deliver_at:
                 await trio.sleep_until(deliver_at)
+                if self._held is not held:
+                    continue  # discarded (link cut, node killed) while we waited
             self._held = None
             if self._network.reachable(frame.sender, self._node_id):
                 return frame
             self._network.stats["lost_in_flight"] += 1
+
+    def _discard_unreachable(self) -> None:
+        """Drop queued frames whose link is now cut (they were in flight on it)."""
+        held = self._held
+        if held is not None and not self._network.reachable(held[1].sender, self._node_id):
+            self._held = None
+            self._network.stats["lost_in_flight"] += 1
+        kept: list[tuple[float, Frame]] = []
+        while True:
+            try:
+                kept.append(self._inbox_receive.receive_nowait())
+            except (trio.WouldBlock, trio.ClosedResourceError, trio.EndOfChannel):
+                break
+        for item in kept:
+            if self._network.reachable(item[1].sender, self._node_id):
+                self._inbox_send.send_nowait(item)  # fits: it held them a moment ago
+            else:
+                self._network.stats["lost_in_flight"] += 1
 
     def _discard_inbox(self) -> None:
         self._held = None
@@ -205,8 +231,8 @@ class MemoryTransport(Transport):
     async def aclose(self) -> None:
         if not self._closed:
             self._closed = True
+            self._inbox_receive.close()  # first, so a blocked receive sees ClosedResourceError
             self._inbox_send.close()
-            self._inbox_receive.close()
         await trio.lowlevel.checkpoint()
 
     def __repr__(self) -> str:
