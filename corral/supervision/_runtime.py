@@ -269,7 +269,7 @@ class Cell:
 
 
 async def run_actor(
-    cell: Cell, spec: ChildSpec, ready: Signal, prepared: Actor | None = None
+    cell: Cell, spec: ChildSpec, ready: Signal, prepared: Actor | Exception | None = None
 ) -> Exit:
     """Run one instance of ``spec`` in ``cell`` until it stops, crashes or is told to stop."""
     system = cell.system
@@ -278,6 +278,8 @@ async def run_actor(
     cell.self_stop = False
     cell.task = trio.lowlevel.current_task()
     try:
+        if isinstance(prepared, Exception):
+            raise prepared
         actor = prepared if prepared is not None else spec.factory()
         if not isinstance(actor, Actor):
             raise TypeError(f"the factory of {cell.path} returned {actor!r}, not an Actor")
@@ -444,7 +446,7 @@ class Child:
         self.ready = Signal()
         self.exit: Exit | None = None
         self.stopping = False
-        self.prepared: Actor | None = None
+        self.prepared: Actor | Exception | None = None
 
     @property
     def running(self) -> bool:
@@ -518,7 +520,19 @@ class SupervisorRun:
                         scope.deadline = trio.current_time() + self.spec.shutdown_grace
                     await self._stop_all()
                 self.close_cells()
+                self._refuse_pending_requests()
                 nursery.cancel_scope.cancel()  # backoff timers
+
+    def _refuse_pending_requests(self) -> None:
+        """Answer spawn/stop requests still queued: this supervisor is gone."""
+        self.control_send.close()
+        while True:
+            try:
+                item = self.control_receive.receive_nowait()
+            except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
+                return
+            if type(item) is Ask:
+                item.resolve(outcome.Error(ActorStopped(f"supervisor {self.cell.path} stopped")))
 
     # ------------------------------------------------------------------ children
 
@@ -528,7 +542,7 @@ class SupervisorRun:
                 f"{self.cell.path} already has a child named {spec.name!r}; pick another name"
             )
         path = self.child_path(spec.name)
-        prepared: Actor | None = None
+        prepared: Actor | Exception | None = None
         if isinstance(spec, SupervisorSpec):
             cell = Cell(self.system, self, spec.name, path, "supervisor", 0)
         else:
@@ -538,8 +552,8 @@ class SupervisorRun:
                 # instance now to learn its class's mailbox_size.
                 try:
                     prepared = spec.factory()
-                except Exception:
-                    prepared = None  # the start will call the factory again and crash there
+                except Exception as exc:
+                    prepared = exc  # the first start crashes with it
                 size = getattr(prepared, "mailbox_size", Actor.mailbox_size)
                 if not isinstance(size, int) or size < 1:
                     size = Actor.mailbox_size
@@ -576,7 +590,10 @@ class SupervisorRun:
         child.exit = exit_
         done.set()
         if not child.stopping and child.run_id == run_id:
-            self.control_send.send_nowait(ChildEnded(child, run_id))
+            try:
+                self.control_send.send_nowait(ChildEnded(child, run_id))
+            except trio.ClosedResourceError:
+                pass  # the supervisor is already gone
 
     async def _stop_child(self, child: Child) -> None:
         if child.running:
@@ -629,8 +646,11 @@ class SupervisorRun:
                     self._remove(found)
                     self.system.emit("actor.stopped", found.cell.path, reason="stop request")
                     item.resolve(outcome.Value(None))
-            except (ActorExists, ActorNotFound) as exc:
+            except Exception as exc:  # a bad request never takes the supervisor down
                 item.resolve(outcome.Error(exc))
+            except BaseException:
+                item.resolve(outcome.Error(ActorStopped(f"supervisor {self.cell.path} stopped")))
+                raise
 
     async def _on_child_ended(self, child: Child, run_id: int) -> None:
         if (
@@ -707,7 +727,10 @@ class SupervisorRun:
 
     async def _restart_later(self, delay: float, due: RestartDue) -> None:
         await trio.sleep(delay)
-        self.control_send.send_nowait(due)
+        try:
+            self.control_send.send_nowait(due)
+        except trio.ClosedResourceError:
+            pass  # the supervisor is already gone
 
     async def _on_restart_due(self, due: RestartDue) -> None:
         for child in due.children:

@@ -20,6 +20,7 @@ from corral.supervision import (
     Restart,
     UnhandledMessage,
     open_actor_system,
+    run_actor_system,
 )
 
 
@@ -391,3 +392,39 @@ async def test_tree_snapshot_reports_every_field(autojump_clock: trio.testing.Mo
             "children": [],
         }
         assert [s.path for s in tree.walk()] == ["/", "/counter"]
+
+
+async def test_run_actor_system_as_a_long_running_service(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with trio.open_nursery() as nursery:
+        system = await nursery.start(run_actor_system, "svc")
+        ref = await system.spawn(ChildSpec("counter", Counter))
+        assert await ref.ask(Add(3)) == 3
+        system.shutdown()
+    (child,) = system.tree().children
+    assert child.state == "stopped"
+    with pytest.raises(ActorStopped):
+        await system.spawn(ChildSpec("late", Counter))
+    with pytest.raises((ActorStopped, ActorNotFound)):
+        await ref.ask(Get())
+
+
+async def test_a_failing_factory_is_a_crash_not_a_broken_supervisor(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    attempts: list[int] = []
+
+    def flaky() -> Actor:
+        attempts.append(1)
+        if len(attempts) < 3:
+            raise OSError("not yet")
+        return Counter()
+
+    async with open_actor_system("n") as system:
+        ref = await system.spawn(ChildSpec("flaky", flaky))
+        assert await ref.ask(Add(1), timeout=10) == 1
+        snapshot = system.tree().find("/flaky")
+        assert snapshot is not None
+        assert snapshot.restarts == 2
+        assert snapshot.last_error == "OSError: not yet"
