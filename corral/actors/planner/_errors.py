@@ -1,0 +1,41 @@
+"""Errors of the placement planner.
+
+::
+
+    CorralError
+    └── PlannerError
+        ├── PlacementUnavailable   no live node at all: the whole pass fails
+        └── InvalidPlanInput       a field of the planner's input is invalid; names the field
+"""
+
+from __future__ import annotations
+
+from corral._errors import CorralError
+
+__all__ = ["InvalidPlanInput", "PlacementUnavailable", "PlannerError"]
+
+
+class PlannerError(CorralError):
+    """Base of the planner's errors."""
+
+
+class PlacementUnavailable(PlannerError):
+    """No node is live at all, so the pass cannot decide anything.
+
+    ``code`` is ``"placement-unavailable"``, the reason unplaced applications carry too.
+    """
+
+    code = "placement-unavailable"
+
+
+class InvalidPlanInput(PlannerError, ValueError):
+    """A field of the planner's input is invalid.
+
+    ``field`` is the path of the offending field (``"apps[2].replicas"``, ``"nodes[0].id"``),
+    and the message starts with it and says what is allowed.
+    """
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(f"{field}: {problem}")
+        self.field = field
+        self.problem = problem

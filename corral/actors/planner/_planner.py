@@ -1,0 +1,1225 @@
+"""The placement planner: ``plan(apps, nodes, placements, policy, now) -> Decisions``.
+
+Theory of operation
+-------------------
+A pass is a pure function of its inputs: no I/O, no clock, no randomness. Every iteration
+runs in a sorted order and every tie ends on the node id, so the same inputs give the same
+decisions in any order they are listed.
+
+**Before anything.** An input marked undecodable pauses the pass: it decides nothing and
+names the keys (a record written by a newer build is not a deleted record). Then, if no
+node is live (``alive``, ``suspect`` or ``cordoned``), the pass raises
+:class:`PlacementUnavailable`.
+
+**Node states.** ``alive`` takes and keeps work; ``suspect`` and ``cordoned`` keep but take
+none; ``down`` keeps until ``grace_period_s`` after ``down_since`` has passed, then loses
+it; ``left`` keeps nothing. A node that left while running a pinned app is a drain that
+would interrupt pinned work: that drain is refused, and for this pass the node counts as
+cordoned (it keeps everything, takes nothing). A node named by a placement but absent from
+the input is gone.
+
+**Usable nodes.** ``alive``, ``suspect`` and ``cordoned`` nodes are usable; every node but
+one that left is known. When usable / known < ``min_usable_fraction``, the planner has most
+likely lost sight of the cluster, so relocations are refused for the whole pass: every
+instance stays where it is (those on gone nodes are reported stranded) and only new work
+(new apps, missing replicas) is placed.
+
+**Eligibility to take an app.** The node is alive; its labels carry every selector entry
+with the same value; it has no instance of the app yet; and it has room. A node that
+reports capacity keeps a free-disk floor of 10 % of its disk, at most 10 GiB, for every
+app: the app fits when free disk, minus what this pass already reserved there, minus the
+app's ``disk_mb`` stays at or above the floor, and its ``memory_mb`` fits in free memory
+minus this pass's reservations. A node reporting a zero-sized disk takes nothing; one that
+has not reported capacity takes only apps declaring no resources.
+
+**Ranking.** Spread first (fewest instances of this app already in the node's rack, then
+datacenter), then best fit (least room left; memory first, then disk) for apps declaring
+resources, or the rendezvous score ``sha256("<name>\\n<nodeId>")`` (highest first) for apps
+declaring none, then the node id. See :mod:`._rank`.
+
+**Targets.** ``replicas: "all"`` is every node that keeps the app's instance or can take
+it. ``N`` for a rendezvous app is the top ``N`` of the candidates (nodes that keep an
+instance of it and match its selector, plus nodes that can take it): an instance moves only
+when the node is gone, the selector excludes it, or a better-ranked node exists, which is
+what makes rendezvous hashing stable. An app declaring resources keeps its instances where
+they are (best fit is a packing rule, not a reason to move) and fills what is missing.
+Scale-downs remove the worst-ranked instances.
+
+**Brakes.** A relocation is an instance removed and replaced elsewhere in the same pass;
+new placements and scale-ups are not relocations. An instance a better-ranked node would
+take, placed less than ``cooldown_s`` ago, stays (deferred, reason cooldown). At most
+``disruption_budget`` relocations happen per pass, granted in this order: replacing
+instances lost to gone nodes or excluded by selectors (rendezvous apps by name, then
+resource apps in the order they are placed), then rank moves (by name). A deferred move
+keeps the instance where it is and drops its replacement; it is reported, not failed.
+
+**Order within a pass.** Apps declaring no resources are planned first, by name: they
+reserve nothing, so each is independent of the others. Then apps declaring resources,
+largest memory first (then disk, then name), each reserving what its new instances take so
+that later apps see it. Instances already placed reserve nothing: the node's reported free
+memory and disk already account for them.
+
+**Pinned, retired, blocked, deleted.** A pinned app never loses an instance to the planner;
+its instances on gone nodes are reported stranded. Retired and blocked apps have no
+placement: all their instances are removed. A placement of an app not in the input (a
+deleted app) is removed.
+
+**Unplaced.** An app that ends with no node, or fewer than its replica count, is reported
+with reason ``placement-unavailable`` and a message naming the cause with counts.
+
+**Output.** Per app the sorted target nodes; removals and additions (removals are applied
+first); deferred moves; unplaced apps; stranded instances; the pass's refusal or pause.
+Applying the output and planning again with nothing else changed changes nothing.
+
+**Memo.** :class:`ScoreCache` is an optional memo carried from one pass to the next. It
+holds the top rendezvous scores per app and the last clean outcome per app, and is
+updated from the difference between the node sets of two passes, so the pass after one
+node joins scores one node per app instead of all of them. It never changes a result:
+anything it cannot prove unchanged is computed again.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import heapq
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from operator import attrgetter
+from typing import Final
+
+from corral.actors.planner._errors import InvalidPlanInput, PlacementUnavailable
+from corral.actors.planner._rank import Group, spread_select
+from corral.actors.planner._types import (
+    PLACEMENT_UNAVAILABLE,
+    AppSpec,
+    Capacity,
+    Decisions,
+    Deferred,
+    NodeInfo,
+    Pause,
+    Placement,
+    PlanInput,
+    Policy,
+    Refusal,
+    RefusedDrain,
+    Stranded,
+    Unplaced,
+)
+
+__all__ = ["ScoreCache", "plan", "plan_input"]
+
+_sha256 = hashlib.sha256
+_USABLE: Final = frozenset({"alive", "suspect", "cordoned"})
+_LIVE: Final = _USABLE
+_PREFIX_MARGIN: Final = 8
+_FULL_RANKING_KEPT: Final = 64
+_MAX_DELTA: Final = 32
+_EMPTY_SET: Final[frozenset[str]] = frozenset()
+
+Selector = tuple[tuple[str, str], ...]
+Signature = tuple[object, ...]
+Ranked = list[tuple[bytes, str]]
+
+# What a kept memo outcome was.
+_RENDEZVOUS_N: Final = 1
+_RENDEZVOUS_ALL: Final = 2
+_RESOURCE_N: Final = 3
+
+
+class _Node:
+    """One node as this pass sees it (effective state after drain refusals)."""
+
+    __slots__ = (
+        "cap",
+        "dc",
+        "gone",
+        "group",
+        "id",
+        "id_b",
+        "keeps",
+        "labels",
+        "plain",
+        "rack",
+        "sig",
+        "state",
+        "takes",
+    )
+
+    def __init__(self, info: NodeInfo, state: str, gone: str | None) -> None:
+        self.id = info.id
+        self.id_b = info.id.encode()
+        self.state = state
+        self.gone = gone
+        self.keeps = gone is None
+        self.takes = state == "alive"
+        self.cap: Capacity | None = info.capacity
+        self.rack = info.rack
+        self.dc = info.datacenter
+        self.group: Group = (info.rack, info.datacenter)
+        self.labels: Mapping[str, str] = info.labels
+        cap = info.capacity
+        # Takes an app that declares no resources (the floor still applies).
+        self.plain = self.takes and (
+            cap is None or (cap.disk_mb > 0 and 10 * cap.disk_free_mb >= min(cap.disk_mb, 102400))
+        )
+        self.sig: Signature = (
+            tuple(info.labels.items()),
+            info.rack,
+            info.datacenter,
+            state,
+            self.keeps,
+            self.plain,
+        )
+
+
+def _matches(selector: Selector, labels: Mapping[str, str]) -> bool:
+    for key, value in selector:
+        if labels.get(key) != value:
+            return False
+    return True
+
+
+class _View:
+    """The nodes whose labels carry a selector (any state), and what is derived from them."""
+
+    __slots__ = ("_groups", "_measured", "_plain", "ids", "ids_b", "selector")
+
+    def __init__(self, selector: Selector, ids: list[str], ids_b: list[bytes]) -> None:
+        self.selector = selector
+        self.ids = ids
+        self.ids_b = ids_b
+        self._plain: list[str] | None = None
+        self._groups: dict[Group, int] | None = None
+        self._measured: list[str] | None = None
+
+    def measured(self, avail: Mapping[str, int]) -> list[str]:
+        """Nodes of the view that are alive and report capacity with a readable disk."""
+        if self._measured is None:
+            self._measured = [i for i in self.ids if i in avail]
+        return self._measured
+
+    def plain(self, nodes: Mapping[str, _Node]) -> list[str]:
+        """Nodes of the view that take an app declaring no resources, sorted."""
+        if self._plain is None:
+            self._plain = [i for i in self.ids if nodes[i].plain]
+        return self._plain
+
+    def groups(self, nodes: Mapping[str, _Node]) -> dict[Group, int]:
+        """How many of :meth:`plain` each (rack, datacenter) group holds."""
+        if self._groups is None:
+            counts: dict[Group, int] = {}
+            for i in self.plain(nodes):
+                group = nodes[i].group
+                counts[group] = counts.get(group, 0) + 1
+            self._groups = counts
+        return self._groups
+
+
+class _Entry:
+    """What the memo keeps about one app between passes."""
+
+    __slots__ = (
+        "app",
+        "checks",
+        "clean",
+        "complete",
+        "kind",
+        "name_b",
+        "ranking",
+        "selector",
+        "target",
+        "target_set",
+    )
+
+    def __init__(self, app: AppSpec, selector: Selector) -> None:
+        self.app = app
+        self.selector = selector
+        self.name_b = app.name.encode() + b"\n"
+        self.ranking: Ranked | None = None
+        self.complete = False
+        self.clean = False
+        self.kind = 0
+        self.target: tuple[str, ...] = ()
+        self.target_set: frozenset[str] = _EMPTY_SET
+        # For each step of the last walk whose spread key was not (0, 0): that key and
+        # how many picks each rack and datacenter held before the step.
+        self.checks: list[tuple[tuple[int, int], dict[str | None, int], dict[str | None, int]]]
+        self.checks = []
+
+    def copy(self) -> _Entry:
+        twin = _Entry.__new__(_Entry)
+        for name in _Entry.__slots__:
+            setattr(twin, name, getattr(self, name))
+        if self.ranking is not None:
+            twin.ranking = list(self.ranking)
+        return twin
+
+
+class ScoreCache:
+    """An optional memo for :func:`plan`, carried from one pass to the next.
+
+    It is purely an optimisation: ``plan(..., cache=c)`` returns exactly what
+    ``plan(...)`` returns, for any sequence of inputs. It keeps, per app, the top
+    rendezvous scores and the last outcome when that outcome was clean, and the node
+    signatures of the last pass, so the next pass recomputes only what a changed node
+    could affect. The pass after one node joins then costs one score per app.
+
+    One cache serves one sequence of passes (one coordinator). It is not thread-safe;
+    :meth:`clear` empties it.
+    """
+
+    def __init__(self) -> None:
+        self._signatures: dict[str, Signature] | None = None
+        self._epoch: tuple[object, ...] | None = None
+        self._entries: dict[str, _Entry] = {}
+
+    def clear(self) -> None:
+        """Forget everything; the next pass computes from scratch."""
+        self._signatures = None
+        self._epoch = None
+        self._entries = {}
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def copy(self) -> ScoreCache:
+        """An independent copy: passes run with it leave this cache as it is.
+
+        Useful to ask "what would happen" (a dry run) without disturbing the memo the
+        live sequence of passes relies on.
+        """
+        twin = ScoreCache()
+        twin._signatures = None if self._signatures is None else dict(self._signatures)
+        twin._epoch = self._epoch
+        twin._entries = {name: entry.copy() for name, entry in self._entries.items()}
+        return twin
+
+
+class _Result:
+    """One app's decision while the pass is being made."""
+
+    __slots__ = (
+        "adds",
+        "app",
+        "deferred",
+        "displaced_moves",
+        "entry",
+        "hosts",
+        "keep",
+        "lost_moves",
+        "stranded",
+        "target",
+        "unplaced",
+    )
+
+    def __init__(self, app: AppSpec, hosts: tuple[str, ...]) -> None:
+        self.app = app
+        self.hosts = hosts
+        self.keep: list[str] = []
+        self.adds: list[str] = []
+        self.lost_moves: list[str] = []
+        self.displaced_moves: list[str] = []
+        self.deferred: list[tuple[str, str]] = []
+        self.stranded: list[tuple[str, str]] = []
+        self.unplaced: str | None = None
+        self.entry: _Entry | None = None
+        # Set when the target is known to be ``hosts`` plus ``adds`` (sorted).
+        self.target: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Change:
+    node: str
+    node_b: bytes
+    old: Mapping[str, str] | None
+    new: Mapping[str, str] | None
+    new_plain: bool
+    new_group: Group | None
+
+
+def plan_input(data: PlanInput, *, cache: ScoreCache | None = None) -> Decisions:
+    """:func:`plan` over a :class:`PlanInput` (what :func:`parse_plan_document` returns)."""
+    return plan(
+        data.apps,
+        data.nodes,
+        data.placements,
+        data.policy,
+        data.now,
+        undecodable=data.undecodable,
+        cache=cache,
+    )
+
+
+def plan(
+    apps: Iterable[AppSpec],
+    nodes: Iterable[NodeInfo],
+    placements: Mapping[str, Placement],
+    policy: Policy,
+    now: float,
+    *,
+    undecodable: Iterable[str] = (),
+    cache: ScoreCache | None = None,
+) -> Decisions:
+    """Decide where every application runs. Pure: reads no clock, writes nothing.
+
+    Args:
+        apps: every application (any order; names unique).
+        nodes: every node membership knows of (any order; ids unique).
+        placements: where each app's instances are now, by app name. Entries for apps
+            not in ``apps`` are deleted apps: their instances are removed.
+        policy: grace period, cooldown, disruption budget, usable-node guard.
+        now: the time of the pass, in the same clock as ``down_since`` and ``placed_at``.
+        undecodable: registry keys that could not be decoded; any pauses the pass.
+        cache: optional memo from the previous pass (see :class:`ScoreCache`); it never
+            changes the result.
+
+    Returns:
+        The :class:`Decisions` of the pass.
+
+    Raises:
+        PlacementUnavailable: no node is live at all (and the pass is not paused).
+        InvalidPlanInput: two apps share a name or two nodes share an id.
+    """
+    app_list = sorted(apps, key=_name_of)
+    node_list = sorted(nodes, key=_id_of)
+    if len(set(map(_name_of, app_list))) != len(app_list):
+        for i in range(1, len(app_list)):
+            if app_list[i].name == app_list[i - 1].name:
+                raise InvalidPlanInput("apps", f"duplicate app name {app_list[i].name!r}")
+    if len(set(map(_id_of, node_list))) != len(node_list):
+        for i in range(1, len(node_list)):
+            if node_list[i].id == node_list[i - 1].id:
+                raise InvalidPlanInput("nodes", f"duplicate node id {node_list[i].id!r}")
+
+    paused_keys = tuple(sorted(set(undecodable)))
+    if paused_keys:
+        return _paused(placements, paused_keys)
+    if not any(n.state in _LIVE for n in node_list):
+        raise PlacementUnavailable(
+            f"{PLACEMENT_UNAVAILABLE}: no live node at all ({len(node_list)} known node(s), "
+            "none alive, suspect or cordoned); nothing can be placed until a node is up"
+        )
+    return _Pass(app_list, node_list, placements, policy, now, cache).run()
+
+
+def _labels_of(signature: Signature) -> dict[str, str]:
+    items: tuple[tuple[str, str], ...] = signature[0]  # type: ignore[assignment]
+    return dict(items)
+
+
+_name_of: Final[Callable[[AppSpec], str]] = attrgetter("name")
+_id_of: Final[Callable[[NodeInfo], str]] = attrgetter("id")
+
+
+def _paused(placements: Mapping[str, Placement], keys: tuple[str, ...]) -> Decisions:
+    echoed = {app: placements[app].nodes for app in sorted(placements) if placements[app].nodes}
+    message = (
+        f"paused: {len(keys)} registry key(s) could not be decoded ({', '.join(keys)}); "
+        "nothing is decided until every key can be read (upgrade this node or fix the records)"
+    )
+    return Decisions(placements=echoed, paused=Pause(keys=keys, message=message))
+
+
+def _fmt(value: float) -> str:
+    return f"{value:g}"
+
+
+class _Pass:
+    """One planning pass. Built, run once, dropped."""
+
+    def __init__(
+        self,
+        apps: list[AppSpec],
+        node_list: list[NodeInfo],
+        placements: Mapping[str, Placement],
+        policy: Policy,
+        now: float,
+        cache: ScoreCache | None,
+    ) -> None:
+        self.apps = apps
+        self.placements = placements
+        self.policy = policy
+        self.now = now
+        self.cache = cache
+        self.budget = policy.disruption_budget
+        # What is left on each alive node that reports capacity (with a readable disk):
+        # free memory, and ten times the free disk above the floor (exact in integers).
+        # Reservations made during the pass are taken off as it goes.
+        self.avail_mem: dict[str, int] = {}
+        self.avail_disk10: dict[str, int] = {}
+        self.views: dict[Selector, _View] = {}
+
+        # Drains that would interrupt pinned work are refused: the node keeps its work.
+        pinned_on: dict[str, list[str]] = {}
+        left = {n.id for n in node_list if n.state == "left"}
+        if left:
+            for app in apps:
+                if app.pinned and not app.retired and not app.blocked:
+                    placement = placements.get(app.name)
+                    if placement is None:
+                        continue
+                    for host in placement.nodes:
+                        if host in left:
+                            pinned_on.setdefault(host, []).append(app.name)
+        self.refused_drains = tuple(
+            RefusedDrain(node=node, apps=tuple(pinned_on[node])) for node in sorted(pinned_on)
+        )
+
+        grace = policy.grace_period_s
+        self.nodes: dict[str, _Node] = {}
+        for info in node_list:
+            state: str = info.state
+            gone: str | None = None
+            if state == "left":
+                if info.id in pinned_on:
+                    state = "cordoned"
+                else:
+                    gone = f"node {info.id} has left the cluster"
+            elif (
+                state == "down"
+                and info.down_since is not None
+                and now >= info.down_since + grace
+            ):
+                gone = (
+                    f"node {info.id} has been down since {_fmt(info.down_since)}, "
+                    f"past the {_fmt(grace)} s grace period"
+                )
+            self.nodes[info.id] = _Node(info, state, gone)
+        for node_id, node in self.nodes.items():
+            cap = node.cap
+            if node.takes and cap is not None and cap.disk_mb > 0:
+                self.avail_mem[node_id] = cap.memory_free_mb
+                self.avail_disk10[node_id] = 10 * cap.disk_free_mb - min(cap.disk_mb, 102400)
+        self.group_of: dict[str, Group] = {i: n.group for i, n in self.nodes.items()}
+        self.plain_set: set[str] = {i for i, n in self.nodes.items() if n.plain}
+        self.all_ids: list[str] = list(self.nodes)
+        self.all_ids_b: list[bytes] = [n.id_b for n in self.nodes.values()]
+        self.label_index: dict[tuple[str, str], set[str]] | None = None
+
+        usable = sum(1 for n in self.nodes.values() if n.state in _USABLE)
+        known = sum(1 for n in self.nodes.values() if n.state != "left")
+        self.usable, self.known = usable, known
+        self.refuse = known > 0 and usable < policy.min_usable_fraction * known
+
+        # The memo: which nodes changed since the pass it remembers.
+        self.delta: list[_Change] = []
+        self.old_entries: dict[str, _Entry] = {}
+        self.outcomes_valid = False
+        if cache is not None:
+            signatures = {i: n.sig for i, n in self.nodes.items()}
+            epoch: tuple[object, ...] = (policy, self.refuse)
+            old = cache._signatures
+            if old is not None:
+                delta: list[_Change] = []
+                for node_id in sorted(old.keys() | signatures.keys()):
+                    before, after = old.get(node_id), signatures.get(node_id)
+                    if before != after:
+                        now_node = self.nodes.get(node_id)
+                        delta.append(
+                            _Change(
+                                node=node_id,
+                                node_b=node_id.encode(),
+                                old=None if before is None else _labels_of(before),
+                                new=None if after is None else _labels_of(after),
+                                new_plain=now_node is not None and now_node.plain,
+                                new_group=now_node.group if now_node is not None else None,
+                            )
+                        )
+                        if len(delta) > _MAX_DELTA:
+                            break
+                if len(delta) <= _MAX_DELTA:
+                    self.delta = delta
+                    self.old_entries = cache._entries
+                    self.outcomes_valid = cache._epoch == epoch
+            cache._signatures = signatures
+            cache._epoch = epoch
+        self.new_entries: dict[str, _Entry] = {}
+
+    # ----------------------------------------------------------------- helpers
+
+    def view(self, selector: Selector) -> _View:
+        view = self.views.get(selector)
+        if view is None:
+            if not selector:
+                view = _View(selector, self.all_ids, self.all_ids_b)
+            else:
+                index = self.label_index
+                if index is None:
+                    index = {}
+                    for node_id, node in self.nodes.items():
+                        for pair in node.labels.items():
+                            index.setdefault(pair, set()).add(node_id)
+                    self.label_index = index
+                sets = sorted((index.get(pair, set()) for pair in selector), key=len)
+                common = set(sets[0]).intersection(*sets[1:])
+                ids = sorted(common)
+                view = _View(selector, ids, [self.nodes[i].id_b for i in ids])
+            self.views[selector] = view
+        return view
+
+    def gone_reason(self, node_id: str) -> str | None:
+        node = self.nodes.get(node_id)
+        if node is None:
+            return f"node {node_id} is not a known node"
+        return node.gone
+
+    def classify(
+        self, hosts: Sequence[str], selector: Selector
+    ) -> tuple[list[str], list[str], list[str]]:
+        """Split hosts into (keepable, lost, excluded)."""
+        keepable: list[str] = []
+        lost: list[str] = []
+        excluded: list[str] = []
+        for host in hosts:
+            node = self.nodes.get(host)
+            if node is None or not node.keeps:
+                lost.append(host)
+            elif selector and not _matches(selector, node.labels):
+                excluded.append(host)
+            else:
+                keepable.append(host)
+        return keepable, lost, excluded
+
+    def in_cooldown(self, placement: Placement | None, node: str) -> float | None:
+        """How long ago the instance on ``node`` was placed, when within the cooldown."""
+        if placement is None:
+            return None
+        when = placement.placed_at.get(node)
+        if when is None:
+            return None
+        age = self.now - when
+        return age if age < self.policy.cooldown_s else None
+
+    def stranded_reason(self, app: AppSpec, node_id: str) -> str:
+        gone = self.gone_reason(node_id) or f"node {node_id} is gone"
+        if app.pinned:
+            return f"{gone}; {app.name} is pinned, so the planner never moves it"
+        return f"{gone}; relocations are refused this pass, so it is kept"
+
+    def spend(self, result: _Result, sources: list[str]) -> None:
+        """Grant relocations from the disruption budget; defer the rest."""
+        for source in sources:
+            if self.budget > 0:
+                self.budget -= 1
+                continue
+            result.deferred.append(
+                (
+                    source,
+                    f"disruption budget: the {self.policy.disruption_budget} relocation(s) "
+                    "allowed per pass are used; it moves on a later pass",
+                )
+            )
+            result.keep.append(source)
+            result.adds.pop()
+
+    # ------------------------------------------------------------------ ranking
+
+    def full_ranking(self, name_b: bytes, view: _View) -> Ranked:
+        sha = _sha256
+        digests = [sha(name_b + b).digest() for b in view.ids_b]
+        return sorted(zip(digests, view.ids, strict=True), reverse=True)
+
+    def prefix_ranking(self, name_b: bytes, view: _View, want: int) -> tuple[Ranked, bool]:
+        size = want + _PREFIX_MARGIN
+        sha = _sha256
+        digests = [sha(name_b + b).digest() for b in view.ids_b]
+        if len(digests) <= size:
+            return sorted(zip(digests, view.ids, strict=True), reverse=True), True
+        return heapq.nlargest(size, zip(digests, view.ids, strict=True)), False
+
+    def ranked_select(
+        self,
+        entry: _Entry,
+        view: _View,
+        *,
+        extra: set[str] | frozenset[str],
+        preselected: Sequence[str],
+        want: int,
+    ) -> tuple[list[str], list[tuple[int, int]]]:
+        """Spread-first top ``want`` by rendezvous score, from the memo prefix if it can."""
+        if entry.ranking is None:
+            entry.ranking, entry.complete = self.prefix_ranking(
+                entry.name_b, view, want + len(preselected)
+            )
+        nodes = self.nodes
+
+        def groups() -> dict[Group, int]:
+            base = view.groups(nodes)
+            if not extra:
+                return base
+            merged = dict(base)
+            for node in extra:
+                if node not in self.plain_set:
+                    group = nodes[node].group
+                    merged[group] = merged.get(group, 0) + 1
+            return merged
+
+        order = [node for _, node in entry.ranking]
+        chosen = spread_select(
+            order,
+            complete=entry.complete,
+            candidates=self.plain_set,
+            extra=extra,
+            group_of=self.group_of,
+            preselected=preselected,
+            want=want,
+            groups=groups,
+        )
+        if chosen is None:
+            ranking = self.full_ranking(entry.name_b, view)
+            chosen = spread_select(
+                [node for _, node in ranking],
+                complete=True,
+                candidates=self.plain_set,
+                extra=extra,
+                group_of=self.group_of,
+                preselected=preselected,
+                want=want,
+                groups=None,
+            )
+            assert chosen is not None
+            if len(ranking) <= _FULL_RANKING_KEPT:
+                entry.ranking, entry.complete = ranking, True
+            else:
+                entry.ranking = ranking[: max(_FULL_RANKING_KEPT, 2 * want)]
+                entry.complete = False
+        return chosen
+
+    # ---------------------------------------------------------------- the memo
+
+    def memo_entry(
+        self, app: AppSpec, hosts: tuple[str, ...]
+    ) -> tuple[_Entry, list[str] | None]:
+        """This pass's memo entry for a rendezvous app, brought up to date with the delta.
+
+        Returns the entry and, when the last outcome provably still holds, the nodes to add
+        to it (empty: the target is ``hosts``, unchanged); ``None`` when it must be computed.
+        """
+        old = self.old_entries.get(app.name)
+        if old is None:
+            return self.fresh_entry(app, tuple(app.selector.items())), None
+        if old.app is app:
+            selector = old.selector
+            same_app = True
+        else:
+            selector = tuple(app.selector.items())
+            if selector != old.selector:
+                return self.fresh_entry(app, selector), None
+            same_app = old.app == app
+        reusable = self.outcomes_valid and old.clean and same_app and hosts == old.target
+        adds: list[str] = []
+        ranking = old.ranking
+        target_set = old.target_set
+        for change in self.delta:
+            node = change.node
+            if reusable and node in target_set:
+                reusable = False
+            if selector:
+                old_in = change.old is not None and _matches(selector, change.old)
+                new_in = change.new is not None and _matches(selector, change.new)
+                if not old_in and not new_in:
+                    continue
+            else:
+                old_in = change.old is not None
+                new_in = change.new is not None
+            inserted = False
+            if ranking is not None:
+                if old_in:
+                    for i, item in enumerate(ranking):
+                        if item[1] == node:
+                            del ranking[i]
+                            break
+                if new_in:
+                    digest = _sha256(old.name_b + change.node_b).digest()
+                    if old.complete or (ranking and digest > ranking[-1][0]):
+                        _insert_ranked(ranking, digest, node)
+                        inserted = True
+            if reusable and new_in and change.new_plain:
+                if old.kind == _RENDEZVOUS_ALL:
+                    adds.append(node)
+                elif old.kind != _RENDEZVOUS_N or ranking is None or inserted:
+                    reusable = False
+                elif not _below_every_pick(old, change):
+                    reusable = False
+        old.app = app
+        old.clean = reusable
+        self.new_entries[app.name] = old
+        return old, adds if reusable else None
+
+    def fresh_entry(self, app: AppSpec, selector: Selector) -> _Entry:
+        entry = _Entry(app, selector)
+        self.new_entries[app.name] = entry
+        return entry
+
+    # ------------------------------------------------------------ rendezvous apps
+
+    def plan_rendezvous(
+        self, app: AppSpec, placement: Placement | None, hosts: tuple[str, ...]
+    ) -> _Result | None:
+        """Plan an app declaring no resources; ``None`` when its target is ``hosts``."""
+        entry, memo_adds = self.memo_entry(app, hosts)
+        if memo_adds is not None:
+            if not memo_adds:
+                return None
+            # "all": the last outcome stands, plus the nodes that can now take it.
+            result = _Result(app, hosts)
+            result.entry = entry
+            result.keep = list(hosts)
+            result.adds = memo_adds
+            merged = list(hosts)
+            for node in memo_adds:
+                bisect.insort(merged, node)
+            result.target = entry.target = tuple(merged)
+            entry.target_set = entry.target_set.union(memo_adds)
+            return result
+        result = _Result(app, hosts)
+        result.entry = entry
+        entry.clean = False
+        selector = entry.selector
+        view = self.view(selector)
+        holding = app.pinned or self.refuse
+        if app.replicas == "all":
+            self.rendezvous_all(result, view, selector, holding)
+        else:
+            self.rendezvous_n(result, entry, view, selector, placement, holding)
+        return result
+
+    def rendezvous_all(
+        self, result: _Result, view: _View, selector: Selector, holding: bool
+    ) -> None:
+        app, hosts = result.app, result.hosts
+        # Instances on nodes that are gone or no longer selected are simply removed:
+        # with "all", each node stands on its own, so nothing is relocated.
+        keepable, lost, _excluded = self.classify(hosts, selector)
+        hosts_set = set(hosts)
+        result.adds = [n for n in view.plain(self.nodes) if n not in hosts_set]
+        if holding:
+            result.keep = list(hosts)
+            result.stranded = [(h, self.stranded_reason(app, h)) for h in lost]
+        else:
+            result.keep = keepable
+        if not result.keep and not result.adds:
+            result.unplaced = self.diagnose(app, view, set(), 0)
+        elif not holding and result.entry is not None:
+            entry = result.entry
+            entry.kind = _RENDEZVOUS_ALL
+            entry.clean = True
+            entry.target = tuple(sorted(result.keep + result.adds))
+            entry.target_set = frozenset(entry.target)
+
+    def rendezvous_n(
+        self,
+        result: _Result,
+        entry: _Entry,
+        view: _View,
+        selector: Selector,
+        placement: Placement | None,
+        holding: bool,
+    ) -> None:
+        app, hosts = result.app, result.hosts
+        want = app.replicas
+        assert isinstance(want, int)
+        keepable, lost, excluded = self.classify(hosts, selector)
+        if holding:
+            result.keep = list(hosts)
+            result.stranded = [(h, self.stranded_reason(app, h)) for h in lost]
+            need = want - len(hosts)
+            if need > 0:
+                chosen, _ = self.ranked_select(
+                    entry,
+                    view,
+                    extra=_EMPTY_SET,
+                    preselected=[h for h in hosts if h in self.nodes],
+                    want=need,
+                )
+                result.adds = chosen
+            placed = len(result.keep) + len(result.adds)
+            if placed < want:
+                result.unplaced = self.diagnose(app, view, set(result.keep), want - placed)
+            return
+
+        keep_set = set(keepable)
+        chosen, keys = self.ranked_select(
+            entry, view, extra=keep_set, preselected=(), want=want
+        )
+        chosen_set = set(chosen)
+        hosts_set = set(hosts)
+        result.adds = [n for n in chosen if n not in hosts_set]
+        result.keep = [h for h in keepable if h in chosen_set]
+        displaced = [h for h in keepable if h not in chosen_set]
+        if len(displaced) > 1:
+            name = app.name
+            displaced.sort(key=lambda h: (_score(name, h), h), reverse=True)
+        lost_and_excluded = lost + excluded
+        paired = min(len(lost_and_excluded), len(result.adds))
+        result.lost_moves = lost_and_excluded[:paired]
+        moving = displaced[: len(result.adds) - paired]
+        for host in moving:
+            age = self.in_cooldown(placement, host)
+            if age is None:
+                result.displaced_moves.append(host)
+                continue
+            result.keep.append(host)
+            result.adds.pop()
+            result.deferred.append(
+                (
+                    host,
+                    f"cooldown: placed {_fmt(age)} s ago, less than the "
+                    f"{_fmt(self.policy.cooldown_s)} s cooldown; it stays for now",
+                )
+            )
+        if len(chosen) < want:
+            result.unplaced = self.diagnose(app, view, chosen_set, want - len(chosen))
+        elif not lost_and_excluded and not result.deferred:
+            entry.kind = _RENDEZVOUS_N
+            entry.clean = True  # until the budget defers one of its moves
+            entry.target = tuple(sorted(chosen))
+            entry.target_set = frozenset(chosen)
+            checks: list[tuple[tuple[int, int], dict[str | None, int], dict[str | None, int]]]
+            checks = []
+            racks: dict[str | None, int] = {}
+            dcs: dict[str | None, int] = {}
+            for node, key in zip(chosen, keys, strict=True):
+                if key != (0, 0):
+                    checks.append((key, dict(racks), dict(dcs)))
+                rack, dc = self.group_of[node]
+                racks[rack] = racks.get(rack, 0) + 1
+                dcs[dc] = dcs.get(dc, 0) + 1
+            entry.checks = checks
+
+    # -------------------------------------------------------------- resource apps
+
+    def reserve(self, app: AppSpec, nodes: Iterable[str]) -> None:
+        """Count what new instances of ``app`` take, so later apps in the pass see it."""
+        if app.memory_mb:
+            for node in nodes:
+                self.avail_mem[node] -= app.memory_mb
+        if app.disk_mb:
+            for node in nodes:
+                self.avail_disk10[node] -= 10 * app.disk_mb
+
+    def best_fit_order(self, app: AppSpec, view: _View, hosts: set[str]) -> list[str]:
+        """Nodes that can take ``app`` now, least room left first, then node id."""
+        ranked: list[tuple[int, int, str]] = []
+        mem, disk10 = app.memory_mb, 10 * app.disk_mb
+        avail_mem, avail_disk10 = self.avail_mem, self.avail_disk10
+        for node_id in view.measured(self.avail_mem):
+            mem_room = avail_mem[node_id] - mem
+            if mem_room < 0:
+                continue
+            disk_room = avail_disk10[node_id] - disk10
+            if disk_room < 0 or node_id in hosts:
+                continue
+            ranked.append((mem_room if mem else 0, disk_room if disk10 else 0, node_id))
+        ranked.sort()
+        return [node_id for _, _, node_id in ranked]
+
+    def plan_resource(
+        self, app: AppSpec, placement: Placement | None, hosts: tuple[str, ...]
+    ) -> _Result | None:
+        """Plan an app declaring resources; ``None`` when its target is ``hosts``."""
+        holding = app.pinned or self.refuse
+        if app.replicas != "all" and not holding:
+            old = self.old_entries.get(app.name)
+            if (
+                old is not None
+                and self.outcomes_valid
+                and old.clean
+                and hosts == old.target
+                and (old.app is app or old.app == app)
+                and not any(c.node in old.target_set for c in self.delta)
+            ):
+                # Every instance stands where it stood and the app is full: keeping them
+                # reads no capacity, so nothing this pass changed can matter.
+                old.app = app
+                self.new_entries[app.name] = old
+                return None
+        result = _Result(app, hosts)
+        selector: Selector = tuple(app.selector.items())
+        view = self.view(selector)
+        keepable, lost, excluded = self.classify(hosts, selector)
+        hosts_set = set(hosts)
+        if app.replicas == "all":
+            result.adds = [n for n in self.best_fit_order(app, view, hosts_set)]
+            result.adds.sort()
+            if holding:
+                result.keep = list(hosts)
+                result.stranded = [(h, self.stranded_reason(app, h)) for h in lost]
+            else:
+                result.keep = keepable
+            if not result.keep and not result.adds:
+                result.unplaced = self.diagnose(app, view, set(), 0)
+            self.reserve(app, result.adds)
+            return result
+
+        want = app.replicas
+        if holding:
+            result.keep = list(hosts)
+            result.stranded = [(h, self.stranded_reason(app, h)) for h in lost]
+            lost_and_excluded: list[str] = []
+        elif len(keepable) > want:
+            # Scale down: keep the best spread by rendezvous score; the rest are removed.
+            name = app.name
+            by_score = sorted(keepable, key=lambda h: (_score(name, h), h), reverse=True)
+            chosen = spread_select(
+                by_score,
+                complete=True,
+                candidates=set(keepable),
+                extra=_EMPTY_SET,
+                group_of=self.group_of,
+                preselected=(),
+                want=want,
+                groups=None,
+            )
+            assert chosen is not None
+            result.keep = chosen[0]
+            lost_and_excluded = lost + excluded
+        else:
+            result.keep = keepable
+            lost_and_excluded = lost + excluded
+        need = want - len(result.keep)
+        if need > 0:
+            order = self.best_fit_order(app, view, hosts_set)
+            chosen = spread_select(
+                order,
+                complete=True,
+                candidates=set(order),
+                extra=_EMPTY_SET,
+                group_of=self.group_of,
+                preselected=[h for h in result.keep if h in self.nodes],
+                want=need,
+                groups=None,
+            )
+            assert chosen is not None
+            result.adds = chosen[0]
+        paired = min(len(lost_and_excluded), len(result.adds))
+        self.spend(result, lost_and_excluded[:paired])
+        placed = len(result.keep) + len(result.adds)
+        if placed < want:
+            result.unplaced = self.diagnose(app, view, set(result.keep), want - placed)
+        self.reserve(app, result.adds)
+        if not holding and placed == want and not lost_and_excluded and not result.deferred:
+            entry = _Entry(app, selector)
+            entry.kind = _RESOURCE_N
+            entry.clean = True
+            entry.target = tuple(sorted(result.keep + result.adds))
+            entry.target_set = frozenset(entry.target)
+            self.new_entries[app.name] = entry
+        return result
+
+    # ---------------------------------------------------------------- diagnosis
+
+    def diagnose(self, app: AppSpec, view: _View, running: set[str], missing: int) -> str:
+        """Why ``app`` could not be placed (``missing`` = 0: not at all), with counts."""
+        if missing and app.replicas != "all" and missing < app.replicas:
+            head = f"cannot place {missing} of {app.replicas} replica(s) of {app.name}: "
+        else:
+            head = f"cannot place {app.name}: "
+        selector = tuple(app.selector.items())
+        labels = ",".join(f"{k}={v}" for k, v in selector)
+        matching = [self.nodes[i] for i in view.ids if self.nodes[i].state in _USABLE]
+        if not matching:
+            if not view.ids:
+                return head + f"no node carries the required labels {labels}"
+            return head + (
+                f"no usable node carries the required labels {labels} "
+                f"({len(view.ids)} that do are down or have left)"
+            )
+        already = memory = disk = zero_disk = unreported = cordoned = suspect = other = 0
+        for node in matching:
+            if node.id in running:
+                already += 1
+            elif node.state == "cordoned":
+                cordoned += 1
+            elif node.state == "suspect":
+                suspect += 1
+            elif node.cap is None:
+                if app.declares_resources:
+                    unreported += 1
+                else:
+                    other += 1
+            elif node.cap.disk_mb == 0:
+                zero_disk += 1
+            else:
+                short = False
+                if app.memory_mb > self.avail_mem[node.id]:
+                    memory += 1
+                    short = True
+                if 10 * app.disk_mb > self.avail_disk10[node.id]:
+                    disk += 1
+                    short = True
+                if not short:
+                    other += 1
+        if not (already or memory or disk or zero_disk or other):
+            where = f"every usable node carrying {labels}" if selector else "every usable node"
+            return head + f"{where} is cordoned, suspect, or has not reported its capacity"
+        parts: list[str] = []
+        if already:
+            parts.append(f"{already} already run it")
+        if memory:
+            parts.append(f"{memory} lack {app.memory_mb} MiB of free memory")
+        if disk:
+            if app.disk_mb:
+                parts.append(f"{disk} lack {app.disk_mb} MiB of free disk above the disk floor")
+            else:
+                parts.append(f"{disk} are at their free-disk floor")
+        if zero_disk:
+            parts.append(f"{zero_disk} report a zero-sized disk")
+        if unreported:
+            parts.append(f"{unreported} have not reported their capacity")
+        if cordoned:
+            parts.append(f"{cordoned} are cordoned")
+        if suspect:
+            parts.append(f"{suspect} are suspect")
+        if other:
+            parts.append(f"{other} were not chosen")
+        return head + f"of {len(matching)} matching node(s): " + ", ".join(parts)
+
+    # --------------------------------------------------------------------- run
+
+    def run(self) -> Decisions:
+        placements = self.placements
+        # Every app gets its current nodes as target first (which keeps the mapping in
+        # name order); the ones planned below overwrite theirs.
+        target_of: dict[str, tuple[str, ...]] = {}
+        results: list[_Result] = []
+        rendezvous: list[_Result] = []
+        resource_apps: list[tuple[AppSpec, Placement | None, tuple[str, ...]]] = []
+        removals: list[tuple[str, str]] = []
+        with_placement = 0
+        for app in self.apps:
+            name = app.name
+            placement = placements.get(name)
+            if placement is None:
+                hosts: tuple[str, ...] = ()
+            else:
+                hosts = placement.nodes
+                with_placement += 1
+            if app.retired or app.blocked:
+                removals.extend((name, h) for h in hosts)
+                continue
+            target_of[name] = hosts
+            if app.memory_mb or app.disk_mb:
+                resource_apps.append((app, placement, hosts))
+                continue
+            result = self.plan_rendezvous(app, placement, hosts)
+            if result is not None:
+                rendezvous.append(result)
+                results.append(result)
+
+        # Relocations replacing lost or excluded instances come first...
+        for result in rendezvous:
+            if result.lost_moves:
+                self.spend(result, result.lost_moves)
+        # ...then apps declaring resources, largest first, each reserving what it takes...
+        resource_apps.sort(key=lambda r: (-r[0].memory_mb, -r[0].disk_mb, r[0].name))
+        for app, placement, hosts in resource_apps:
+            planned = self.plan_resource(app, placement, hosts)
+            if planned is not None:
+                results.append(planned)
+        # ...then moves that only follow the rendezvous rank.
+        for result in rendezvous:
+            if result.displaced_moves:
+                self.spend(result, result.displaced_moves)
+
+        if len(results) > len(rendezvous):
+            results.sort(key=lambda r: r.app.name)
+        additions: list[tuple[str, str]] = []
+        deferred: list[Deferred] = []
+        unplaced: list[Unplaced] = []
+        stranded: list[Stranded] = []
+        for result in results:
+            name = result.app.name
+            if result.target is not None:
+                target = result.target
+                additions.extend((name, n) for n in result.adds)
+            elif not result.adds and len(result.keep) == len(result.hosts):
+                target = result.hosts
+            else:
+                target = tuple(sorted(set(result.keep).union(result.adds)))
+                hosts_set = set(result.hosts)
+                target_set = set(target)
+                removals.extend((name, h) for h in result.hosts if h not in target_set)
+                additions.extend((name, n) for n in target if n not in hosts_set)
+            target_of[name] = target
+            entry = result.entry
+            if entry is not None and entry.clean and (result.deferred or entry.target != target):
+                entry.clean = False
+            for node, reason in result.deferred:
+                deferred.append(Deferred(app=name, node=node, reason=reason))
+            for node, reason in result.stranded:
+                stranded.append(Stranded(app=name, node=node, reason=reason))
+            if result.unplaced is not None:
+                unplaced.append(
+                    Unplaced(app=name, reason=PLACEMENT_UNAVAILABLE, message=result.unplaced)
+                )
+        for name in [name for name, target in target_of.items() if not target]:
+            del target_of[name]
+        if len(placements) > with_placement:
+            # Placements of apps that no longer exist: their instances stop.
+            known_apps = {app.name for app in self.apps}
+            for name in sorted(placements):
+                if name not in known_apps:
+                    removals.extend((name, h) for h in placements[name].nodes)
+        if self.cache is not None:
+            self.cache._entries = self.new_entries
+        return Decisions(
+            placements=target_of,
+            removals=tuple(sorted(removals)),
+            additions=tuple(sorted(additions)),
+            deferred=tuple(sorted(deferred, key=lambda d: (d.app, d.node))),
+            unplaced=tuple(unplaced),
+            stranded=tuple(sorted(stranded, key=lambda s: (s.app, s.node))),
+            refused=self.refusal(),
+        )
+
+    def refusal(self) -> Refusal | None:
+        drains = self.refused_drains
+        drain_text = "; ".join(
+            f"drain of {d.node} refused: it would interrupt pinned app(s) {', '.join(d.apps)}"
+            for d in drains
+        )
+        if self.refuse:
+            message = (
+                f"relocations refused for this pass: {self.usable} of {self.known} known "
+                f"node(s) usable, below the min_usable_fraction of "
+                f"{_fmt(self.policy.min_usable_fraction)}; only new work is placed"
+            )
+            if drain_text:
+                message += "; " + drain_text
+            return Refusal(reason="too-few-usable-nodes", message=message, drains=drains)
+        if drains:
+            return Refusal(reason="drain-would-interrupt-pinned", message=drain_text, drains=drains)
+        return None
+
+
+def _score(app: str, node: str) -> bytes:
+    return _sha256(f"{app}\n{node}".encode()).digest()
+
+
+def _insert_ranked(ranking: Ranked, digest: bytes, node: str) -> None:
+    """Insert into a list of (score, node) kept in descending order."""
+    item = (digest, node)
+    for i, other in enumerate(ranking):
+        if item > other:
+            ranking.insert(i, item)
+            return
+    ranking.append(item)
+
+
+def _below_every_pick(entry: _Entry, change: _Change) -> bool:
+    """Whether a new candidate scoring below the whole prefix leaves the picks unchanged.
+
+    It would be chosen at a step only if its spread key there were smaller than the key of
+    the node chosen at that step (on equal keys the higher score wins); steps chosen with
+    key (0, 0) cannot be beaten.
+    """
+    group = change.new_group
+    if group is None:
+        return False
+    rack, dc = group
+    for key, racks, dcs in entry.checks:
+        if (racks.get(rack, 0), dcs.get(dc, 0)) < key:
+            return False
+    return True
