@@ -29,7 +29,6 @@ import trio
 from corral.node._artifacts import REGISTRY_ARTIFACT_LIMIT, digest_of, unpack_artifact
 from corral.node._errors import ArtifactError, ArtifactNotFound, DigestMismatch
 from corral.registry import (
-    AppRecord,
     Compare,
     Deployment,
     NodeRecord,
@@ -163,8 +162,8 @@ class Materializer:
     def revision_dir(self, app: str, digest: str) -> Path:
         return self._apps_dir / app / "revisions" / validate_digest(digest)
 
-    async def __call__(self, app: AppRecord, deployment: Deployment) -> Path:
-        target = self.revision_dir(app.name, deployment.revision)
+    async def __call__(self, app: str, deployment: Deployment) -> Path:
+        target = self.revision_dir(app, deployment.revision)
         lock = self._locks.setdefault(target.as_posix(), trio.Lock())
         async with lock:
             if target.is_dir():

@@ -33,7 +33,10 @@ from typing import Any, TextIO
 import psutil
 import trio
 
+from corral.actors.coordinator import GetCoordinatorState, coordinator_child_spec
 from corral.actors.node_record import NodeIdentity, node_registration_child_spec
+from corral.actors.process_supervisor import ListProcesses
+from corral.actors.reconciler import AgentSpec, LastPass
 from corral.node._api import ApiServices, build_api, record_json
 from corral.node._artifact_store import ArtifactStore, Materializer
 from corral.node._config import SETTINGS, NodeConfig, load_config_file, resolve_node_config
@@ -71,6 +74,11 @@ from corral.supervision import (
 from corral.transport._websocket import open_websocket_transport
 
 log = logging.getLogger("corral.node")
+
+AGENT = "agent"
+COORDINATOR = "coordinator"
+#: Seconds an app process gets between SIGTERM and SIGKILL, at most.
+PROCESS_STOP_GRACE = 10.0
 
 ASK_TIMEOUT = 2.0
 
@@ -141,7 +149,7 @@ class NodeServices:
         self.events = events
         self.system: ActorSystem | None = None
 
-    async def _ask(self, path: str, message: object, node: str | None = None) -> Any:
+    async def ask(self, path: str, message: object, node: str | None = None) -> Any:
         assert self.system is not None
         ref = self.system.ref(path, node=node)
         try:
@@ -181,8 +189,9 @@ class NodeServices:
 
     async def _actor_views(self, state: dict[str, Any]) -> dict[str, Any]:
         views: dict[str, Any] = {}
-        for name, view in sorted(ACTOR_VIEWS.items()):
-            views[name] = await view(self, state)
+        for name, view in ACTOR_VIEWS.items():
+            views[name] = await view(self, {**state, **views})
+        views["unplaced"] = await unplaced_view(self, {**state, **views})
         return views
 
     def actors(self) -> dict[str, Any]:
@@ -258,13 +267,73 @@ def root_spec(
 def agent_specs(
     runtime: NodeRuntime, registry: Registry, materialize: Materializer
 ) -> list[ChildSpec | SupervisorSpec]:
-    """Reconciler, PortAllocator and ProcessSupervisor (the agent helper's spec)."""
-    return []
+    """Reconciler, PortAllocator and ProcessSupervisor under the ``agent`` supervisor."""
+    config = runtime.config
+    agent = AgentSpec(
+        node_id=runtime.node_id,
+        data_dir=config.data_dir,
+        registry=registry,
+        materialize=materialize,
+        port_range_start=config.port_range_start,
+        port_range_end=config.port_range_end,
+        port_quarantine_ms=config.port_quarantine_ms,
+        bind_host=config.advertise,
+        grace=min(PROCESS_STOP_GRACE, config.shutdown_grace_ms / 1000),
+        name=AGENT,
+    )
+    return [agent.supervisor_spec()]
 
 
 def coordinator_specs(runtime: NodeRuntime, registry: Registry) -> list[ChildSpec | SupervisorSpec]:
-    """The Coordinator (the coordinator helper's spec)."""
-    return []
+    """The Coordinator: campaigns for ``lease/coordinator`` and places apps while it holds it."""
+    config = runtime.config
+    return [
+        coordinator_child_spec(
+            runtime.node_id,
+            registry,
+            lease_ttl=config.lease_ttl_ms / 1000,
+            name=COORDINATOR,
+            shutdown_grace=min(5.0, config.shutdown_grace_ms / 1000),
+        )
+    ]
+
+
+async def processes_view(services: NodeServices, state: dict[str, Any]) -> Any:
+    return await services.ask(f"/{AGENT}/{AgentSpec.PROCESS_SUPERVISOR}", ListProcesses())
+
+
+async def reconcile_view(services: NodeServices, state: dict[str, Any]) -> Any:
+    return await services.ask(f"/{AGENT}/{AgentSpec.RECONCILER}", LastPass())
+
+
+async def coordinator_view(services: NodeServices, state: dict[str, Any]) -> Any:
+    return await services.ask(f"/{COORDINATOR}", GetCoordinatorState())
+
+
+async def unplaced_view(services: NodeServices, state: dict[str, Any]) -> Any:
+    """The coordinator's unplaced apps: from this node's Coordinator when it holds the
+    lease, else asked of the holder over the peer transport."""
+    lease = state.get("lease") or {}
+    holder = lease.get("holder")
+    if not holder:
+        return []
+    local = state.get("coordinator")
+    if holder == services.runtime.node_id and isinstance(local, dict):
+        return local.get("unplaced", [])
+    remote = await services.ask(f"/{COORDINATOR}", GetCoordinatorState(), node=holder)
+    if isinstance(remote, dict) and "unplaced" in remote:
+        return remote["unplaced"]
+    why = remote.get("error") if isinstance(remote, dict) else remote
+    return {"error": f"cannot ask coordinator {holder}: {why}"}
+
+
+ACTOR_VIEWS.update(
+    {
+        "processes": processes_view,
+        "reconcile": reconcile_view,
+        "coordinator": coordinator_view,
+    }
+)
 
 
 async def run_node(
