@@ -22,6 +22,7 @@ separated by an exponential backoff; when every round fails the call raises
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import math
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
@@ -129,7 +130,9 @@ class EtcdRegistry(Registry):
         self._endpoints = [e if "://" in e else f"http://{e}" for e in endpoints]
         self._current = 0
         self._prefix = prefix.encode()
-        self._key_check: KeyCheck = key_check if key_check is not None else parse_key
+        self._key_check: KeyCheck = functools.lru_cache(maxsize=4096)(
+            key_check if key_check is not None else parse_key
+        )
         self._retry_rounds = max(1, retry_rounds)
         self._backoff = backoff
         self._client = httpx.AsyncClient(

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from typing import Literal
 from urllib.parse import parse_qs, unquote
 
+import trio
+
 from corral.registry._base import Registry
 from corral.registry._errors import InvalidRegistryUrl
 
@@ -118,25 +120,42 @@ async def open_registry(
         clock: lease clock for memory (default trio.current_time) and SQLite
             (default time.time, so processes agree); etcd keeps its own.
 
+    For SQLite it also runs a lease sweeper in the background while open.
+
     Raises:
         InvalidRegistryUrl: naming what is accepted.
         RegistryUnavailable: the store cannot be opened or reached.
     """
     parsed = parse_registry_url(url)
     registry: Registry
-    if parsed.scheme == "memory":
-        from corral.registry._memory import MemoryRegistry
-
-        registry = MemoryRegistry(clock)
-    elif parsed.scheme == "sqlite":
+    if parsed.scheme == "sqlite":
         from corral.registry._sqlite import SQLiteRegistry
 
-        registry = await SQLiteRegistry.open(
+        sqlite = await SQLiteRegistry.open(
             parsed.path,
             clock=clock,
             poll_interval=parsed.poll_interval,
             synchronous=parsed.synchronous,
         )
+        # A system task rather than a nursery, so exceptions from the caller's
+        # block come out as they are, not wrapped in an ExceptionGroup.
+        sweeping = trio.CancelScope()
+
+        async def sweep() -> None:
+            with sweeping:
+                await sqlite.run_sweeper()
+
+        trio.lowlevel.spawn_system_task(sweep, name=f"registry sweeper {parsed.path}")
+        try:
+            yield sqlite
+        finally:
+            sweeping.cancel()
+            await sqlite.aclose()
+        return
+    if parsed.scheme == "memory":
+        from corral.registry._memory import MemoryRegistry
+
+        registry = MemoryRegistry(clock)
     else:
         from corral.registry._etcd import EtcdRegistry
 

@@ -13,9 +13,11 @@ each sees the others' revisions.
 Leases expire by the injected clock (wall clock by default, so processes
 agree). Every process enforces expiry: a read first probes for a lease past its
 expiry and, when there is one, runs the expiry write before reading; every write
-transaction expires due leases first; and every watcher's poll is such a read,
-so a process that watches sweeps. An expiry deletes the lease's keys as one
-revision with DELETE events, as etcd does.
+transaction expires due leases first; every watcher's poll is such a read; and
+:func:`open_registry` runs a periodic sweep (:meth:`SQLiteRegistry.run_sweeper`).
+An expiry deletes the lease's keys as one revision with DELETE events, as etcd
+does. Reads and on-loop commits are cancel points always and schedule points
+every 16th call (a full checkpoint costs as much as a read).
 
 Watches poll ``meta.revision`` (every 50 ms by default; a write in this process
 wakes its own watchers at once) and read new rows from ``changes``.
@@ -34,6 +36,7 @@ own revision.
 from __future__ import annotations
 
 import functools
+import logging
 import math
 import os
 import sqlite3
@@ -69,10 +72,12 @@ from corral.registry._memory import DEFAULT_HISTORY
 from corral.registry._records import parse_key
 
 T = TypeVar("T")
+_log = logging.getLogger(__name__)
 
 DEFAULT_POLL_INTERVAL: Final = 0.05
 DEFAULT_BUSY_TIMEOUT: Final = 10.0
 DEFAULT_CHECKPOINT_EVERY: Final = 1000
+DEFAULT_SWEEP_INTERVAL: Final = 1.0
 _WATCH_BATCH: Final = 1000
 
 _SCHEMA: Final = """
@@ -111,6 +116,13 @@ CREATE TABLE IF NOT EXISTS changes (
 """
 
 _KV_COLUMNS: Final = "key, value, create_revision, mod_revision, version, lease"
+_META_PROBED: Final = "SELECT revision, compacted, (SELECT min(expires) FROM leases) FROM meta"
+_GET: Final = f"SELECT {_KV_COLUMNS} FROM kv WHERE key = ?"
+_EARLIEST_EXPIRY: Final = "SELECT min(expires) FROM leases"
+_SCHEDULE_EVERY: Final = 16
+
+PROBE_WINDOW: Final = 0.05
+"""Seconds (lease clock) a probe for due leases stays valid; also the shortest TTL."""
 
 
 def _prefix_bounds(prefix: str) -> tuple[str, str | None]:
@@ -127,7 +139,7 @@ def _prefix_bounds(prefix: str) -> tuple[str, str | None]:
 
 
 def _kv(row: tuple[Any, ...]) -> KeyValue:
-    return KeyValue(row[0], bytes(row[1]), row[2], row[3], row[4], row[5])
+    return KeyValue(*row)
 
 
 @dataclass(slots=True)
@@ -184,7 +196,7 @@ class SQLiteRegistry(Registry):
         self._clock = clock
         self._poll_interval = poll_interval
         self._synchronous = synchronous
-        self._key_check = key_check
+        self._key_check: KeyCheck = functools.lru_cache(maxsize=4096)(key_check)
         self._history = max(1, history)
         self._busy_timeout = busy_timeout
         self._checkpoint_every = checkpoint_every
@@ -194,6 +206,9 @@ class SQLiteRegistry(Registry):
         self._changed = trio.lowlevel.ParkingLot()
         self._commits_since_checkpoint = 0
         self._checkpointing = False
+        self._ops = 0
+        self._earliest_expiry = -math.inf  # cached probe: no lease expires before this
+        self._probe_valid_until = -math.inf  # ... as long as the clock is before this
         self._closed = False
 
     @classmethod
@@ -279,21 +294,23 @@ class SQLiteRegistry(Registry):
     # ------------------------------------------------------------------ reads
 
     async def get(self, key: str) -> KeyValue | None:
-        def read(conn: sqlite3.Connection) -> KeyValue | None:
-            row = conn.execute(f"SELECT {_KV_COLUMNS} FROM kv WHERE key = ?", (key,)).fetchone()
-            return None if row is None else _kv(row)
-
-        return await self._read(read)
+        await self._pass_checkpoint()
+        now = self._clock()
+        if now < self._probe_valid_until and now < self._earliest_expiry and not self._closed:
+            try:  # the fast path: no lease can be due, read directly
+                row = self._conn.execute(_GET, (key,)).fetchone()
+            except sqlite3.Error:
+                pass  # the slow path below retries and reports
+            else:
+                return None if row is None else KeyValue(*row)
+        return await self._read(functools.partial(_get, key=key), checkpointed=True)
 
     async def range(self, prefix: str) -> list[KeyValue]:
-        return await self._read(lambda conn: _range(conn, prefix))
+        return await self._read(functools.partial(_range, prefix=prefix))
 
     async def revision(self) -> int:
-        def read(conn: sqlite3.Connection) -> int:
-            revision: int = conn.execute("SELECT revision FROM meta").fetchone()[0]
-            return revision
-
-        return await self._read(read)
+        revision, _ = await self._read(_meta)
+        return revision
 
     # ------------------------------------------------------------------ writes
 
@@ -302,7 +319,10 @@ class SQLiteRegistry(Registry):
         value = bytes(value)
 
         def job(tx: _Tx) -> int:
-            _apply(tx, [Put(key, value, lease)])
+            if lease is not None:
+                _check_lease(tx.conn, lease)
+            _put(tx.conn, tx.revision + 1, 0, key, value, lease)
+            tx.revision += 1
             return tx.revision
 
         return await self._write(job)
@@ -336,8 +356,11 @@ class SQLiteRegistry(Registry):
     # ------------------------------------------------------------------ leases
 
     async def grant(self, ttl: float) -> Lease:
+        """Grant a lease; a TTL under PROBE_WINDOW (50 ms) is raised to it, as etcd
+        raises TTLs to its minimum. ``Lease.ttl`` is the TTL granted."""
         if not ttl > 0 or not math.isfinite(ttl):
             raise ValueError(f"a lease TTL must be a finite number of seconds > 0, got {ttl}")
+        ttl = max(float(ttl), PROBE_WINDOW)
 
         def job(tx: _Tx) -> Lease:
             cursor = tx.conn.execute(
@@ -390,6 +413,25 @@ class SQLiteRegistry(Registry):
             with trio.move_on_after(self._poll_interval):
                 await self._changed.park()
 
+    # ------------------------------------------------------------------ sweeping
+
+    async def sweep(self) -> None:
+        """Expire every lease whose time has come (reads and writes do this too)."""
+        await self._read(_meta)
+
+    async def run_sweeper(self, interval: float = DEFAULT_SWEEP_INTERVAL) -> None:
+        """Sweep every ``interval`` seconds until cancelled, so a lease held by a
+        process that died disappears (with its DELETE events) even when this
+        process neither reads nor watches. :func:`open_registry` runs one."""
+        while True:
+            await trio.sleep(interval)
+            try:
+                await self.sweep()
+            except trio.ClosedResourceError:
+                return
+            except Exception:  # housekeeping: log, and let the next sweep retry
+                _log.warning("registry sweep of %s failed", self._path, exc_info=True)
+
     # ------------------------------------------------------------------ lifecycle
 
     async def aclose(self) -> None:
@@ -409,17 +451,39 @@ class SQLiteRegistry(Registry):
         if self._closed:
             raise trio.ClosedResourceError("this SQLiteRegistry is closed")
 
-    async def _read(self, read: Callable[[sqlite3.Connection], T]) -> T:
-        """Run a read on the loop (WAL readers never wait for the disk to sync),
-        first expiring leases whose time has come."""
-        await trio.lowlevel.checkpoint()
+    async def _pass_checkpoint(self) -> None:
+        """Reads and on-loop commits finish without waiting for anything, so they
+        are cancel points always but schedule points only every 16th call: a full
+        checkpoint would cost as much as the read itself."""
+        self._ops += 1
+        if self._ops % _SCHEDULE_EVERY:
+            await trio.lowlevel.checkpoint_if_cancelled()
+        else:
+            await trio.lowlevel.checkpoint()
+
+    async def _read(
+        self, read: Callable[[sqlite3.Connection], T], *, checkpointed: bool = False
+    ) -> T:
+        """Run a read on the loop (WAL readers never wait for the disk), first
+        expiring leases whose time has come.
+
+        Probing for a due lease costs a statement, so its answer (the earliest
+        expiry) is reused for PROBE_WINDOW seconds of the lease clock. That is
+        exact because no lease is shorter than the window: a lease granted after
+        the probe, here or in another process, cannot fall due within it, and a
+        keepalive only moves an expiry later.
+        """
+        if not checkpointed:
+            await self._pass_checkpoint()
         while True:
             self._check_open()
             try:
-                due = self._conn.execute(
-                    "SELECT EXISTS (SELECT 1 FROM leases WHERE expires <= ?)", (self._clock(),)
-                ).fetchone()[0]
-                if not due:
+                now = self._clock()
+                if now >= self._probe_valid_until or now >= self._earliest_expiry:
+                    earliest = self._conn.execute(_EARLIEST_EXPIRY).fetchone()[0]
+                    self._earliest_expiry = math.inf if earliest is None else float(earliest)
+                    self._probe_valid_until = now + PROBE_WINDOW
+                if now < self._earliest_expiry:
                     return read(self._conn)
             except sqlite3.OperationalError as exc:
                 if not _is_busy(exc):
@@ -428,54 +492,59 @@ class SQLiteRegistry(Registry):
                 continue
             except sqlite3.Error as exc:
                 raise _unavailable(self._path, exc) from exc
-            await self._write(lambda tx: None)  # every write expires due leases first
+            await self._write(_nothing)  # every write expires due leases first
+            self._probe_valid_until = -math.inf
 
     async def _write(self, job: Callable[[_Tx], T]) -> T:
         self._check_open()
-        slot: _Slot[T] = _Slot(job)
         if self._write_conn is None:
-            await trio.lowlevel.checkpoint()
-            await self._commit_on_loop([slot])
-        else:
-            self._queue.append(slot)
-            try:
-                async with self._write_lock:
-                    if not slot.taken:
-                        batch, self._queue = self._queue, []
-                        for queued in batch:
-                            queued.taken = True
-                        await self._commit_in_thread(batch)
-            except BaseException:
+            await self._pass_checkpoint()
+            return await self._commit_on_loop(job)
+        slot: _Slot[T] = _Slot(job)
+        self._queue.append(slot)
+        try:
+            async with self._write_lock:
                 if not slot.taken:
-                    self._queue.remove(slot)
-                    raise
-                if not slot.done:  # our batch is in flight under another task: see it out
-                    with trio.CancelScope(shield=True):
-                        await slot.finished.wait()
+                    batch, self._queue = self._queue, []
+                    for queued in batch:
+                        queued.taken = True
+                    await self._commit_in_thread(batch)
+        except BaseException:
+            if not slot.taken:
+                self._queue.remove(slot)
                 raise
-            if not slot.done:
-                await slot.finished.wait()
+            if not slot.done:  # our write is in flight under another task: see it out
+                with trio.CancelScope(shield=True):
+                    await slot.finished.wait()
+            raise
+        if not slot.done:
+            await slot.finished.wait()
         return slot.result()
 
-    async def _commit_on_loop(self, batch: list[_Slot[Any]]) -> None:
+    async def _commit_on_loop(self, job: Callable[[_Tx], T]) -> T:
         delay = 0.001
-        deadline = trio.current_time() + self._busy_timeout
+        deadline: float | None = None
         while True:
             self._check_open()
             try:
-                _run_batch(self._conn, batch, self._clock(), self._history)
+                value = _run_one(self._conn, job, self._clock(), self._history)
                 break
             except sqlite3.OperationalError as exc:
-                if not _is_busy(exc) or trio.current_time() >= deadline:
+                if not _is_busy(exc):
+                    raise _unavailable(self._path, exc) from exc
+                now = trio.current_time()
+                deadline = now + self._busy_timeout if deadline is None else deadline
+                if now >= deadline:
                     raise _unavailable(self._path, exc) from exc
             except sqlite3.Error as exc:
                 raise _unavailable(self._path, exc) from exc
             await trio.sleep(delay)  # another process holds the write lock
             delay = min(delay * 2, 0.05)
-        self._after_commit(batch)
+        self._changed.unpark_all()
         self._commits_since_checkpoint += 1
         if self._commits_since_checkpoint >= self._checkpoint_every and not self._checkpointing:
             await self._checkpoint()
+        return value
 
     async def _commit_in_thread(self, batch: list[_Slot[Any]]) -> None:
         conn = self._write_conn
@@ -486,9 +555,6 @@ class SQLiteRegistry(Registry):
             error = _unavailable(self._path, exc)
             for slot in batch:
                 slot.error = error
-        self._after_commit(batch)
-
-    def _after_commit(self, batch: list[_Slot[Any]]) -> None:
         for slot in batch:
             slot.done = True
             slot.finished.set()
@@ -546,8 +612,8 @@ def _meta(conn: sqlite3.Connection) -> tuple[int, int]:
 
 
 def _get(conn: sqlite3.Connection, key: str) -> KeyValue | None:
-    row = conn.execute(f"SELECT {_KV_COLUMNS} FROM kv WHERE key = ?", (key,)).fetchone()
-    return None if row is None else _kv(row)
+    row = conn.execute(_GET, (key,)).fetchone()
+    return None if row is None else KeyValue(*row)
 
 
 def _range(conn: sqlite3.Connection, prefix: str) -> list[KeyValue]:
@@ -564,7 +630,7 @@ def _range(conn: sqlite3.Connection, prefix: str) -> list[KeyValue]:
 
 
 def _changes_since(
-    conn: sqlite3.Connection, prefix: str, next_revision: int
+    conn: sqlite3.Connection, *, prefix: str, next_revision: int
 ) -> tuple[list[WatchEvent], int]:
     """Events under ``prefix`` from ``next_revision`` on, and the revision to ask
     for next."""
@@ -590,17 +656,49 @@ def _changes_since(
     return events, min(revision, next_revision + _WATCH_BATCH - 1) + 1
 
 
-def _run_batch(conn: sqlite3.Connection, batch: list[_Slot[Any]], now: float, history: int) -> None:
-    """One write transaction: expire due leases, then each job in its own
-    savepoint (a job that raises leaves no trace and fails alone)."""
+def _begin(conn: sqlite3.Connection, now: float) -> _Tx:
+    """Open a write transaction and expire the leases whose time has come."""
     conn.execute("BEGIN IMMEDIATE")
-    try:
-        revision, compacted = _meta(conn)
-        tx = _Tx(conn, now, revision, compacted, revision)
+    revision, compacted, earliest = conn.execute(_META_PROBED).fetchone()
+    tx = _Tx(conn, now, revision, compacted, revision)
+    if earliest is not None and earliest <= now:
         for (lease_id,) in conn.execute(
             "SELECT id FROM leases WHERE expires <= ? ORDER BY expires, id", (now,)
         ).fetchall():
             _end_lease(tx, lease_id)
+    return tx
+
+
+def _finish(tx: _Tx, history: int) -> None:
+    """Record the new revision, compact old history now and then, and commit."""
+    conn = tx.conn
+    if tx.revision != tx.start_revision:
+        floor = tx.revision - history
+        if floor > tx.compacted and (floor - tx.compacted >= max(1, history // 10)):
+            conn.execute("DELETE FROM changes WHERE revision <= ?", (floor,))
+            tx.compacted = floor
+        conn.execute("UPDATE meta SET revision = ?, compacted = ?", (tx.revision, tx.compacted))
+    conn.execute("COMMIT")
+
+
+def _run_one(conn: sqlite3.Connection, job: Callable[[_Tx], T], now: float, history: int) -> T:
+    """One write in one transaction; if it raises, nothing of it stays."""
+    tx = _begin(conn, now)
+    try:
+        value = job(tx)
+        _finish(tx, history)
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+    return value
+
+
+def _run_batch(conn: sqlite3.Connection, batch: list[_Slot[Any]], now: float, history: int) -> None:
+    """A group commit: each write in its own savepoint (one that raises leaves no
+    trace and fails alone), all in one transaction."""
+    tx = _begin(conn, now)
+    try:
         for slot in batch:
             conn.execute("SAVEPOINT job")
             before = tx.revision
@@ -611,13 +709,7 @@ def _run_batch(conn: sqlite3.Connection, batch: list[_Slot[Any]], now: float, hi
                 tx.revision = before
                 slot.error = exc
             conn.execute("RELEASE job")
-        if tx.revision != tx.start_revision:
-            floor = tx.revision - history
-            if floor > tx.compacted and (floor - tx.compacted >= max(1, history // 10)):
-                conn.execute("DELETE FROM changes WHERE revision <= ?", (floor,))
-                tx.compacted = floor
-            conn.execute("UPDATE meta SET revision = ?, compacted = ?", (tx.revision, tx.compacted))
-        conn.execute("COMMIT")
+        _finish(tx, history)
     except BaseException:
         if conn.in_transaction:
             conn.execute("ROLLBACK")
@@ -641,8 +733,7 @@ def _apply(tx: _Tx, ops: Sequence[TxnOp]) -> list[list[KeyValue] | int | None]:
     conn = tx.conn
     for op in ops:
         if isinstance(op, Put) and op.lease is not None:
-            if conn.execute("SELECT 1 FROM leases WHERE id = ?", (op.lease,)).fetchone() is None:
-                raise LeaseNotFound(op.lease)
+            _check_lease(conn, op.lease)
     revision = tx.revision + 1
     seq = 0
     responses: list[list[KeyValue] | int | None] = []
@@ -650,20 +741,7 @@ def _apply(tx: _Tx, ops: Sequence[TxnOp]) -> list[list[KeyValue] | int | None]:
         if isinstance(op, Get):
             responses.append(_range(conn, op.key) if op.prefix else _listed(_get(conn, op.key)))
         elif isinstance(op, Put):
-            row = conn.execute(
-                "SELECT create_revision, version FROM kv WHERE key = ?", (op.key,)
-            ).fetchone()
-            create, version = (revision, 1) if row is None else (row[0], row[1] + 1)
-            conn.execute(
-                "INSERT OR REPLACE INTO kv (key, value, create_revision, mod_revision, version, "
-                "lease) VALUES (?, ?, ?, ?, ?, ?)",
-                (op.key, op.value, create, revision, version, op.lease),
-            )
-            conn.execute(
-                "INSERT INTO changes (revision, seq, deleted, key, value, create_revision, "
-                "version, lease) VALUES (?, ?, 0, ?, ?, ?, ?, ?)",
-                (revision, seq, op.key, op.value, create, version, op.lease),
-            )
+            _put(conn, revision, seq, op.key, bytes(op.value), op.lease)
             seq += 1
             responses.append(None)
         else:
@@ -681,6 +759,32 @@ def _apply(tx: _Tx, ops: Sequence[TxnOp]) -> list[list[KeyValue] | int | None]:
     if seq:
         tx.revision = revision
     return responses
+
+
+def _check_lease(conn: sqlite3.Connection, lease_id: int) -> None:
+    if conn.execute("SELECT 1 FROM leases WHERE id = ?", (lease_id,)).fetchone() is None:
+        raise LeaseNotFound(lease_id)
+
+
+def _put(
+    conn: sqlite3.Connection, revision: int, seq: int, key: str, value: bytes, lease: int | None
+) -> None:
+    row = conn.execute("SELECT create_revision, version FROM kv WHERE key = ?", (key,)).fetchone()
+    create, version = (revision, 1) if row is None else (row[0], row[1] + 1)
+    conn.execute(
+        "INSERT OR REPLACE INTO kv (key, value, create_revision, mod_revision, version, lease) "
+        "VALUES (?, ?, ?, ?, ?, ?)",
+        (key, value, create, revision, version, lease),
+    )
+    conn.execute(
+        "INSERT INTO changes (revision, seq, deleted, key, value, create_revision, version, "
+        "lease) VALUES (?, ?, 0, ?, ?, ?, ?, ?)",
+        (revision, seq, key, value, create, version, lease),
+    )
+
+
+def _nothing(tx: _Tx) -> None:
+    """A write that only expires due leases (as every write does first)."""
 
 
 def _listed(kv: KeyValue | None) -> list[KeyValue]:

@@ -40,6 +40,12 @@ def backend_name(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
+def etcd_endpoint() -> str:
+    """``host:port`` of the test etcd; skips (or, in CI, fails) without one."""
+    return etcd_endpoint_from_env()
+
+
+@pytest.fixture
 async def backend(backend_name: str, tmp_path: Path) -> AsyncIterator[RegistryHarness]:
     name = backend_name
     if name == "etcd":

@@ -21,11 +21,7 @@ from corral.registry import (
     RegistryUnavailable,
     RevisionCompacted,
 )
-from corral.registry._testing import (
-    etcd_endpoint_from_env,
-    open_test_etcd_registry,
-    take_events,
-)
+from corral.registry._testing import open_test_etcd_registry, take_events
 
 
 def b64(text: str) -> str:
@@ -150,8 +146,11 @@ async def test_no_reachable_endpoint_is_unavailable_and_named() -> None:
 
 
 @pytest.mark.etcd
-async def test_namespaces_keep_registries_apart() -> None:
-    async with open_test_etcd_registry() as a, open_test_etcd_registry() as b:
+async def test_namespaces_keep_registries_apart(etcd_endpoint: str) -> None:
+    async with (
+        open_test_etcd_registry(etcd_endpoint) as a,
+        open_test_etcd_registry(etcd_endpoint) as b,
+    ):
         await a.put("apps/web", b"a")
         assert await b.get("apps/web") is None
         assert await b.range("") == []
@@ -161,8 +160,8 @@ async def test_namespaces_keep_registries_apart() -> None:
 
 
 @pytest.mark.etcd
-async def test_a_dead_member_is_skipped() -> None:
-    endpoint = etcd_endpoint_from_env()
+async def test_a_dead_member_is_skipped(etcd_endpoint: str) -> None:
+    endpoint = etcd_endpoint
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         dead = f"127.0.0.1:{probe.getsockname()[1]}"
@@ -177,8 +176,8 @@ async def test_a_dead_member_is_skipped() -> None:
 
 
 @pytest.mark.etcd
-async def test_a_watch_from_compacted_history_is_refused() -> None:
-    async with open_test_etcd_registry() as registry:
+async def test_a_watch_from_compacted_history_is_refused(etcd_endpoint: str) -> None:
+    async with open_test_etcd_registry(etcd_endpoint) as registry:
         first = await registry.put("apps/a", b"1")
         current = await registry.put("apps/a", b"2")
         # Compact this etcd up to now. Harmless to tests that watch from a revision

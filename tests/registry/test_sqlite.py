@@ -168,3 +168,45 @@ async def test_a_file_that_is_not_a_registry_is_refused(tmp_path: Path) -> None:
     bogus.write_bytes(b"this is not a database" * 100)
     with pytest.raises(RegistryUnavailable, match=r"bogus\.db"):
         await SQLiteRegistry.open(bogus)
+
+
+async def test_a_short_lease_granted_elsewhere_is_seen_after_a_cached_probe(
+    tmp_path: Path,
+) -> None:
+    clock = ManualClock()
+    path = tmp_path / "probe.db"
+    a = await SQLiteRegistry.open(path, clock=clock)
+    b = await SQLiteRegistry.open(path, clock=clock)
+    try:
+        assert await a.get("nodes/n1") is None  # a probes: no lease at all
+        lease = await b.grant(0.001)
+        assert lease.ttl == 0.05  # raised to the shortest TTL, as etcd raises to its own
+        await b.put("nodes/n1", b"x", lease=lease.id)
+        clock.advance(0.049)
+        assert await a.get("nodes/n1") is not None
+        clock.advance(0.001)
+        assert await a.get("nodes/n1") is None
+        assert await a.range("nodes/") == []
+    finally:
+        await a.aclose()
+        await b.aclose()
+
+
+async def test_open_registry_sweeps_leases_nobody_reads(tmp_path: Path) -> None:
+    clock = ManualClock()
+    url = default_registry_url(tmp_path)
+    async with open_registry(url, clock=clock) as registry:
+        lease = await registry.grant(5)
+        await registry.put("nodes/n1", b"x", lease=lease.id)
+        before = await registry.revision()
+        clock.advance(6)
+        # A second opener (another process) sees the expiry as an extra revision
+        # written by the first one's sweeper, without reading through it.
+        other = await SQLiteRegistry.open(tmp_path / "registry.db", clock=lambda: 0.0)
+        try:
+            with trio.fail_after(5):
+                while await other.revision() == before:
+                    await trio.sleep(0.05)
+            assert await other.get("nodes/n1") is None
+        finally:
+            await other.aclose()
