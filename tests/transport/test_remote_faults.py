@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
@@ -22,7 +23,14 @@ from corral.supervision import (
     Restart,
     open_actor_system,
 )
-from corral.transport import ErrorCode, MemoryNetwork, PeerUnavailable, message
+from corral.transport import (
+    Envelope,
+    ErrorCode,
+    MemoryNetwork,
+    PeerUnavailable,
+    encode_envelope,
+    message,
+)
 
 
 @message("test.faults.ping")
@@ -238,3 +246,34 @@ async def test_local_messages_are_never_encoded(
         await ref.tell(Ping(1))
         assert await ref.ask(Ping(2)) == {"pong": 2, "seen": 2}
         monkeypatch.undo()
+
+
+async def test_a_storm_of_bad_frames_leaves_the_system_serving(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    rng = random.Random(1234)
+    network = MemoryNetwork()
+    async with two_nodes(network) as (a, b):
+        assert a.transport is not None
+        valid = encode_envelope(
+            Envelope(1, "b/pong", "a/", "test.faults.ping", {"n": 1}, None, False)
+        )
+        frames = [rng.randbytes(rng.randint(1, 300)) for _ in range(150)]
+        for _ in range(150):  # valid frames with a few bytes flipped, cut or appended
+            data = bytearray(valid)
+            for _ in range(rng.randint(1, 4)):
+                data[rng.randrange(len(data))] = rng.randrange(256)
+            frames.append(
+                bytes(data[: rng.randint(1, len(data))]) + rng.randbytes(rng.randint(0, 3))
+            )
+        for data in frames:
+            await a.transport.send("b", data)
+        await trio.testing.wait_all_tasks_blocked()
+        reply = await a.ref("b/pong").ask(Ping(7))
+        assert reply["pong"] == 7
+        snapshot = b.tree().find("/pong")
+        assert snapshot is not None
+        assert snapshot.state == "running"
+        assert snapshot.restarts == 0
+        rejected = [e for e in b.events() if e.kind == "transport.rejected"]
+        assert len(rejected) > 200  # most were refused, each one logged
