@@ -205,7 +205,7 @@ class SQLiteRegistry(Registry):
         self._write_lock = trio.Lock()
         self._changed = trio.lowlevel.ParkingLot()
         self._commits_since_checkpoint = 0
-        self._checkpointing = False
+        self._checkpoint_done: trio.Event | None = None  # set while a checkpoint runs
         self._ops = 0
         self._earliest_expiry = -math.inf  # cached probe: no lease expires before this
         self._probe_valid_until = -math.inf  # ... as long as the clock is before this
@@ -499,6 +499,8 @@ class SQLiteRegistry(Registry):
         self._check_open()
         if self._write_conn is None:
             await self._pass_checkpoint()
+            while self._checkpoint_done is not None:
+                await self._checkpoint_done.wait()
             return await self._commit_on_loop(job)
         slot: _Slot[T] = _Slot(job)
         self._queue.append(slot)
@@ -542,7 +544,10 @@ class SQLiteRegistry(Registry):
             delay = min(delay * 2, 0.05)
         self._changed.unpark_all()
         self._commits_since_checkpoint += 1
-        if self._commits_since_checkpoint >= self._checkpoint_every and not self._checkpointing:
+        if (
+            self._commits_since_checkpoint >= self._checkpoint_every
+            and self._checkpoint_done is None
+        ):
             await self._checkpoint()
         return value
 
@@ -562,8 +567,9 @@ class SQLiteRegistry(Registry):
 
     async def _checkpoint(self) -> None:
         """Move the WAL into the database file in a worker thread: this is where
-        the disk syncs in NORMAL mode."""
-        self._checkpointing = True
+        the disk syncs in NORMAL mode. Writes on the loop wait for it: a checkpoint
+        racing a stream of commits never catches up, and the WAL only grows."""
+        done = self._checkpoint_done = trio.Event()
         self._commits_since_checkpoint = 0
         path, sync = self._path, self._synchronous
 
@@ -579,7 +585,8 @@ class SQLiteRegistry(Registry):
         except sqlite3.Error:
             pass  # a checkpoint is housekeeping; the next one retries
         finally:
-            self._checkpointing = False
+            self._checkpoint_done = None
+            done.set()
 
 
 # ---------------------------------------------------------------------- SQL
