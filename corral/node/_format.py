@@ -49,8 +49,46 @@ def _pairs(mapping: Mapping[str, Any] | None) -> str:
     return ", ".join(f"{k}={v}" for k, v in sorted(mapping.items()))
 
 
-def state_summary(state: Mapping[str, Any]) -> str:
+def _ago(when: object, now: float) -> str:
+    if not isinstance(when, int | float):
+        return "at an unknown time"
+    seconds = max(0.0, now - float(when))
+    return f"{seconds:.0f} s ago" if seconds >= 1 else "just now"
+
+
+def _coordinator_line(coordinator: Mapping[str, Any], now: float) -> str | None:
+    last = coordinator.get("last_pass")
+    if not isinstance(last, Mapping):
+        return None
+    counts = last.get("counts") or {}
+    text = (
+        f"last pass   {last.get('outcome')} {_ago(last.get('wall_time'), now)} "
+        f"(trigger {last.get('trigger')}, {counts.get('writes', 0)} write(s))"
+    )
+    if last.get("error"):
+        text += f": {last['error']}"
+    return text
+
+
+def _reconcile_line(reconcile: Mapping[str, Any], now: float) -> str:
+    what = (
+        "skipped (nothing moved)"
+        if reconcile.get("skipped")
+        else (f"{len(reconcile.get('actions') or [])} action(s)")
+    )
+    text = (
+        f"reconcile   {_ago(reconcile.get('time'), now)} at change token {reconcile.get('token')}: "
+        f"{what}, serving {reconcile.get('serving')}"
+    )
+    errors = reconcile.get("errors") or []
+    if errors:
+        text += f"; errors: {'; '.join(str(e) for e in errors)}"
+    return text
+
+
+def state_summary(state: Mapping[str, Any], now: float | None = None) -> str:
     """A few lines saying who this node is, who coordinates, what runs, what is stuck."""
+    now = time.time() if now is None else now
     lines: list[str] = []
     node = state.get("node") or {}
     node_id = state.get("node_id", node.get("id", "?"))
@@ -75,12 +113,20 @@ def state_summary(state: Mapping[str, Any]) -> str:
         lines.append(f"coordinator {lease['holder']}{me}, fence {lease.get('fence')}")
     else:
         lines.append("coordinator none holds the lease right now")
+    coordinator = state.get("coordinator")
+    if state.get("coordinating") and isinstance(coordinator, Mapping):
+        line = _coordinator_line(coordinator, now)
+        if line:
+            lines.append(line)
     reconcile = state.get("reconcile")
-    if isinstance(reconcile, Mapping) and reconcile:
-        summary = ", ".join(f"{k} {v}" for k, v in sorted(reconcile.items()) if _scalar(v))
-        lines.append(f"reconcile   {summary}")
+    if isinstance(reconcile, Mapping) and "token" in reconcile:
+        lines.append(_reconcile_line(reconcile, now))
+    elif isinstance(reconcile, Mapping) and reconcile.get("error"):
+        lines.append(f"reconcile   unknown: {reconcile['error']}")
     processes = state.get("processes") or []
-    if processes:
+    if isinstance(processes, Mapping):
+        lines.append(f"processes   unknown: {processes.get('error')}")
+    elif processes:
         lines.append("")
         lines.append(
             table(
@@ -113,13 +159,12 @@ def state_summary(state: Mapping[str, Any]) -> str:
             )
         )
     unplaced = state.get("unplaced") or []
-    for item in unplaced:
-        lines.append(f"unplaced    {item.get('app')}: {item.get('message') or item.get('reason')}")
+    if isinstance(unplaced, Mapping):
+        lines.append(f"unplaced    unknown: {unplaced.get('error')}")
+    else:
+        for item in unplaced:
+            lines.append(f"unplaced    {item.get('message') or item.get('reason')}")
     return "\n".join(lines)
-
-
-def _scalar(value: object) -> bool:
-    return isinstance(value, str | int | float | bool) or value is None
 
 
 def event_line(event: Mapping[str, Any]) -> str:

@@ -1,0 +1,71 @@
+"""Where a node gets a revision from: its own copy, the registry, or a peer."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from corral.node._artifact_store import ArtifactStore, Materializer, artifact_capability
+from corral.node._errors import ArtifactNotFound
+from corral.registry import Deployment, MemoryRegistry, NodeRecord, artifact_key, node_key
+
+from .conftest import packed_app
+
+SECRET = "s3cret"
+
+
+def store(registry: MemoryRegistry, root: Path, node: str, **kwargs: object) -> ArtifactStore:
+    return ArtifactStore(registry, root / node, node_id=node, secret=SECRET, **kwargs)  # type: ignore[arg-type]
+
+
+async def test_small_artifacts_travel_through_the_registry(tmp_path: Path) -> None:
+    registry = MemoryRegistry()
+    packed = packed_app(tmp_path)
+    digest = await store(registry, tmp_path, "a").store(packed.data)
+    assert digest == packed.digest
+    kv = await registry.get(artifact_key(digest))
+    assert kv is not None
+    assert kv.value == packed.data
+    other = store(registry, tmp_path, "b")
+    materialize = Materializer(other, tmp_path / "b-apps")
+    deployment = Deployment(revision=digest, command=["python3", "server.py"])
+    path = await materialize("shop", deployment)
+    assert path == tmp_path / "b-apps" / "shop" / "revisions" / digest
+    assert (path / "server.py").read_text() == "print('hello')\n"
+    assert other.read_local(digest) == packed.data
+    assert await materialize("shop", deployment) == path
+    assert [p.name for p in path.parent.iterdir()] == [digest]
+
+
+async def test_large_artifacts_are_fetched_from_the_node_that_has_them(tmp_path: Path) -> None:
+    registry = MemoryRegistry()
+    packed = packed_app(tmp_path)
+    await store(registry, tmp_path, "a", registry_limit=10).store(packed.data)
+    assert await registry.get(artifact_key(packed.digest)) is None
+    await registry.put(node_key("a"), NodeRecord(id="a", api_address="10.0.0.1:7400").encode())
+    asked: list[tuple[str, str, str]] = []
+
+    async def fetch(base_url: str, digest: str, capability: str) -> bytes:
+        asked.append((base_url, digest, capability))
+        return packed.data
+
+    other = store(registry, tmp_path, "b", fetch_from_peer=fetch)
+    assert await other.fetch(packed.digest) == packed.data
+    assert asked == [
+        ("http://10.0.0.1:7400", packed.digest, artifact_capability(SECRET, packed.digest))
+    ]
+
+
+async def test_a_peer_sending_other_bytes_is_not_believed(tmp_path: Path) -> None:
+    registry = MemoryRegistry()
+    packed = packed_app(tmp_path)
+    await registry.put(node_key("a"), NodeRecord(id="a", api_address="10.0.0.1:7400").encode())
+
+    async def fetch(base_url: str, digest: str, capability: str) -> bytes:
+        return b"something else"
+
+    other = store(registry, tmp_path, "b", fetch_from_peer=fetch)
+    with pytest.raises(ArtifactNotFound, match=r"http://10\.0\.0\.1:7400"):
+        await other.fetch(packed.digest)
+    assert other.read_local(packed.digest) is None
