@@ -285,7 +285,9 @@ async def run_actor(
             raise TypeError(f"the factory of {cell.path} returned {actor!r}, not an Actor")
     except Exception as exc:
         ready.set()
-        return _crashed(cell, exc, "creating")
+        _record_crash(cell, exc, "creating")
+        cell.state = "crashed"
+        return Exit("crashed", exc)
     ctx = ActorContext(cell)
     actor._ctx = ctx
     try:
@@ -304,6 +306,7 @@ async def run_actor(
                 nursery.cancel_scope.cancel()
     except Exception as exc:
         error = leaf_error(exc)
+        _record_crash(cell, error, "running")  # before cleanup, so the log reads in order
     finally:
         cell.loop_scope = None
         cell.current = None
@@ -315,27 +318,27 @@ async def run_actor(
             try:
                 await actor.stopping()
             except Exception as exc:
-                cell.last_error = describe_error(exc)
-                system.emit("actor.cleanup-failed", cell.path, error=cell.last_error)
+                if error is None:
+                    cell.last_error = describe_error(exc)
+                system.emit("actor.cleanup-failed", cell.path, error=describe_error(exc))
                 logger.warning("%s: stopping() raised %r", cell.path, exc)
         if cleanup.cancelled_caught:
             system.emit("actor.cleanup-timeout", cell.path, grace=spec.shutdown_grace)
             logger.warning("%s: stopping() ran past its %s s grace", cell.path, spec.shutdown_grace)
         cell.task = None
     if error is not None:
-        return _crashed(cell, error, "running")
+        cell.state = "crashed"
+        return Exit("crashed", error)
     cell.state = "stopped"
     if cell.stop_requested:
         return Exit("shutdown")
     return Exit("normal")
 
 
-def _crashed(cell: Cell, error: BaseException, phase: str) -> Exit:
-    cell.state = "crashed"
+def _record_crash(cell: Cell, error: BaseException, phase: str) -> None:
     cell.last_error = describe_error(error)
     cell.system.emit("actor.crashed", cell.path, error=cell.last_error, phase=phase)
     logger.warning("%s crashed: %s", cell.path, cell.last_error, exc_info=error)
-    return Exit("crashed", error)
 
 
 async def _message_loop(cell: Cell, actor: Actor) -> None:
@@ -474,7 +477,9 @@ async def run_supervisor(
         error = leaf_error(exc)
         cell.loop_scope = None
         ready.set()
-        return _crashed(cell, error, "supervising")
+        _record_crash(cell, error, "supervising")
+        cell.state = "crashed"
+        return Exit("crashed", error)
     cell.loop_scope = None
     ready.set()
     cell.state = "stopped"

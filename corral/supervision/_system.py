@@ -351,22 +351,37 @@ class ActorSystem:
         else:
             assert isinstance(result, outcome.Error)
             code, text = _error_code(result.error)
-        return encode_envelope(
-            Envelope(
-                ident,
-                to,
-                self._address,
-                "error",
-                {"code": code, "message": text[:4000]},
-                correlation_id,
-            ),
-            self.limits,
+        return self._error_frame(peer, correlation_id, code, text)
+
+    def _error_frame(self, peer: str, correlation_id: int, code: str, text: str) -> bytes:
+        """An ``"error"`` envelope; the message is shortened until the frame fits the limit."""
+        for limit in (4000, 200, 0):
+            try:
+                return encode_envelope(
+                    Envelope(
+                        next(self._ids),
+                        f"{peer}/",
+                        self._address,
+                        "error",
+                        {"code": code, "message": text[:limit]},
+                        correlation_id,
+                    ),
+                    self.limits,
+                )
+            except FrameTooLarge:
+                continue
+        raise FrameTooLarge(
+            f"even an empty error reply exceeds {self.limits.max_frame_bytes} bytes"
         )
 
     async def _send_reply(
         self, peer: str, correlation_id: int, result: outcome.Outcome[Any]
     ) -> None:
-        data = self._reply_frame(peer, correlation_id, result)
+        try:
+            data = self._reply_frame(peer, correlation_id, result)
+        except FrameError as exc:
+            logger.warning("%s: cannot answer %s: %s", self.node_id, peer, exc)
+            return
         if self.transport is None:
             return
         try:
@@ -376,7 +391,10 @@ class ActorSystem:
             self.emit("transport.reply-lost", "/", peer=peer, error=describe_error(exc))
 
     def _queue_reply(self, peer: str, correlation_id: int, result: outcome.Outcome[Any]) -> None:
-        self._queue_frame(peer, self._reply_frame(peer, correlation_id, result))
+        try:
+            self._queue_frame(peer, self._reply_frame(peer, correlation_id, result))
+        except FrameError as exc:
+            logger.warning("%s: cannot answer %s: %s", self.node_id, peer, exc)
 
     def _queue_frame(self, peer: str, data: bytes) -> None:
         if not self._enqueue(peer, data):
@@ -517,18 +535,10 @@ class ActorSystem:
         self.emit("transport.rejected", "/", peer=peer, code=code, reason=text)
         if ask_id is None:
             return
-        data = encode_envelope(
-            Envelope(
-                next(self._ids),
-                f"{peer}/",
-                self._address,
-                "error",
-                {"code": code, "message": text[:4000]},
-                ask_id,
-            ),
-            self.limits,
-        )
-        self._queue_frame(peer, data)
+        try:
+            self._queue_frame(peer, self._error_frame(peer, ask_id, code, text))
+        except FrameError as exc:
+            logger.warning("%s: cannot answer %s: %s", self.node_id, peer, exc)
 
     def _on_reply(self, peer: str, envelope: Envelope) -> None:
         correlation_id = envelope.correlation_id

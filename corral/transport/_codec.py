@@ -60,8 +60,8 @@ class CodecLimits:
     max_depth: int = 32
 
     def __post_init__(self) -> None:
-        if self.max_frame_bytes < 64:
-            raise ValueError("max_frame_bytes must be at least 64 bytes")
+        if self.max_frame_bytes < 256:
+            raise ValueError("max_frame_bytes must be at least 256 bytes")
         if not 2 <= self.max_depth <= 1000:
             raise ValueError("max_depth must be between 2 and 1000")
 
