@@ -80,6 +80,7 @@ from corral.registry import (
     EventType,
     Get,
     KeyValue,
+    Lease,
     LeaseNotFound,
     Put,
     Registry,
@@ -301,6 +302,7 @@ class Coordinator(Actor):
 
     async def _campaign(self) -> bool:
         """Try to take the lease; True when this node holds it now."""
+        lease: Lease | None = None
         try:
             kv = await self._registry.get(COORDINATOR_LEASE_KEY)
             if kv is not None:
@@ -319,6 +321,11 @@ class Coordinator(Actor):
                 [Get(COORDINATOR_LEASE_KEY)],
             )
         except RegistryError as exc:
+            if lease is not None:
+                # Granted, then lost touch: the txn may even have landed; either
+                # way this lease is not ours to use. (A key it holds under our
+                # name is reclaimed by the next campaign.)
+                self._stale_leases.add(lease.id)
             self.ctx.log.info("campaign for the coordinator lease failed: %s", exc)
             return False
         if not result.succeeded:
