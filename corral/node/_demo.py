@@ -170,7 +170,11 @@ class Demo:
         say()
         self.deploy("hello", "all", None, {})
         self.deploy("greeter", "1", {"disk": "ssd"}, {"GREETING": "hello from the corral demo"})
-        say("Waiting for the coordinator to place them and the nodes to start them...")
+        say(
+            "Waiting for the coordinator to place them and for each node to fetch the "
+            "artifact, check its digest, unpack it and start the process on a port pair of "
+            "its own..."
+        )
         rows = self.wait_rows(
             "hello on all three nodes and greeter on one",
             lambda rows: len(_running(rows, "hello")) == 3 and len(_running(rows, "greeter")) == 1,
@@ -182,9 +186,11 @@ class Demo:
 
         victim_id = _running(rows, "greeter")[0]["node"]
         victim = self.cluster.nodes[victim_id]
+        old_holder, old_fence = self.coordinator()
+        role = " and holds the coordinator lease" if old_holder == victim_id else ""
         say(
-            f"Stopping {victim_id} with SIGTERM: it runs greeter's only replica. It stops its "
-            "processes, hands back its leases and removes its node record."
+            f"Stopping {victim_id} with SIGTERM: it runs greeter's only replica{role}. It hands "
+            "back its leases, stops its processes and removes its node record."
         )
         started = time.monotonic()
         status = self.cluster.stop(victim)
@@ -199,9 +205,16 @@ class Demo:
         )
         moved = _running(rows, "greeter")[0]
         holder, fence = self.coordinator()
+        if holder != old_holder:
+            say(
+                f"{holder} took over the coordinator lease the moment {victim_id} handed it "
+                f"back; its fence is {fence}, larger than {old_fence}, so anything the old "
+                "coordinator might still try to write would be refused."
+            )
         say(
-            f"The coordinator ({holder}, fence {fence}) saw {victim_id} leave and placed greeter "
-            f"on {moved['node']}, the other node labelled disk=ssd:"
+            f"The coordinator ({holder}) saw {victim_id} leave and placed greeter on "
+            f"{moved['node']}, the other node labelled disk=ssd; hello keeps running on the "
+            "two nodes left:"
         )
         say.block(ps_table(rows))
         self.show_answers([moved])

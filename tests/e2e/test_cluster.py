@@ -144,8 +144,10 @@ def test_sigterm_leaves_nothing_and_the_coordinator_moves(cluster: LocalCluster)
     rows = wait_rows(
         cluster,
         f"everywhere to be placed only on the nodes left after {holder}",
-        lambda rows: {r["node"] for r in rows if r["app"] == "everywhere"}
-        == {n for n in cluster.nodes if n != holder},
+        lambda rows: (
+            {r["node"] for r in rows if r["app"] == "everywhere"}
+            == {n for n in cluster.nodes if n != holder}
+        ),
     )
     assert len(running(rows, "everywhere")) == 2
 
@@ -190,3 +192,51 @@ def test_bad_deploys_exit_2_name_the_field_and_change_nothing(
     assert (response.status_code, response.json()["field"]) == (400, "replicas")
     with node.client() as client:
         assert client.request("GET", "/v1/apps") == before
+
+
+STUBBORN = """\
+import os, signal, time
+from http.server import BaseHTTPRequestHandler, HTTPServer
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+class H(BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.end_headers()
+server = HTTPServer((os.environ["CORRAL_BIND_HOST"], int(os.environ["PORT"])), H)
+server.serve_forever()
+"""
+
+
+def test_a_second_signal_forces_the_stop_and_still_leaves_nothing(
+    cluster: LocalCluster, tmp_path: Any
+) -> None:
+    app = tmp_path / "stubborn"
+    app.mkdir()
+    (app / "corral.toml").write_text('command = ["python3", "app.py"]\n')
+    (app / "app.py").write_text(STUBBORN)
+    node = cluster.nodes["node-3"]
+    with node.client() as client:
+        client.deploy("stubborn", pack_directory(app), selector={"disk": "hdd"}, replicas=1)
+    wait_rows(cluster, "stubborn to run on node-3", lambda rows: running(rows, "stubborn"))
+    children = node.note_descendants()
+    assert children
+    cluster.signal(node, 15)
+    # The app ignores SIGTERM: the clean stop waits out its grace period (5 s) ...
+    assert node.process is not None
+    with pytest.raises(subprocess.TimeoutExpired):
+        node.process.wait(1.0)
+    # ... unless a second signal forces it.
+    cluster.signal(node, 15)
+    assert node.process.wait(5.0) == 128 + 15
+    wait_for(
+        "the stubborn app to be gone",
+        lambda: not [p for p in children if psutil.pid_exists(p) and not _zombie(p)],
+        timeout=5.0,
+    )
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return bool(psutil.Process(pid).status() == psutil.STATUS_ZOMBIE)
+    except psutil.Error:
+        return True
