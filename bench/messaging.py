@@ -9,7 +9,8 @@ Measures, in one process and one run:
   capacity to a task that receives them;
 * ``ask``: N sequential request/reply round trips to an actor, against a raw
   baseline of a request channel and a reply channel between two tasks;
-* the memory (RSS growth) of 10,000 idle actors.
+* the memory (RSS growth) of 10,000 idle actors, against 10,000 raw tasks each
+  parked on its own memory channel.
 
 Each figure is the best of several rounds. The last line is one JSON object.
 """
@@ -18,11 +19,14 @@ from __future__ import annotations
 
 import gc
 import json
+import subprocess
+import sys
 import time
 from collections.abc import Awaitable, Callable
 
 import psutil
 import trio
+import trio.testing
 
 from corral.supervision import Actor, ChildSpec, open_actor_system
 
@@ -138,6 +142,40 @@ async def idle_actor_memory(count: int) -> tuple[float, float]:
     return (after - before) / (1 << 20), spawn_s
 
 
+async def raw_idle_memory(count: int) -> float:
+    """The baseline: ``count`` tasks, each parked on its own memory channel."""
+    process = psutil.Process()
+    gc.collect()
+    before = process.memory_info().rss
+    channels = []
+
+    async def idle(receive: trio.MemoryReceiveChannel[object]) -> None:
+        await receive.receive()
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(count):
+            send, receive = trio.open_memory_channel[object](MAILBOX)
+            channels.append(send)
+            nursery.start_soon(idle, receive)
+        await trio.testing.wait_all_tasks_blocked()
+        gc.collect()
+        after = process.memory_info().rss
+        nursery.cancel_scope.cancel()
+    return (after - before) / (1 << 20)
+
+
+def _fresh_process(which: str) -> str:
+    """Measure idle memory in a new interpreter, so earlier runs' heap does not hide growth."""
+    result = subprocess.run(
+        [sys.executable, __file__, "--idle-memory", which],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    return result.stdout.strip().splitlines()[-1]
+
+
 def best_pair(
     raw: Callable[[int], Awaitable[float]], kernel: Callable[[int], Awaitable[float]], n: int
 ) -> tuple[float, float]:
@@ -152,7 +190,9 @@ def best_pair(
 def main() -> None:
     raw_tell_s, tell_s = best_pair(raw_tell, kernel_tell, TELL_N)
     raw_ask_s, ask_s = best_pair(raw_ask, kernel_ask, ASK_N)
-    idle_mib, spawn_s = trio.run(idle_actor_memory, IDLE_ACTORS)
+    raw_idle_mib = json.loads(_fresh_process("raw"))["mib"]
+    kernel_idle = json.loads(_fresh_process("kernel"))
+    idle_mib, spawn_s = kernel_idle["mib"], kernel_idle["spawn_s"]
 
     tell_ratio = tell_s / raw_tell_s
     ask_ratio = ask_s / raw_ask_s
@@ -171,7 +211,13 @@ def main() -> None:
             f"{ask_ratio:.2f}",
             ">= 0.40",
         ),
-        (f"{IDLE_ACTORS:,} idle actors (MiB)", f"{idle_mib:.1f}", "-", "-", "< 100"),
+        (
+            f"{IDLE_ACTORS:,} idle actors (MiB)",
+            f"{idle_mib:.1f}",
+            f"{raw_idle_mib:.1f}",
+            f"{idle_mib / raw_idle_mib:.2f}",
+            "< 100 MiB",
+        ),
     ]
     print(f"{'measure':<28} {'kernel':>12} {'raw trio':>12} {'ratio':>7} {'target':>8}")
     for row in rows:
@@ -188,6 +234,7 @@ def main() -> None:
                 "ask_ratio": round(ask_ratio, 3),
                 "idle_actors": IDLE_ACTORS,
                 "idle_actors_mib": round(idle_mib, 1),
+                "raw_idle_tasks_mib": round(raw_idle_mib, 1),
                 "spawn_s": round(spawn_s, 2),
             }
         )
@@ -195,4 +242,11 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    if len(sys.argv) == 3 and sys.argv[1] == "--idle-memory":
+        if sys.argv[2] == "raw":
+            print(json.dumps({"mib": trio.run(raw_idle_memory, IDLE_ACTORS)}))
+        else:
+            mib, seconds = trio.run(idle_actor_memory, IDLE_ACTORS)
+            print(json.dumps({"mib": mib, "spawn_s": seconds}))
+    else:
+        main()
