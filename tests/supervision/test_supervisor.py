@@ -18,6 +18,7 @@ from corral.supervision import (
     Restart,
     Strategy,
     SupervisorSpec,
+    UnhandledMessage,
     open_actor_system,
 )
 
@@ -464,3 +465,26 @@ async def test_spawn_under_a_nested_supervisor(autojump_clock: trio.testing.Mock
 def test_invalid_specs_are_refused(make: Callable[[], object]) -> None:
     with pytest.raises(ValueError):  # noqa: PT011 - each case has its own message
         make()
+
+
+async def test_supervisors_appear_in_the_tree_and_take_no_messages(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    journal = Journal()
+    spec = sup("node", [worker("coordinator", journal), sup("apps", [worker("web", journal)])])
+    async with open_actor_system("n") as system:
+        ref = await system.spawn(spec)
+        tree = system.tree()
+        kinds = {s.path: s.kind for s in tree.walk()}
+        assert kinds == {
+            "/": "supervisor",
+            "/node": "supervisor",
+            "/node/coordinator": "actor",
+            "/node/apps": "supervisor",
+            "/node/apps/web": "actor",
+        }
+        assert all(s.state == "running" for s in tree.walk())
+        with pytest.raises(UnhandledMessage, match="supervisor"):
+            await ref.tell("hello")
+        with pytest.raises(UnhandledMessage, match="supervisor"):
+            await system.ref("/node/apps").ask("hello")
