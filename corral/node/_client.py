@@ -98,9 +98,15 @@ class NodeClient:
                 if response.status_code >= 400:
                     response.read()
                     _answer(response)
-                for line in response.iter_lines():
-                    if line.strip():
-                        yield json.loads(line)
+                try:
+                    for line in response.iter_lines():
+                        if line.strip():
+                            yield json.loads(line)
+                except httpx.TransportError as exc:
+                    raise ApiError(
+                        f"the event stream from {self.api_url} ended: the node stopped or "
+                        f"restarted ({_reason(exc)}); run the command again to follow it"
+                    ) from exc
         except httpx.TransportError as exc:
             raise NodeUnreachable(self.api_url, _reason(exc)) from exc
 

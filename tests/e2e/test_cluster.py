@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import subprocess
 import sys
 import time
@@ -240,3 +241,23 @@ def _zombie(pid: int) -> bool:
         return bool(psutil.Process(pid).status() == psutil.STATUS_ZOMBIE)
     except psutil.Error:
         return True
+
+
+def test_a_large_artifact_is_served_by_the_node_that_received_it(
+    cluster: LocalCluster, tmp_path: Any
+) -> None:
+    app = tmp_path / "large"
+    app.mkdir()
+    (app / "Procfile").write_text("web: python3 greeter.py\n")
+    (app / "greeter.py").write_text((GREETER / "greeter.py").read_text())
+    (app / "blob.bin").write_bytes(random.Random(7).randbytes(3 * 1024 * 1024 // 2))
+    packed = pack_directory(app)
+    assert packed.size > 1024 * 1024
+    receiver = cluster.nodes["node-1"]
+    with receiver.client() as client:
+        answer_ = client.deploy("large", packed, selector={"disk": "hdd"}, replicas=1)
+    assert answer_["stored_in_registry"] is False
+    rows = wait_rows(cluster, "large to run on node-3", lambda rows: running(rows, "large"))
+    assert running(rows, "large")[0]["node"] == "node-3"
+    copy = cluster.nodes["node-3"].data_dir / "apps" / "large" / "revisions" / packed.digest
+    assert (copy / "blob.bin").stat().st_size == 3 * 1024 * 1024 // 2
