@@ -57,12 +57,16 @@ from corral.transport._ws_rules import (
     parse_peer_address,
     reconnect_delay,
 )
+from corral.transport._ws_wire import send_frames
 
 log = logging.getLogger("corral.transport.websocket")
 
 DEFAULT_PORT = 7401
 RESOURCE = "/corral/v1"
 _INCARNATION_SIZE = 16
+# One socket write carries at most this many queued frames / bytes.
+_BATCH_FRAMES = 256
+_BATCH_BYTES = 256 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,7 +168,7 @@ class _Connection:
         self.closed = trio.Event()
         self.close_code = CloseCode.NORMAL
         self.close_reason = ""
-        self.send_scope: trio.CancelScope | None = None
+        self.send_scopes: set[trio.CancelScope] = set()  # writes in progress, cancelled on loss
 
 
 class _Link:
@@ -181,6 +185,7 @@ class _Link:
         self.queue_send, self.queue_receive = trio.open_memory_channel[bytes](queue_size)
         self.writer_done = trio.Event()
         self.maintained = False
+        self.peer_left = False  # the last connection ended with the peer's "going away"
         self.frames_dropped = 0
         self.frames_refused_by_peer = 0
         self.frames_refused_from_peer = 0
@@ -216,6 +221,15 @@ def _describe(exc: BaseException) -> str:
         return "timed out while connecting"
     text = str(first) or repr(first)
     return f"{type(first).__name__}: {text}"
+
+
+def _dial_failure_level(failures: int, peer_left: bool) -> int:
+    """Log level of a failed dial: loud at first, then only at attempts 2, 4, 8, ..."""
+    if failures == 1 and peer_left:
+        return logging.INFO  # it said goodbye; not finding it is expected
+    if failures & (failures - 1) == 0:
+        return logging.WARNING
+    return logging.DEBUG
 
 
 def _close_text(reason: trio_websocket.CloseReason | None) -> str:
@@ -491,7 +505,8 @@ class WebSocketTransport(Transport):
                 link.failures += 1
                 link.last_error = _describe(exc)
                 link.phase = PeerState.WAITING
-                log.warning(
+                log.log(
+                    _dial_failure_level(link.failures, link.peer_left),
                     "%s: dialing peer %r at %s failed (attempt %d): %s",
                     self._node_id,
                     link.peer,
@@ -707,6 +722,7 @@ class WebSocketTransport(Transport):
         link.conn = conn
         link.phase = PeerState.CONNECTED
         link.last_error = None
+        link.peer_left = False
         if current is not None:
             self._drop(current, CloseCode.SUPERSEDED, "replaced by a preferred connection")
         log.info(
@@ -725,8 +741,8 @@ class WebSocketTransport(Transport):
             return
         conn.close_code, conn.close_reason = code, reason
         conn.lost.set()
-        if conn.send_scope is not None:
-            conn.send_scope.cancel()
+        for scope in conn.send_scopes:
+            scope.cancel()
         link = conn.link
         if link.conn is conn:
             link.conn = None
@@ -766,7 +782,11 @@ class WebSocketTransport(Transport):
                         )
                         await ws.send_message(frame_refusal_message(len(message), limit))
                     elif link.conn is conn:
-                        await inbound.send(Frame(peer, message))
+                        frame = Frame(peer, message)
+                        try:
+                            inbound.send_nowait(frame)  # the common case: no extra yield
+                        except trio.WouldBlock:
+                            await inbound.send(frame)  # the node is behind: backpressure
                     # else: superseded; frames on the losing connection are dropped
                 else:
                     refusal = parse_control_message(message)
@@ -783,6 +803,8 @@ class WebSocketTransport(Transport):
                         refusal.limit,
                     )
         except trio_websocket.ConnectionClosed as exc:
+            if exc.reason is not None and exc.reason.code == CloseCode.GOING_AWAY:
+                link.peer_left = True
             self._drop(conn, CloseCode.NORMAL, f"closed by the peer: {_close_text(exc.reason)}")
         except (trio.ClosedResourceError, trio.BrokenResourceError):
             self._drop(conn, CloseCode.GOING_AWAY, "node shutting down")
@@ -809,27 +831,44 @@ class WebSocketTransport(Transport):
                 return
 
     async def _write_loop(self, link: _Link) -> None:
+        """Drain the peer's queue into its current connection, many frames per write."""
+        queue = link.queue_receive
         try:
-            async for data in link.queue_receive:
-                conn = link.conn
-                if conn is None or conn.lost.is_set():
-                    link.frames_dropped += 1
-                    continue
-                if not conn.ready.is_set():
-                    await conn.ready.wait()
-                with trio.CancelScope() as scope:
-                    conn.send_scope = scope
+            while True:
+                try:
+                    batch = [await queue.receive()]
+                except trio.EndOfChannel:
+                    return
+                size = len(batch[0])
+                while len(batch) < _BATCH_FRAMES and size < _BATCH_BYTES:
                     try:
-                        await conn.ws.send_message(data)
-                    except trio_websocket.ConnectionClosed as exc:
-                        link.frames_dropped += 1
-                        self._drop(conn, CloseCode.NORMAL, f"closed: {_close_text(exc.reason)}")
-                    finally:
-                        conn.send_scope = None
-                if scope.cancelled_caught:
-                    link.frames_dropped += 1
+                        frame = queue.receive_nowait()
+                    except (trio.WouldBlock, trio.EndOfChannel):
+                        break
+                    batch.append(frame)
+                    size += len(frame)
+                await self._write_batch(link, batch)
         finally:
             link.writer_done.set()
+
+    async def _write_batch(self, link: _Link, batch: list[bytes]) -> None:
+        conn = link.conn
+        if conn is None or conn.lost.is_set():
+            link.frames_dropped += len(batch)
+            return
+        if not conn.ready.is_set():
+            await conn.ready.wait()
+        with trio.CancelScope() as scope:
+            conn.send_scopes.add(scope)
+            try:
+                await send_frames(conn.ws, batch)
+            except trio_websocket.ConnectionClosed as exc:
+                link.frames_dropped += len(batch)
+                self._drop(conn, CloseCode.NORMAL, f"closed: {_close_text(exc.reason)}")
+            finally:
+                conn.send_scopes.discard(scope)
+        if scope.cancelled_caught:
+            link.frames_dropped += len(batch)
 
     async def _start_listening(self, host: str, port: int) -> None:
         listeners, address = await self._network.listen(host, port)

@@ -17,6 +17,7 @@ import pytest
 import trio
 import trio_websocket
 
+from corral.transport import _ws_wire
 from corral.transport._base import Frame
 from corral.transport._errors import FrameTooLarge, PeerBusy, PeerUnavailable
 from corral.transport._handshake import (
@@ -160,6 +161,19 @@ async def test_frames_arrive_in_order_per_sender() -> None:
             for i in range(count):
                 await a.send("node-b", cbor2.dumps({"seq": i, "pad": "x" * 80}))
             received = [cbor2.loads((await b.receive()).data)["seq"] for _ in range(count)]
+            assert received == list(range(count))
+
+
+async def test_frames_stay_in_order_without_batched_writes(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Should a trio-websocket release drop the internals batched writes use,
+    # every frame goes through send_message: slower, same order.
+    monkeypatch.setattr(_ws_wire, "_INTERNALS", ("_an_attribute_nobody_has",))
+    count = 500
+    with trio.fail_after(30):
+        async with two_nodes() as (a, b):
+            for i in range(count):
+                await a.send("node-b", b"%d" % i)
+            received = [int((await b.receive()).data) for _ in range(count)]
             assert received == list(range(count))
 
 
