@@ -117,7 +117,7 @@ CREATE TABLE IF NOT EXISTS changes (
 
 _KV_COLUMNS: Final = "key, value, create_revision, mod_revision, version, lease"
 _META_PROBED: Final = "SELECT revision, compacted, (SELECT min(expires) FROM leases) FROM meta"
-_GET: Final = f"SELECT {_KV_COLUMNS} FROM kv WHERE key = ?"
+_GET: Final = "SELECT * FROM kv WHERE key = ?"  # the columns are _KV_COLUMNS, in order
 _EARLIEST_EXPIRY: Final = "SELECT min(expires) FROM leases"
 _SCHEDULE_EVERY: Final = 16
 
@@ -206,6 +206,8 @@ class SQLiteRegistry(Registry):
         self._changed = trio.lowlevel.ParkingLot()
         self._commits_since_checkpoint = 0
         self._checkpoint_done: trio.Event | None = None  # set while a checkpoint runs
+        self._gather: list[_Slot[Any]] | None = None  # the batch a writer is gathering
+        self._grouping = False  # the last batch had company: keep gathering
         self._ops = 0
         self._earliest_expiry = -math.inf  # cached probe: no lease expires before this
         self._probe_valid_until = -math.inf  # ... as long as the clock is before this
@@ -294,7 +296,12 @@ class SQLiteRegistry(Registry):
     # ------------------------------------------------------------------ reads
 
     async def get(self, key: str) -> KeyValue | None:
-        await self._pass_checkpoint()
+        # _pass_checkpoint, inlined: get is the hottest call there is.
+        self._ops += 1
+        if self._ops % _SCHEDULE_EVERY:
+            await trio.lowlevel.checkpoint_if_cancelled()
+        else:
+            await trio.lowlevel.checkpoint()
         now = self._clock()
         if now < self._probe_valid_until and now < self._earliest_expiry and not self._closed:
             try:  # the fast path: no lease can be due, read directly
@@ -497,11 +504,59 @@ class SQLiteRegistry(Registry):
 
     async def _write(self, job: Callable[[_Tx], T]) -> T:
         self._check_open()
-        if self._write_conn is None:
-            await self._pass_checkpoint()
+        if self._write_conn is not None:
+            return await self._write_in_thread(job)
+        self._ops += 1
+        if self._gather is None and not self._grouping and self._ops % _SCHEDULE_EVERY:
+            # The common case: nobody else is writing; commit at once.
+            await trio.lowlevel.checkpoint_if_cancelled()
             while self._checkpoint_done is not None:
                 await self._checkpoint_done.wait()
-            return await self._commit_on_loop(job)
+            return await self._on_loop(functools.partial(_run_one, job=job))
+        return await self._write_grouped(job)
+
+    async def _write_grouped(self, job: Callable[[_Tx], T]) -> T:
+        """Group commit on the loop. The first writer yields once so the writers
+        runnable right now can join its batch, then commits them all in one
+        transaction (a savepoint and a revision each). Grouping stays on while
+        batches hold more than one write, and is tried every 16th write."""
+        await trio.lowlevel.checkpoint_if_cancelled()
+        slot: _Slot[T] = _Slot(job)
+        if self._gather is not None:  # someone is gathering: join the batch
+            self._gather.append(slot)
+            try:
+                await slot.finished.wait()
+            except BaseException:
+                if not slot.taken:
+                    self._gather.remove(slot)
+                    raise
+                with trio.CancelScope(shield=True):  # in flight: see it out
+                    await slot.finished.wait()
+                raise
+            return slot.result()
+        batch = self._gather = [slot]
+        try:
+            with trio.CancelScope(shield=True):
+                await trio.lowlevel.checkpoint()  # let the other writers join
+                while self._checkpoint_done is not None:
+                    await self._checkpoint_done.wait()
+                self._gather = None
+                for queued in batch:
+                    queued.taken = True
+                try:
+                    await self._on_loop(functools.partial(_run_batch, batch=batch))
+                except RegistryUnavailable as exc:
+                    for queued in batch:
+                        queued.error = exc
+        finally:
+            self._gather = None
+            for queued in batch:
+                queued.done = True
+                queued.finished.set()
+        self._grouping = len(batch) > 1
+        return slot.result()
+
+    async def _write_in_thread(self, job: Callable[[_Tx], T]) -> T:
         slot: _Slot[T] = _Slot(job)
         self._queue.append(slot)
         try:
@@ -523,13 +578,15 @@ class SQLiteRegistry(Registry):
             await slot.finished.wait()
         return slot.result()
 
-    async def _commit_on_loop(self, job: Callable[[_Tx], T]) -> T:
+    async def _on_loop(self, transaction: Callable[..., T]) -> T:
+        """Run ``transaction(conn, now=, history=)`` on the loop's connection,
+        retrying while another process holds the write lock (up to busy_timeout)."""
         delay = 0.001
         deadline: float | None = None
         while True:
             self._check_open()
             try:
-                value = _run_one(self._conn, job, self._clock(), self._history)
+                value = transaction(self._conn, now=self._clock(), history=self._history)
                 break
             except sqlite3.OperationalError as exc:
                 if not _is_busy(exc):
@@ -555,7 +612,11 @@ class SQLiteRegistry(Registry):
         conn = self._write_conn
         assert conn is not None
         try:
-            await trio.to_thread.run_sync(_run_batch, conn, batch, self._clock(), self._history)
+            await trio.to_thread.run_sync(
+                functools.partial(
+                    _run_batch, conn, batch=batch, now=self._clock(), history=self._history
+                )
+            )
         except sqlite3.Error as exc:
             error = _unavailable(self._path, exc)
             for slot in batch:
@@ -688,7 +749,7 @@ def _finish(tx: _Tx, history: int) -> None:
     conn.execute("COMMIT")
 
 
-def _run_one(conn: sqlite3.Connection, job: Callable[[_Tx], T], now: float, history: int) -> T:
+def _run_one(conn: sqlite3.Connection, *, job: Callable[[_Tx], T], now: float, history: int) -> T:
     """One write in one transaction; if it raises, nothing of it stays."""
     tx = _begin(conn, now)
     try:
@@ -701,7 +762,9 @@ def _run_one(conn: sqlite3.Connection, job: Callable[[_Tx], T], now: float, hist
     return value
 
 
-def _run_batch(conn: sqlite3.Connection, batch: list[_Slot[Any]], now: float, history: int) -> None:
+def _run_batch(
+    conn: sqlite3.Connection, *, batch: list[_Slot[Any]], now: float, history: int
+) -> None:
     """A group commit: each write in its own savepoint (one that raises leaves no
     trace and fails alone), all in one transaction."""
     tx = _begin(conn, now)
@@ -709,6 +772,7 @@ def _run_batch(conn: sqlite3.Connection, batch: list[_Slot[Any]], now: float, hi
         for slot in batch:
             conn.execute("SAVEPOINT job")
             before = tx.revision
+            slot.error = None  # a retried batch starts afresh
             try:
                 slot.value = slot.job(tx)
             except (RegistryError, ValueError, TypeError) as exc:

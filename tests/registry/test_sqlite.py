@@ -11,8 +11,10 @@ import pytest
 import trio
 
 from corral.registry import (
+    Compare,
     EventType,
     LeaseNotFound,
+    Put,
     RegistryUnavailable,
     RevisionCompacted,
     default_registry_url,
@@ -138,27 +140,39 @@ async def test_old_history_is_compacted(tmp_path: Path) -> None:
         await registry.aclose()
 
 
-async def test_group_commit_isolates_a_failing_write(tmp_path: Path) -> None:
-    registry = await SQLiteRegistry.open(tmp_path / "g.db", synchronous="FULL")
+@pytest.mark.parametrize("synchronous", ["NORMAL", "FULL"])
+async def test_group_commit_isolates_a_failing_write(tmp_path: Path, synchronous: str) -> None:
+    registry = await SQLiteRegistry.open(tmp_path / "g.db", synchronous=synchronous)
     try:
+        lease = await registry.grant(60)
+        while registry._ops % 16 != 15:  # the next write gathers a batch (NORMAL)
+            await registry.get("apps/none")
         errors: list[BaseException] = []
         revisions: list[int] = []
+        claims: list[bool] = []
 
         async def put(i: int) -> None:
             try:
                 revisions.append(
-                    await registry.put(f"apps/a{i}", b"x", lease=999 if i == 3 else None)
+                    await registry.put(f"apps/a{i}", b"x", lease=999 if i == 3 else lease.id)
                 )
             except LeaseNotFound as exc:
                 errors.append(exc)
+            result = await registry.txn([Compare.absent("apps/claim")], [Put("apps/claim", b"")])
+            claims.append(result.succeeded)
+            if result.succeeded:
+                revisions.append(result.revision)
 
         before = await registry.revision()
         async with trio.open_nursery() as nursery:
             for i in range(8):
                 nursery.start_soon(put, i)
         assert len(errors) == 1
-        assert sorted(revisions) == list(range(before + 1, before + 8))
-        assert len(await registry.range("apps/")) == 7
+        assert sorted(revisions) == list(range(before + 1, before + 9))  # 7 puts, 1 claim
+        assert sorted(claims) == [False] * 7 + [True]
+        assert len(await registry.range("apps/")) == 8
+        await registry.revoke(lease.id)
+        assert [kv.key for kv in await registry.range("apps/")] == ["apps/claim"]
     finally:
         await registry.aclose()
 
@@ -213,21 +227,25 @@ async def test_open_registry_sweeps_leases_nobody_reads(tmp_path: Path) -> None:
 
 
 async def test_checkpoints_keep_the_wal_small_under_concurrent_writes(tmp_path: Path) -> None:
-    path = tmp_path / "wal.db"
-    registry = await SQLiteRegistry.open(path, checkpoint_every=20)
-    try:
+    async def wal_size(checkpoint_every: int) -> int:
+        path = tmp_path / f"wal-{checkpoint_every}.db"
+        registry = await SQLiteRegistry.open(path, checkpoint_every=checkpoint_every)
+        try:
 
-        async def writer(t: int) -> None:
-            for i in range(50):
-                await registry.put(f"apps/w{t}", b"x" * 1000 + str(i).encode())
+            async def writer(t: int) -> None:
+                for i in range(50):
+                    await registry.put(f"apps/w{t}", b"x" * 1000 + str(i).encode())
 
-        with trio.fail_after(30):
-            async with trio.open_nursery() as nursery:
-                for t in range(16):
-                    nursery.start_soon(writer, t)
-        assert await registry.revision() == 1 + 16 * 50
-        # 800 commits of ~2 pages each: without checkpoints catching up the WAL
-        # would hold them all (~6 MB); with them it is reset and reused.
-        assert (tmp_path / "wal.db-wal").stat().st_size < 1_000_000
-    finally:
-        await registry.aclose()
+            with trio.fail_after(30):
+                async with trio.open_nursery() as nursery:
+                    for t in range(16):
+                        nursery.start_soon(writer, t)
+            assert await registry.revision() == 1 + 16 * 50
+            assert len(await registry.range("apps/")) == 16
+            return (tmp_path / f"wal-{checkpoint_every}.db-wal").stat().st_size
+        finally:
+            await registry.aclose()
+
+    # Without checkpoints catching up, the WAL holds every commit; with them it
+    # is reset and reused.
+    assert await wal_size(2) * 4 < await wal_size(10**9)
