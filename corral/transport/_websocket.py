@@ -46,7 +46,7 @@ from corral.transport._handshake import (
     Refused,
     ServerHandshake,
 )
-from corral.transport._ws_net import StreamNetwork, TcpNetwork
+from corral.transport._ws_net import Listeners, StreamNetwork, TcpNetwork
 from corral.transport._ws_rules import (
     ConnectionKey,
     ReconnectPolicy,
@@ -870,8 +870,7 @@ class WebSocketTransport(Transport):
         if scope.cancelled_caught:
             link.frames_dropped += len(batch)
 
-    async def _start_listening(self, host: str, port: int) -> None:
-        listeners, address = await self._network.listen(host, port)
+    async def _serve(self, listeners: Listeners, address: str) -> None:
         self._address = address
         await self._nursery.start(
             functools.partial(
@@ -933,19 +932,41 @@ async def open_websocket_transport(
     listen_at = None if listen is None else _parse_listen(listen)
     if listen_at is not None:
         check_listen_address(listen_at[0], secret is not None)
-    async with trio.open_nursery() as nursery:
-        transport = WebSocketTransport(
-            node_id,
-            nursery=nursery,
-            secret=secret,
-            config=config or WebSocketConfig(),
-            random=random or random_module.Random(),
-            network=network or TcpNetwork(),
-            peers=peers or {},
-        )
-        try:
-            if listen_at is not None:
-                await transport._start_listening(*listen_at)
-            yield transport
-        finally:
-            await transport.aclose()
+    for peer, address in (peers or {}).items():
+        parse_peer_address(address)
+        if peer == node_id:
+            raise ValueError(f"peer id {peer!r} is this node's own id")
+    network = network or TcpNetwork()
+    listeners: Listeners = []
+    bound: str | None = None
+    if listen_at is not None:
+        listeners, bound = await network.listen(*listen_at)  # OSError here, unwrapped
+    try:
+        async with trio.open_nursery() as nursery:
+            transport = WebSocketTransport(
+                node_id,
+                nursery=nursery,
+                secret=secret,
+                config=config or WebSocketConfig(),
+                random=random or random_module.Random(),
+                network=network,
+                peers=peers or {},
+            )
+            try:
+                if bound is not None:
+                    await transport._serve(listeners, bound)
+                yield transport
+            finally:
+                await transport.aclose()
+    except BaseExceptionGroup as group:
+        # Background tasks never raise; the only error in here is the caller's own.
+        # Give it back as raised rather than wrapped by our nursery.
+        errors = group.subgroup(lambda e: not isinstance(e, trio.Cancelled))
+        if errors is not None and len(errors.exceptions) == 1:
+            error = errors.exceptions[0]
+            if isinstance(error, Exception) and not isinstance(error, BaseExceptionGroup):
+                raise error from None
+        raise
+    finally:
+        for listener in listeners:
+            await trio.aclose_forcefully(listener)

@@ -254,6 +254,33 @@ async def test_without_a_secret_a_node_refuses_to_listen_beyond_loopback(
             pass  # pragma: no cover
 
 
+async def test_errors_raised_inside_the_block_come_out_unwrapped() -> None:
+    with pytest.raises(KeyError, match="mine"):
+        async with open_websocket_transport("x", LOOPBACK, secret=SECRET, config=FAST):
+            raise KeyError("mine")
+
+
+async def test_a_busy_listen_port_and_bad_peer_addresses_are_refused_up_front() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = int(taken.getsockname()[1])
+        with pytest.raises(OSError, match="in use"):
+            async with open_websocket_transport("x", ("127.0.0.1", port)):
+                pass  # pragma: no cover
+    with pytest.raises(ValueError, match="host:port"):
+        async with open_websocket_transport("x", LOOPBACK, peers={"y": "no-port"}):
+            pass  # pragma: no cover
+
+
+async def test_listen_takes_a_host_port_string_and_reports_the_real_port() -> None:
+    async with open_websocket_transport("x", "127.0.0.1:0", secret=SECRET) as node:
+        assert node.address is not None
+        host, port = parse_peer_address(node.address)
+        assert host == "127.0.0.1"
+        assert port > 0
+
+
 async def test_an_empty_secret_is_refused() -> None:
     with pytest.raises(ValueError, match="must not be empty"):
         async with open_websocket_transport("x", LOOPBACK, secret=b""):
