@@ -545,7 +545,7 @@ class SQLiteRegistry(Registry):
                     queued.taken = True
                 try:
                     await self._on_loop(functools.partial(_run_batch, batch=batch))
-                except RegistryUnavailable as exc:
+                except Exception as exc:  # unavailable or closed: the whole batch failed
                     for queued in batch:
                         queued.error = exc
         finally:

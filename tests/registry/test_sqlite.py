@@ -249,3 +249,24 @@ async def test_checkpoints_keep_the_wal_small_under_concurrent_writes(tmp_path: 
     # Without checkpoints catching up, the WAL holds every commit; with them it
     # is reset and reused.
     assert await wal_size(2) * 4 < await wal_size(10**9)
+
+
+async def test_closing_fails_every_write_of_a_gathering_batch(tmp_path: Path) -> None:
+    registry = await SQLiteRegistry.open(tmp_path / "close.db")
+    while registry._ops % 16 != 15:  # the next write gathers a batch
+        await registry.get("apps/none")
+    outcomes: list[str] = []
+
+    async def put(i: int) -> None:
+        try:
+            await registry.put(f"apps/a{i}", b"x")
+        except trio.ClosedResourceError:
+            outcomes.append("closed")
+        else:
+            outcomes.append("written")
+
+    async with trio.open_nursery() as nursery:
+        for i in range(4):
+            nursery.start_soon(put, i)
+        nursery.start_soon(registry.aclose)
+    assert outcomes == ["closed"] * 4
