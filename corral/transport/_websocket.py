@@ -247,7 +247,6 @@ class WebSocketTransport(Transport):
         self,
         node_id: str,
         *,
-        nursery: trio.Nursery,
         secret: bytes | None,
         config: WebSocketConfig,
         random: random_module.Random,
@@ -255,7 +254,7 @@ class WebSocketTransport(Transport):
         peers: Mapping[str, str],
     ) -> None:
         self._node_id = node_id
-        self._nursery = nursery
+        self._nursery: trio.Nursery  # the service nursery, set by _run
         self._secret = secret if secret is not None else b""
         self._config = config
         self._random = random
@@ -870,17 +869,33 @@ class WebSocketTransport(Transport):
         if scope.cancelled_caught:
             link.frames_dropped += len(batch)
 
-    async def _serve(self, listeners: Listeners, address: str) -> None:
-        self._address = address
-        await self._nursery.start(
-            functools.partial(
-                trio.serve_listeners,
-                self._handle_inbound,
-                listeners,
-                handler_nursery=self._nursery,
-            )
-        )
-        log.info("%s: listening for peers on %s", self._node_id, address)
+    async def _run(
+        self,
+        listeners: Listeners,
+        address: str | None,
+        *,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Host every background task until :meth:`aclose` cancels them.
+
+        A nursery of its own, so that closing the transport cancels only its tasks,
+        never the code of whoever opened it.
+        """
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            if address is not None:
+                self._address = address
+                await nursery.start(
+                    functools.partial(
+                        trio.serve_listeners,
+                        self._handle_inbound,
+                        listeners,
+                        handler_nursery=nursery,
+                    )
+                )
+                log.info("%s: listening for peers on %s", self._node_id, address)
+            task_status.started()
+            await trio.sleep_forever()
 
 
 def _parse_listen(listen: tuple[str, int] | str) -> tuple[str, int]:
@@ -945,7 +960,6 @@ async def open_websocket_transport(
         async with trio.open_nursery() as nursery:
             transport = WebSocketTransport(
                 node_id,
-                nursery=nursery,
                 secret=secret,
                 config=config or WebSocketConfig(),
                 random=random or random_module.Random(),
@@ -953,8 +967,7 @@ async def open_websocket_transport(
                 peers=peers or {},
             )
             try:
-                if bound is not None:
-                    await transport._serve(listeners, bound)
+                await nursery.start(transport._run, listeners, bound)
                 yield transport
             finally:
                 await transport.aclose()
