@@ -233,14 +233,14 @@ async def test_checkpoints_keep_the_wal_small_under_concurrent_writes(tmp_path: 
         try:
 
             async def writer(t: int) -> None:
-                for i in range(50):
-                    await registry.put(f"apps/w{t}", b"x" * 1000 + str(i).encode())
+                for i in range(25):
+                    await registry.put(f"apps/w{t}", b"x" * 2000 + str(i).encode())
 
             with trio.fail_after(30):
                 async with trio.open_nursery() as nursery:
                     for t in range(16):
                         nursery.start_soon(writer, t)
-            assert await registry.revision() == 1 + 16 * 50
+            assert await registry.revision() == 1 + 16 * 25
             assert len(await registry.range("apps/")) == 16
             return (tmp_path / f"wal-{checkpoint_every}.db-wal").stat().st_size
         finally:
@@ -248,7 +248,7 @@ async def test_checkpoints_keep_the_wal_small_under_concurrent_writes(tmp_path: 
 
     # Without checkpoints catching up, the WAL holds every commit; with them it
     # is reset and reused.
-    assert await wal_size(2) * 4 < await wal_size(10**9)
+    assert await wal_size(5) * 4 < await wal_size(10**9)
 
 
 async def test_closing_fails_every_write_of_a_gathering_batch(tmp_path: Path) -> None:
