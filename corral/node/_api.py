@@ -90,6 +90,8 @@ class ApiServices:
     events: Callable[[], list[JSONDict]]
     #: unix time, for deployed_at.
     wall_clock: Callable[[], float]
+    #: called after a write changed what the coordinator decides from (best effort).
+    changed: Callable[[str], Awaitable[None]] | None = None
 
 
 def record_json(record: AppRecord | NodeRecord | PlacementRecord | NodeIntent) -> JSONDict:
@@ -174,6 +176,10 @@ def build_api(services: ApiServices) -> ASGIApp:
     """The node's ASGI app, with bearer authentication in front of every route."""
     registry = services.registry
 
+    async def changed(reason: str) -> None:
+        if services.changed is not None:
+            await services.changed(reason)
+
     async def state(request: Request) -> Response:
         return JSONResponse(await services.state())
 
@@ -253,7 +259,7 @@ def build_api(services: ApiServices) -> ASGIApp:
         result = await ops.deploy(
             registry, deploy_request, services.artifacts.store, services.wall_clock()
         )
-        return JSONResponse(
+        response = JSONResponse(
             {
                 "app": record_json(result.app),
                 "created": result.created,
@@ -263,6 +269,8 @@ def build_api(services: ApiServices) -> ASGIApp:
             },
             status_code=201 if result.created else 200,
         )
+        await changed(f"deploy {deploy_request.name}")
+        return response
 
     async def selector(request: Request) -> Response:
         name = check_name("app", request.path_params["name"])
@@ -279,6 +287,7 @@ def build_api(services: ApiServices) -> ASGIApp:
                 "selector", 'is empty; to lift the constraint send {"clear": true}'
             )
         app = await ops.set_selector(registry, name, pairs)
+        await changed(f"selector {name}")
         return JSONResponse({"app": record_json(app)})
 
     async def replicas(request: Request) -> Response:
@@ -288,16 +297,19 @@ def build_api(services: ApiServices) -> ASGIApp:
         if "replicas" not in body:
             raise RequestInvalid("replicas", "missing; give all or a whole number >= 1")
         app = await ops.set_replicas(registry, name, parse_replicas(body["replicas"]))
+        await changed(f"replicas {name}")
         return JSONResponse({"app": record_json(app)})
 
     async def retire(request: Request) -> Response:
         name = check_name("app", request.path_params["name"])
         app = await ops.retire(registry, name)
+        await changed(f"retire {name}")
         return JSONResponse({"app": record_json(app)})
 
     async def delete(request: Request) -> Response:
         name = check_name("app", request.path_params["name"])
         await ops.delete_app(registry, name)
+        await changed(f"delete {name}")
         return JSONResponse({"deleted": name})
 
     async def node_operation(request: Request) -> Response:
@@ -318,6 +330,7 @@ def build_api(services: ApiServices) -> ASGIApp:
             intent, interrupted = await ops.drain(registry, node, force=force)
         else:
             raise NotFound(f"no node operation {verb!r}; use cordon, uncordon or drain")
+        await changed(f"{verb} {node}")
         return JSONResponse(
             {"node": node, "intent": record_json(intent), "interrupted": interrupted}
         )

@@ -34,8 +34,11 @@ def node_id_from_hostname(hostname: str) -> str:
     return label or "node"
 
 
-def ensure_node_id(data_dir: Path, configured: str | None, hostname: str) -> str:
-    """The node id for this data directory, persisted on first start.
+def ensure_node_id(
+    data_dir: Path, configured: str | None, hostname: str, *, persist: bool = True
+) -> str:
+    """The node id for this data directory, persisted on first start (unless ``persist``
+    is False: then the caller writes it with :func:`persist_node_id` once it is sure).
 
     Raises:
         ConfigError: the id breaks the DNS-label rules, or the data directory already
@@ -56,10 +59,18 @@ def ensure_node_id(data_dir: Path, configured: str | None, hostname: str) -> str
             f"data directory {data_dir} belongs to node {kept!r}, not {chosen!r}; "
             "give another --data-dir, or drop --node-id to run as the node it was"
         )
-    if kept is None:
-        data_dir.mkdir(parents=True, exist_ok=True)
-        path.write_text(chosen + "\n", encoding="utf-8")
+    if kept is None and persist:
+        persist_node_id(data_dir, chosen)
     return chosen
+
+
+def persist_node_id(data_dir: Path, node_id: str) -> None:
+    """Record ``node_id`` as this data directory's node (no-op when already recorded)."""
+    path = data_dir / NODE_ID_FILE
+    if path.exists():
+        return
+    data_dir.mkdir(parents=True, exist_ok=True)
+    path.write_text(node_id + "\n", encoding="utf-8")
 
 
 def read_secret_file(path: Path) -> str | None:
@@ -78,7 +89,7 @@ def ensure_secret_file(path: Path, configured: str | None) -> str:
     existing = read_secret_file(path)
     if existing:
         return existing
-    value = secrets.token_urlsafe(32)
+    value = secrets.token_hex(32)  # hex: never starts with '-', safe on a command line
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as handle:

@@ -33,7 +33,11 @@ from typing import Any, TextIO
 import psutil
 import trio
 
-from corral.actors.coordinator import GetCoordinatorState, coordinator_child_spec
+from corral.actors.coordinator import (
+    GetCoordinatorState,
+    KickCoordinator,
+    coordinator_child_spec,
+)
 from corral.actors.node_record import NodeIdentity, node_registration_child_spec
 from corral.actors.process_supervisor import ListProcesses
 from corral.actors.reconciler import AgentSpec, LastPass
@@ -47,6 +51,7 @@ from corral.node._identity import (
     TOKEN_FILE,
     ensure_node_id,
     ensure_secret_file,
+    persist_node_id,
     probe_capacity,
 )
 from corral.node._peers import PeerDirectory
@@ -71,6 +76,7 @@ from corral.supervision import (
     SupervisorSpec,
     open_actor_system,
 )
+from corral.transport import TransportError
 from corral.transport._websocket import open_websocket_transport
 
 log = logging.getLogger("corral.node")
@@ -119,7 +125,9 @@ def prepare_runtime(config: NodeConfig, hostname: str | None = None) -> NodeRunt
         config.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     except OSError as exc:
         raise ConfigError(f"--data-dir {config.data_dir} cannot be created: {exc}") from exc
-    node_id = ensure_node_id(config.data_dir, config.node_id, hostname or socket.gethostname())
+    node_id = ensure_node_id(
+        config.data_dir, config.node_id, hostname or socket.gethostname(), persist=False
+    )
     token = ensure_secret_file(config.data_dir / TOKEN_FILE, config.token)
     secret = ensure_secret_file(config.data_dir / SECRET_FILE, config.secret)
     return NodeRuntime(config=config, node_id=node_id, token=token, secret=secret)
@@ -194,6 +202,25 @@ class NodeServices:
         views["unplaced"] = await unplaced_view(self, {**state, **views})
         return views
 
+    async def kick_coordinator(self, reason: str) -> None:
+        """Tell the coordinator (here or on the lease holder's node) to look now rather
+        than at its next tick. Best effort: the tick finds the change anyway."""
+        if self.system is None:
+            return
+        try:
+            kv = await self.registry.get(COORDINATOR_LEASE_KEY)
+        except RegistryError:
+            return
+        lease = None if kv is None else decode_record(kv.key, kv.value)
+        if not isinstance(lease, CoordinatorLease):
+            return
+        try:
+            self.system.ref(f"/{COORDINATOR}", node=lease.holder).tell_nowait(
+                KickCoordinator(reason=reason)
+            )
+        except (SupervisionError, TransportError) as exc:
+            log.debug("could not kick coordinator %s: %s", lease.holder, exc)
+
     def actors(self) -> dict[str, Any]:
         assert self.system is not None
         tree: dict[str, Any] = self.system.tree().to_dict()
@@ -239,6 +266,7 @@ def root_spec(
                 actors=services.actors,
                 events=services.recent_events,
                 wall_clock=time.time,
+                changed=services.kick_coordinator,
             )
         )
 
@@ -336,6 +364,31 @@ ACTOR_VIEWS.update(
 )
 
 
+async def check_node_id_free(runtime: NodeRuntime, registry: Registry) -> None:
+    """Refuse to start when another live node already uses this node id.
+
+    A record left by this node's own previous life names the same addresses and is
+    taken over; one naming other addresses belongs to someone else.
+
+    Raises:
+        ConfigError: naming the other node's addresses and what to do.
+    """
+    kv = await registry.get(node_key(runtime.node_id))
+    record = None if kv is None else decode_record(kv.key, kv.value)
+    if not isinstance(record, NodeRecord):
+        return
+    if (record.peer_address, record.api_address) in (
+        ("", ""),
+        (runtime.peer_address, runtime.api_address),
+    ):
+        return
+    raise ConfigError(
+        f"node id {runtime.node_id!r} is in use by a live node (peer {record.peer_address}, "
+        f"api {record.api_address}); give this node its own --node-id (if that node is gone, "
+        "its record lapses with its lease within --node-ttl-ms)"
+    )
+
+
 async def run_node(
     config: NodeConfig,
     *,
@@ -352,6 +405,8 @@ async def run_node(
     check_bindable(config)
     events = EventLog()
     async with open_registry(config.registry_url) as registry:
+        await check_node_id_free(runtime, registry)
+        persist_node_id(config.data_dir, runtime.node_id)
         services = NodeServices(runtime, registry, events)
         async with open_websocket_transport(
             runtime.node_id,
@@ -454,10 +509,26 @@ def node_run_command(args: argparse.Namespace, stderr: TextIO) -> int:
     config = config_from_args(args, os.environ)
     configure_logging(stderr)
     try:
-        trio.run(serve_until_signalled, config)
-    except ConfigError:
-        raise
+        try:
+            trio.run(serve_until_signalled, config)
+        except BaseExceptionGroup as group:
+            raise single_error(group) from None
     except RegistryError as exc:
         print(f"corral: error: the registry cannot be used: {exc}", file=stderr)
         return 1
     return 0
+
+
+def single_error(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The one error a nursery wrapped (so it reads as one line), or the group itself."""
+    leaves: list[BaseException] = []
+
+    def walk(error: BaseException) -> None:
+        if isinstance(error, BaseExceptionGroup):
+            for inner in error.exceptions:
+                walk(inner)
+        elif not isinstance(error, trio.Cancelled):
+            leaves.append(error)
+
+    walk(group)
+    return leaves[0] if len(leaves) == 1 else group

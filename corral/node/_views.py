@@ -4,10 +4,12 @@ Theory of operation: the registry says what each app wants (``apps/``), where
 the coordinator put it (``placement/``), what each node serves (``nodes/`` —
 the ``serving`` map the Reconciler publishes) and what the operator intends for
 each node (``intent/``). A row is an (app, node) pair that is placed there or
-served there; its state is the serving state, or ``pending`` (placed, not yet
-serving), ``stopping`` (serving, no longer placed) or ``node-gone`` (placed on a
-node with no live record). The RELOC column says whether the instance could be
-moved elsewhere if its node went away, or why not. Pure: no I/O.
+served there; its state is the serving state, or ``pending`` (no placement yet:
+the coordinator has not decided, or cannot place it — ``corral state`` says
+why), ``starting`` (placed, not serving yet), ``stopping`` (serving, no longer
+placed) or ``node-gone`` (placed on a node with no live record). The RELOC
+column says whether the instance could be moved elsewhere if its node went
+away, or why not. Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -82,7 +84,7 @@ def ps_rows(
             state = (
                 "retired"
                 if app.retired
-                else ("undeployed" if app.deployment is None else "unplaced")
+                else ("undeployed" if app.deployment is None else "pending")
             )
             rows.append(PsRow(name, "-", state, None, None, 0, None, "-"))
             continue
@@ -94,7 +96,7 @@ def ps_rows(
             elif record is None:
                 state = "node-gone"
             else:
-                state = "pending"
+                state = "starting"
             rows.append(
                 PsRow(
                     app=name,

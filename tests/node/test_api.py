@@ -42,6 +42,7 @@ class Fixture:
             secret=SECRET,
             registry_limit=registry_limit,
         )
+        self.changes: list[str] = []
         self.events: list[dict[str, Any]] = [
             {"seq": i, "kind": "test.event", "path": "/x", "fields": {}} for i in range(3)
         ]
@@ -59,8 +60,12 @@ class Fixture:
             actors=lambda: {"path": "/", "children": []},
             events=lambda: list(self.events),
             wall_clock=lambda: 1_700_000_000.0,
+            changed=self.record_change,
         )
         self.app = build_api(services)
+
+    async def record_change(self, reason: str) -> None:
+        self.changes.append(reason)
 
     def client(self, token: str | None = TOKEN) -> httpx.AsyncClient:
         headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
@@ -203,6 +208,7 @@ async def test_deploy_without_command_is_400_command(fx: Fixture, tmp_path: Path
         response = await client.post("/v1/apps/shop/deploy", json={"artifact": b64(raw.getvalue())})
     assert (response.status_code, response.json()["field"]) == (400, "command")
     assert await fx.registry.revision() == before
+    assert fx.changes == []
 
 
 async def test_app_operations(fx: Fixture, tmp_path: Path) -> None:
@@ -227,6 +233,14 @@ async def test_app_operations(fx: Fixture, tmp_path: Path) -> None:
         assert "no app named 'shop'" in missing.json()["error"]
         assert (await client.get("/v1/apps/shop")).status_code == 404
     assert await fx.app_record("shop") is None
+    assert fx.changes == [
+        "deploy shop",
+        "selector shop",
+        "replicas shop",
+        "selector shop",
+        "retire shop",
+        "delete shop",
+    ]
 
 
 async def put_node(fx: Fixture, node_id: str, **fields: Any) -> None:

@@ -11,9 +11,9 @@ import trio
 from corral.node._config import resolve_node_config
 from corral.node._errors import ConfigError
 from corral.node._events import EventLog, jsonable
-from corral.node._node import check_bindable, prepare_runtime
+from corral.node._node import check_bindable, check_node_id_free, prepare_runtime, single_error
 from corral.node._peers import peer_changes
-from corral.registry import NodeRecord
+from corral.registry import MemoryRegistry, NodeRecord, node_key
 from corral.supervision import Event
 
 
@@ -62,3 +62,25 @@ def test_a_taken_api_address_is_one_clear_line(tmp_path: Path) -> None:
         config = resolve_node_config({"api": f"127.0.0.1:{port}"}, {}, cwd=tmp_path)
         with pytest.raises(ConfigError, match=f"--api 127.0.0.1:{port} cannot be used"):
             check_bindable(config)
+
+
+async def test_a_live_node_with_the_same_id_is_refused(tmp_path: Path) -> None:
+    registry = MemoryRegistry()
+    config = resolve_node_config({"data-dir": "d", "node-id": "n1"}, {}, cwd=tmp_path)
+    runtime = prepare_runtime(config)
+    await check_node_id_free(runtime, registry)
+    ours = NodeRecord(id="n1", peer_address=runtime.peer_address, api_address=runtime.api_address)
+    await registry.put(node_key("n1"), ours.encode())
+    await check_node_id_free(runtime, registry)  # our own previous life
+    theirs = NodeRecord(id="n1", peer_address="10.0.0.9:7401", api_address="10.0.0.9:7400")
+    await registry.put(node_key("n1"), theirs.encode())
+    with pytest.raises(ConfigError, match="in use by a live node"):
+        await check_node_id_free(runtime, registry)
+    assert not (tmp_path / "d" / "node-id").exists()
+
+
+def test_single_error_unwraps_one_leaf() -> None:
+    error = ConfigError("bad")
+    assert single_error(BaseExceptionGroup("x", [BaseExceptionGroup("y", [error])])) is error
+    two = BaseExceptionGroup("x", [ValueError(), KeyError()])
+    assert single_error(two) is two

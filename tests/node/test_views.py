@@ -35,7 +35,7 @@ def test_states_and_reloc_reasons() -> None:
     summary = [(r.app, r.node, r.state, r.reloc) for r in rows]
     assert summary == [
         ("db", "gone", "node-gone", "no (pinned)"),
-        ("db", "n2", "pending", "no (pinned)"),
+        ("db", "n2", "starting", "no (pinned)"),
         ("old", "-", "retired", "-"),
         ("web", "n1", "running", "no (no other node matches the selector)"),
         ("web", "n3", "stopping", "no (no other node matches the selector)"),
