@@ -213,7 +213,7 @@ async def measure_processes(data_dir: Path) -> dict[str, float]:
             rows = await processes.ask(ListProcesses())
             if sum(1 for row in rows if row["pid"]) == PROCESSES:
                 break
-            await trio.sleep(0.002)
+            await trio.sleep(0.01)
         started = time.perf_counter() - t0
         t0 = time.perf_counter()
         for i in range(PROCESSES):
@@ -222,7 +222,7 @@ async def measure_processes(data_dir: Path) -> dict[str, float]:
             rows = await processes.ask(ListProcesses())
             if all(row["state"] == "stopped" for row in rows):
                 break
-            await trio.sleep(0.002)
+            await trio.sleep(0.01)
         stopped = time.perf_counter() - t0
 
     t0 = time.perf_counter()

@@ -103,9 +103,7 @@ async def copy_hello(app: str, deployment: Deployment, data_dir: Path) -> Path:
 
 
 @asynccontextmanager
-async def agent_on(
-    data_dir: Path, registry: Registry, **options: Any
-) -> AsyncIterator[Agent]:
+async def agent_on(data_dir: Path, registry: Registry, **options: Any) -> AsyncIterator[Agent]:
     # A new life of the node registers afresh: it serves nothing yet.
     await registry.put(node_key(NODE), NodeRecord(NODE).encode())
 
@@ -158,9 +156,7 @@ async def test_assigned_app_runs_and_answers_then_unassigned_stops_keeping_its_s
                 "port": entry.public_port,
             }
             pid = (await agent.rows())["hello"]["pid"]
-            assert psutil.Process(pid).cwd() == str(
-                AppPaths.of(tmp_path, "hello").revision_dir(R1)
-            )
+            assert psutil.Process(pid).cwd() == str(AppPaths.of(tmp_path, "hello").revision_dir(R1))
 
             await place(registry, "hello", "node-b")
             await until(lambda: gone(pid))

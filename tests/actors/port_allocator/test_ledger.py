@@ -141,9 +141,7 @@ async def test_a_port_claimed_by_another_app_in_the_registry_is_never_given(
     tmp_path: Path,
 ) -> None:
     registry, clock = MemoryRegistry(), Clock()
-    await registry.put(
-        port_key("node-a", 24001), PortClaim("node-a", 24001, "other", 1.0).encode()
-    )
+    await registry.put(port_key("node-a", 24001), PortClaim("node-a", 24001, "other", 1.0).encode())
     for seed in range(10):
         ledger = make_ledger(
             tmp_path / str(seed), registry, clock, port_range=PortRange(24000, 24003), seed=seed

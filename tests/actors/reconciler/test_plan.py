@@ -90,9 +90,7 @@ def test_the_table() -> None:
 
 
 def test_a_stopping_process_of_an_assigned_app_is_started_again_without_probing() -> None:
-    inputs = PassInputs(
-        apps={"a": view("a")}, processes={"a": ProcessView("a", R1, "stopping")}
-    )
+    inputs = PassInputs(apps={"a": view("a")}, processes={"a": ProcessView("a", R1, "stopping")})
     assert plan_pass(inputs) == (Start("a", R1, after_stop=True),)
 
 
@@ -206,8 +204,10 @@ def test_plan_properties(
     local: frozenset[str],
     unknown: frozenset[str],
 ) -> None:
-    apps = {n: AppView(n, v.assigned, v.revision, v.teardown_pending, v.retired, v.blocked)
-            for n, v in apps.items()}
+    apps = {
+        n: AppView(n, v.assigned, v.revision, v.teardown_pending, v.retired, v.blocked)
+        for n, v in apps.items()
+    }
     procs = {n: ProcessView(n, p.revision, p.phase) for n, p in procs.items()}
     actions = plan_pass(PassInputs(apps, unknown, procs, local))
     touched = [a.app for a in actions]

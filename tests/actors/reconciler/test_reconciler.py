@@ -157,7 +157,7 @@ async def test_an_assigned_app_starts_on_its_ports_and_is_published(
     autojump_clock: trio.testing.MockClock, tmp_path: Path
 ) -> None:
     async with running_agent(tmp_path) as agent:
-        lease = (await agent.registry.get(node_key(NODE)))
+        lease = await agent.registry.get(node_key(NODE))
         assert lease is not None
         await deploy(agent.registry, "hello")
         await place(agent.registry, "hello", NODE, "node-b")
