@@ -14,7 +14,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, NoReturn, TextIO
 
 from corral.node._errors import ApiRefused, ConfigError, NodeError, RequestInvalid
 
@@ -22,8 +22,15 @@ EXIT_FAILED = 1
 EXIT_USAGE = 2
 
 
-def _client_options() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
+class _Parser(argparse.ArgumentParser):
+    """argparse, with usage errors in one line that point at --help."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _client_options() -> _Parser:
+    common = _Parser(add_help=False)
     group = common.add_argument_group("reaching a node")
     group.add_argument(
         "--api", metavar="URL", help="the node's API (default $CORRAL_API or http://127.0.0.1:7400)"
@@ -66,7 +73,7 @@ def _node_run_options(run: argparse.ArgumentParser) -> None:
 
 
 def _build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="corral",
         description="Place applications on a fleet of machines and run them.",
     )
