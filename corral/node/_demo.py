@@ -226,13 +226,13 @@ class Demo:
 
 
 def demo_command(stdout: TextIO, *, keep: bool = False) -> int:
-    """Run the demo; return 0 when the story ran to a clean finish."""
+    """Run the demo; return 0 when the story ran to a clean finish.
+
+    Raises:
+        NodeError: the example apps are not there (a non-editable install).
+    """
+    apps_dir = find_example_apps()
     say = Narrator(stdout)
-    try:
-        apps_dir = find_example_apps()
-    except NodeError as exc:
-        print(f"corral: error: {exc}", file=stdout)
-        return 1
     root = Path(tempfile.mkdtemp(prefix="corral-demo-"))
     cluster = LocalCluster(
         root,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import socket
 from pathlib import Path
 
@@ -9,7 +10,7 @@ import pytest
 
 from corral.node._cli import main
 from corral.node._client import resolve_api_url, resolve_token
-from corral.node._errors import ApiError
+from corral.node._errors import ApiError, NodeError
 
 from .conftest import make_app_dir
 
@@ -92,3 +93,29 @@ def test_api_and_token_resolution(tmp_path: Path) -> None:
     assert resolve_token("flag", {"CORRAL_TOKEN": "env"}, "d", tmp_path) == "flag"
     with pytest.raises(ApiError, match="no API token"):
         resolve_token(None, {}, "nowhere", tmp_path)
+
+
+def test_usage_errors_are_one_line_pointing_at_help(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as caught:
+        main(["deploy", "somewhere"])
+    assert caught.value.code == 2
+    err = capsys.readouterr().err
+    assert err == (
+        "corral deploy: error: the following arguments are required: --name "
+        "(see corral deploy --help)\n"
+    )
+
+
+def test_demo_explains_missing_examples(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import corral
+    from corral.node import _demo
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(corral, "__file__", str(tmp_path / "site" / "corral" / "__init__.py"))
+    with pytest.raises(NodeError, match="pip install -e"):
+        _demo.demo_command(io.StringIO())
+    code, _, err = run(["demo"], capsys)
+    assert code == 1
+    assert err.startswith("corral: error: the demo's example apps")
