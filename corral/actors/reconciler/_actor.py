@@ -188,6 +188,8 @@ class Reconciler(Actor):
         wall_clock: wall time for pass summaries.
         ask_timeout: seconds to wait for a sibling's reply.
         debounce: seconds to gather more triggers before a pass starts.
+        materialize_timeout: seconds one ``materialize`` call may take before the start
+            is given up for this pass (and retried on the next).
     """
 
     def __init__(
@@ -204,6 +206,7 @@ class Reconciler(Actor):
         wall_clock: Callable[[], float] = time.time,
         ask_timeout: float = 30.0,
         debounce: float = 0.05,
+        materialize_timeout: float = 300.0,
     ) -> None:
         super().__init__()
         self._node_id = node_id
@@ -216,6 +219,7 @@ class Reconciler(Actor):
         self._wall = wall_clock
         self._ask_timeout = ask_timeout
         self._debounce = debounce
+        self._materialize_timeout = materialize_timeout
         self._wake = trio.Event()
         self._force = False
         self._reasons: list[str] = []
@@ -419,7 +423,13 @@ class Reconciler(Actor):
     async def _start(self, action: Start | Restart, deployment: Deployment) -> str | None:
         app = action.app
         try:
-            directory = await self._materialize(app, deployment)
+            with trio.fail_after(self._materialize_timeout):
+                directory = await self._materialize(app, deployment)
+        except trio.TooSlowError:
+            return (
+                f"app {app}: getting revision {action.revision[:12]} onto disk took longer "
+                f"than {self._materialize_timeout:g} s; retrying on a later pass"
+            )
         except Exception as exc:
             log.warning("app %s: cannot materialize %s", app, action.revision, exc_info=True)
             return f"app {app}: cannot get revision {action.revision[:12]} onto disk: {exc}"

@@ -122,6 +122,7 @@ async def running_agent(
     registry: CountingRegistry | None = None,
     launcher: MemoryLauncher | None = None,
     node_record: bool = True,
+    failures: dict[str, int] | None = None,
     **options: Any,
 ) -> AsyncIterator[Agent]:
     registry = registry or CountingRegistry(MemoryRegistry())
@@ -132,6 +133,9 @@ async def running_agent(
         await registry.put(node_key(NODE), NodeRecord(NODE).encode(), lease=lease.id)
 
     async def materialize(app: str, deployment: Deployment) -> Path:
+        if failures and failures.get(app, 0) > 0:
+            failures[app] -= 1
+            raise OSError(f"artifact of {app} not reachable")
         directory = AppPaths.of(data_dir, app).revision_dir(deployment.revision)
         directory.mkdir(parents=True, exist_ok=True)
         return directory
@@ -393,3 +397,22 @@ async def test_a_crashed_process_supervisor_gets_its_processes_back(
         (second,) = agent.launcher.alive()
         assert second.spec.public_port == first.spec.public_port
         assert (await agent.node_record()).serving["hello"].state == "running"
+
+
+async def test_a_revision_that_cannot_be_materialized_is_retried_on_the_next_pass(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    async with running_agent(tmp_path, failures={"hello": 1}) as agent:
+        await deploy(agent.registry, "hello")
+        await place(agent.registry, "hello", NODE)
+        first = await agent.reconciler.ask(RunPass())
+        (action,) = first["actions"]
+        assert not action["ok"]
+        assert "not reachable" in action["error"]
+        assert agent.launcher.spawned == []
+        # nothing moved in the registry, yet the failed start is retried
+        second = await agent.reconciler.ask(RunPass())
+        assert not second["skipped"]
+        assert [a["ok"] for a in second["actions"]] == [True]
+        await agent.settle()
+        assert len(agent.launcher.alive()) == 1
