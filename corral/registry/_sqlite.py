@@ -354,8 +354,9 @@ class SQLiteRegistry(Registry):
         success, failure = list(on_success), list(on_failure)
 
         def job(tx: _Tx) -> TxnResult:
-            succeeded = all(compare_holds(c, _get(tx.conn, c.key)) for c in compares)
-            responses = _apply(tx, success if succeeded else failure)
+            known = {c.key: _get(tx.conn, c.key) for c in compares}
+            succeeded = all(compare_holds(c, known[c.key]) for c in compares)
+            responses = _apply(tx, success if succeeded else failure, known)
             return TxnResult(succeeded, tx.revision, tuple(responses))
 
         return await self._write(job)
@@ -799,8 +800,14 @@ def _end_lease(tx: _Tx, lease_id: int) -> None:
         _apply(tx, [Delete(key) for key in keys])
 
 
-def _apply(tx: _Tx, ops: Sequence[TxnOp]) -> list[list[KeyValue] | int | None]:
-    """Run ``ops`` as one revision (bumped only when something changed)."""
+def _apply(
+    tx: _Tx, ops: Sequence[TxnOp], known: dict[str, KeyValue | None] | None = None
+) -> list[list[KeyValue] | int | None]:
+    """Run ``ops`` as one revision (bumped only when something changed).
+
+    ``known`` holds keys read by the txn's compares; a Put reuses them instead of
+    reading the key again (a branch writes each key at most once, so they are
+    still current when the Put runs)."""
     conn = tx.conn
     for op in ops:
         if isinstance(op, Put) and op.lease is not None:
@@ -812,7 +819,8 @@ def _apply(tx: _Tx, ops: Sequence[TxnOp]) -> list[list[KeyValue] | int | None]:
         if isinstance(op, Get):
             responses.append(_range(conn, op.key) if op.prefix else _listed(_get(conn, op.key)))
         elif isinstance(op, Put):
-            _put(conn, revision, seq, op.key, bytes(op.value), op.lease)
+            previous = known.get(op.key, _UNKNOWN) if known else _UNKNOWN
+            _put(conn, revision, seq, op.key, bytes(op.value), op.lease, previous)
             seq += 1
             responses.append(None)
         else:
@@ -837,10 +845,28 @@ def _check_lease(conn: sqlite3.Connection, lease_id: int) -> None:
         raise LeaseNotFound(lease_id)
 
 
+class _Unknown:
+    """A key's previous state has not been read yet."""
+
+
+_UNKNOWN: Final = _Unknown()
+
+
 def _put(
-    conn: sqlite3.Connection, revision: int, seq: int, key: str, value: bytes, lease: int | None
+    conn: sqlite3.Connection,
+    revision: int,
+    seq: int,
+    key: str,
+    value: bytes,
+    lease: int | None,
+    previous: KeyValue | _Unknown | None = _UNKNOWN,
 ) -> None:
-    row = conn.execute("SELECT create_revision, version FROM kv WHERE key = ?", (key,)).fetchone()
+    if isinstance(previous, _Unknown):
+        row = conn.execute(
+            "SELECT create_revision, version FROM kv WHERE key = ?", (key,)
+        ).fetchone()
+    else:
+        row = None if previous is None else (previous.create_revision, previous.version)
     create, version = (revision, 1) if row is None else (row[0], row[1] + 1)
     conn.execute(
         "INSERT OR REPLACE INTO kv (key, value, create_revision, mod_revision, version, lease) "
