@@ -43,6 +43,10 @@ async def until(predicate: Callable[[], bool]) -> None:
         await trio.sleep(0.02)
 
 
+def line_written(path: Path) -> bool:
+    return path.exists() and path.read_text().endswith("\n")
+
+
 def request(tmp_path: Path, code: str, app: str = "hello") -> StartRequest:
     cwd = tmp_path / "cwd"
     cwd.mkdir(exist_ok=True)
@@ -76,7 +80,7 @@ async def test_process_runs_in_its_own_group_with_its_env_and_logs(tmp_path: Pat
                 ready_timeout=0.5,
             )
             table.ensure(request(tmp_path, code))
-            await until(lambda: paths.stdout_log.exists() and paths.stdout_log.read_text() != "")
+            await until(lambda: line_written(paths.stdout_log))
             assert paths.stdout_log.read_text().split() == [
                 "24001",
                 "hello",
@@ -121,7 +125,7 @@ async def test_stop_kills_the_whole_tree_after_the_grace_period(tmp_path: Path) 
                 ready_timeout=0.5,
             )
             table.ensure(request(tmp_path, code))
-            await until(lambda: paths.stdout_log.exists() and paths.stdout_log.read_text() != "")
+            await until(lambda: line_written(paths.stdout_log))
             info = table.info("hello")
             assert info is not None
             assert info.pid is not None
