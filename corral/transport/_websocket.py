@@ -21,10 +21,12 @@ import itertools
 import logging
 import random as random_module
 import secrets
+from collections import deque
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any, cast
 
 import trio
 import trio_websocket
@@ -80,7 +82,9 @@ class WebSocketConfig:
             a frame over the peer's limit before it is queued.
         outbound_queue_size: frames queued per peer before ``send`` raises PeerBusy.
         inbound_queue_size: frames received and not yet taken by ``receive``;
-            when full, reading from every peer pauses (backpressure).
+            when full, reading from every peer pauses (backpressure). A node that
+            takes no frames for longer than the heartbeat timeout also stops
+            answering pings, and its peers drop the connection.
         heartbeat_interval: seconds between pings on an idle or busy connection.
         heartbeat_timeout: seconds a ping may go unanswered before the peer is
             declared dead; a silent peer is detected within interval + timeout.
@@ -169,6 +173,7 @@ class _Connection:
         self.close_code = CloseCode.NORMAL
         self.close_reason = ""
         self.send_scopes: set[trio.CancelScope] = set()  # writes in progress, cancelled on loss
+        self.sink: _FrameSink | None = None
 
 
 class _Link:
@@ -238,6 +243,85 @@ def _close_text(reason: trio_websocket.CloseReason | None) -> str:
     name = "" if reason.code >= 4000 else f" {reason.name}"
     detail = f" ({reason.reason})" if reason.reason else ""
     return f"close code {reason.code}{name}{detail}"
+
+
+class _FrameSink:
+    """Takes the place of trio-websocket's internal message channel on one connection.
+
+    trio-websocket's reader task hands every complete message to
+    ``connection._send_channel.send``; a task of ours would then take it out again
+    and pass it on. With this object in that place the reader task delivers each
+    frame itself: one task switch less per frame received. Messages that arrive
+    before the connection is installed (the dialer's welcome and anything right
+    behind it) wait in a backlog that is delivered first, in order.
+
+    ``attach_to`` returns None if a trio-websocket version lacks the attribute;
+    the transport then runs a reader task per connection instead.
+    """
+
+    def __init__(self, transport: WebSocketTransport) -> None:
+        self._transport = transport
+        self._conn: _Connection | None = None
+        self._backlog: deque[bytes | str] = deque()
+        self._lock = trio.Lock()
+        self._arrived = trio.Event()
+        self._closed = False
+
+    @classmethod
+    def attach_to(
+        cls, transport: WebSocketTransport, ws: trio_websocket.WebSocketConnection
+    ) -> _FrameSink | None:
+        if not hasattr(ws, "_send_channel"):
+            return None
+        sink = cls(transport)
+        cast(Any, ws)._send_channel = sink
+        return sink
+
+    async def send(self, message: bytes | str) -> None:
+        """Called by trio-websocket's reader task for each complete message."""
+        conn = self._conn
+        if conn is None:
+            self._backlog.append(message)
+            self._arrived.set()
+            return
+        if self._backlog or self._lock.locked():
+            async with self._lock:
+                await self._drain(conn)
+                await self._transport._on_message(conn, message)
+            return
+        await self._transport._on_message(conn, message)
+
+    async def aclose(self) -> None:
+        """Called by trio-websocket once the connection is closed."""
+        self._closed = True
+        self._arrived.set()
+        if self._conn is not None:
+            self._transport._on_closed(self._conn, self._conn.ws.closed)
+        await trio.lowlevel.checkpoint()
+
+    async def first_message(self, ws: trio_websocket.WebSocketConnection) -> bytes | str:
+        """The first message after attaching (the dialer's welcome).
+
+        Raises:
+            trio_websocket.ConnectionClosed: the peer closed instead.
+        """
+        await self._arrived.wait()
+        if self._backlog:
+            return self._backlog.popleft()
+        raise trio_websocket.ConnectionClosed(ws.closed)
+
+    async def deliver_to(self, conn: _Connection) -> None:
+        """From now on, messages are ``conn``'s; deliver any backlog first."""
+        self._conn = conn
+        conn.sink = self
+        if self._closed:
+            self._transport._on_closed(conn, conn.ws.closed)
+        async with self._lock:
+            await self._drain(conn)
+
+    async def _drain(self, conn: _Connection) -> None:
+        while self._backlog:
+            await self._transport._on_message(conn, self._backlog.popleft())
 
 
 class WebSocketTransport(Transport):
@@ -540,13 +624,15 @@ class WebSocketTransport(Transport):
                         max_message_size=self._config.wire_limit,
                         receive_buffer_size=self._config.receive_buffer_size,
                     )
-                    info = await self._client_handshake(ws, link.peer, address)
+                    info, sink = await self._client_handshake(ws, link.peer, address)
                 conn = _Connection(link, ws, info, trio.current_time())
                 if not self._install(link, conn):
                     await self._close_ws(ws, CloseCode.SUPERSEDED, "a preferred connection exists")
                     raise HandshakeFailed(
                         f"connection to {link.peer!r} superseded by the one it dialed to us"
                     )
+                if sink is not None:
+                    await sink.deliver_to(conn)  # whatever came right behind the welcome
                 conn.ready.set()
                 task_status.started(conn)
                 started = True
@@ -616,6 +702,9 @@ class WebSocketTransport(Transport):
         if not self._install(link, conn):
             await self._close_ws(ws, CloseCode.SUPERSEDED, "a preferred connection exists")
             return None
+        sink = _FrameSink.attach_to(self, ws)
+        if sink is not None:
+            await sink.deliver_to(conn)  # nothing is waiting: the peer awaits our welcome
         try:
             await ws.send_message(welcome)
         except trio_websocket.ConnectionClosed as exc:
@@ -625,7 +714,7 @@ class WebSocketTransport(Transport):
 
     async def _client_handshake(
         self, ws: trio_websocket.WebSocketConnection, peer: str, address: str
-    ) -> PeerInfo:
+    ) -> tuple[PeerInfo, _FrameSink | None]:
         handshake = ClientHandshake(
             self._identity,
             self._secret,
@@ -643,8 +732,11 @@ class WebSocketTransport(Transport):
                     f"refused peer {peer!r} at {address}: {proof.reason} "
                     f"(close code {int(proof.code)})"
                 )
+            # From the welcome on, messages go to the sink (if trio-websocket lets us).
+            sink = _FrameSink.attach_to(self, ws)
             await ws.send_message(proof)
-            info = handshake.receive_welcome(await ws.get_message())
+            welcome = await (ws.get_message() if sink is None else sink.first_message(ws))
+            info = handshake.receive_welcome(welcome)
         except trio_websocket.ConnectionClosed as exc:
             raise HandshakeFailed(
                 f"peer {peer!r} at {address} refused the handshake: {_close_text(exc.reason)}"
@@ -652,7 +744,7 @@ class WebSocketTransport(Transport):
         if isinstance(info, Refused):
             await self._refuse(ws, info, f"peer {peer!r} at {address}")
             raise HandshakeFailed(f"refused peer {peer!r} at {address}: {info.reason}")
-        return info
+        return info, sink
 
     async def _server_handshake(
         self, ws: trio_websocket.WebSocketConnection
@@ -751,7 +843,8 @@ class WebSocketTransport(Transport):
             link.notify()
 
     async def _run_connection(self, conn: _Connection, conn_nursery: trio.Nursery) -> None:
-        conn_nursery.start_soon(self._read_loop, conn)
+        if conn.sink is None:
+            conn_nursery.start_soon(self._read_loop, conn)
         conn_nursery.start_soon(self._heartbeat, conn)
         try:
             await conn.lost.wait()
@@ -762,51 +855,64 @@ class WebSocketTransport(Transport):
             conn_nursery.cancel_scope.cancel()
 
     async def _read_loop(self, conn: _Connection) -> None:
-        ws, link = conn.ws, conn.link
-        peer = link.peer
-        limit = self._config.max_frame_size
-        inbound = self._inbound_send
+        """Deliver a connection's messages (used when no sink could be attached)."""
         try:
             while True:
-                message = await ws.get_message()
-                if isinstance(message, bytes):
-                    if len(message) > limit:
-                        link.frames_refused_from_peer += 1
-                        log.warning(
-                            "%s: refused a %d-byte frame from %r (limit %d bytes)",
-                            self._node_id,
-                            len(message),
-                            peer,
-                            limit,
-                        )
-                        await ws.send_message(frame_refusal_message(len(message), limit))
-                    elif link.conn is conn:
-                        frame = Frame(peer, message)
-                        try:
-                            inbound.send_nowait(frame)  # the common case: no extra yield
-                        except trio.WouldBlock:
-                            await inbound.send(frame)  # the node is behind: backpressure
-                    # else: superseded; frames on the losing connection are dropped
-                else:
-                    refusal = parse_control_message(message)
-                    if refusal is None:
-                        log.debug("%s: ignored a control message from %r", self._node_id, peer)
-                        continue
-                    link.frames_refused_by_peer += 1
-                    log.warning(
-                        "%s: peer %r refused a %d-byte frame: %s (its limit is %d bytes)",
-                        self._node_id,
-                        peer,
-                        refusal.size,
-                        refusal.reason,
-                        refusal.limit,
-                    )
+                await self._on_message(conn, await conn.ws.get_message())
         except trio_websocket.ConnectionClosed as exc:
-            if exc.reason is not None and exc.reason.code == CloseCode.GOING_AWAY:
-                link.peer_left = True
-            self._drop(conn, CloseCode.NORMAL, f"closed by the peer: {_close_text(exc.reason)}")
+            self._on_closed(conn, exc.reason)
         except (trio.ClosedResourceError, trio.BrokenResourceError):
             self._drop(conn, CloseCode.GOING_AWAY, "node shutting down")
+
+    async def _on_message(self, conn: _Connection, message: bytes | str) -> None:
+        """One message from an authenticated peer: a frame, or a control notice.
+
+        Raises:
+            trio.ClosedResourceError: this transport is closing.
+        """
+        link = conn.link
+        if isinstance(message, bytes):
+            limit = self._config.max_frame_size
+            if len(message) > limit:
+                link.frames_refused_from_peer += 1
+                log.warning(
+                    "%s: refused a %d-byte frame from %r (limit %d bytes)",
+                    self._node_id,
+                    len(message),
+                    link.peer,
+                    limit,
+                )
+                await conn.ws.send_message(frame_refusal_message(len(message), limit))
+            elif link.conn is conn:
+                frame = Frame(link.peer, message)
+                try:
+                    try:
+                        self._inbound_send.send_nowait(frame)  # the common case: no yield
+                    except trio.WouldBlock:
+                        await self._inbound_send.send(frame)  # the node is behind: backpressure
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    self._drop(conn, CloseCode.GOING_AWAY, "node shutting down")
+                    raise trio.ClosedResourceError("the WebSocket transport is closed") from None
+            # else: superseded; frames on the losing connection are dropped
+            return
+        refusal = parse_control_message(message)
+        if refusal is None:
+            log.debug("%s: ignored a control message from %r", self._node_id, link.peer)
+            return
+        link.frames_refused_by_peer += 1
+        log.warning(
+            "%s: peer %r refused a %d-byte frame: %s (its limit is %d bytes)",
+            self._node_id,
+            link.peer,
+            refusal.size,
+            refusal.reason,
+            refusal.limit,
+        )
+
+    def _on_closed(self, conn: _Connection, reason: trio_websocket.CloseReason | None) -> None:
+        if reason is not None and reason.code == CloseCode.GOING_AWAY:
+            conn.link.peer_left = True
+        self._drop(conn, CloseCode.NORMAL, f"closed by the peer: {_close_text(reason)}")
 
     async def _heartbeat(self, conn: _Connection) -> None:
         interval, timeout = self._config.heartbeat_interval, self._config.heartbeat_timeout

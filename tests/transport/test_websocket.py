@@ -34,6 +34,7 @@ from corral.transport._websocket import (
     PeerState,
     WebSocketConfig,
     WebSocketTransport,
+    _FrameSink,
     open_websocket_transport,
 )
 from corral.transport._ws_rules import (
@@ -175,6 +176,32 @@ async def test_frames_stay_in_order_without_batched_writes(monkeypatch: pytest.M
                 await a.send("node-b", b"%d" % i)
             received = [int((await b.receive()).data) for _ in range(count)]
             assert received == list(range(count))
+
+
+async def test_everything_works_with_a_reader_task_instead_of_the_sink(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    # Should trio-websocket lose the attribute the sink replaces, each connection
+    # gets a reader task of its own; frames, order and close detection are the same.
+    monkeypatch.setattr(_FrameSink, "attach_to", classmethod(lambda cls, transport, ws: None))
+    with trio.fail_after(20):
+        async with open_websocket_transport("node-a", LOOPBACK, secret=SECRET, config=FAST) as a:
+            async with open_websocket_transport(
+                "node-b", LOOPBACK, secret=SECRET, config=FAST
+            ) as b:
+                assert b.address is not None
+                a.add_peer("node-b", b.address)
+                for i in range(200):
+                    await a.send("node-b", b"%d" % i)
+                assert [int((await b.receive()).data) for _ in range(200)] == list(range(200))
+                await b.send("node-a", b"back")
+                assert await a.receive() == Frame("node-b", b"back")
+            while (status := a.peer_status("node-b")) and status.state is PeerState.CONNECTED:
+                await trio.sleep(0.01)
+    assert any(
+        "lost peer 'node-b'" in r.getMessage() and "1001" in r.getMessage() for r in caplog.records
+    )
 
 
 async def test_a_peer_with_the_wrong_secret_is_refused_and_nothing_reaches_receive(
