@@ -1,8 +1,11 @@
 """WebSocketTransport: frames between nodes over authenticated, self-healing WebSockets.
 
 Each node listens on its peer address. A frame for a peer goes into that
-peer's bounded outbound queue; one writer task per peer drains it into the
-peer's single WebSocket connection as one binary message per frame. The
+peer's bounded outbound queue (full: ``send`` raises PeerBusy at once); one
+writer task per peer drains it into the peer's single WebSocket connection,
+one binary message per frame, as many queued frames per socket write as are
+waiting. Received frames are checked and handed to ``receive`` by
+trio-websocket's own reader task (see :class:`_FrameSink`). The
 connection is dialed on first use, authenticated by the handshake in
 :mod:`corral.transport._handshake`, kept alive by ping/pong heartbeats, and
 redialed with exponential backoff and jitter when it drops. A peer that dials
