@@ -16,6 +16,7 @@ from corral.actors.planner import (
     ScoreCache,
     next_placements,
     plan,
+    rendezvous_score,
 )
 from corral.actors.planner import _planner as planner_module
 
@@ -94,6 +95,30 @@ def test_after_one_node_joins_about_one_score_per_app_is_computed(
     assert calls < 200 * 41 / 4
     monkeypatch.undo()
     assert second == plan(apps, joined, placements, Policy(), NOW + 3600)
+
+
+def test_a_low_scoring_node_in_a_new_rack_still_takes_its_place_with_the_memo() -> None:
+    # Thirty nodes in one rack: the second replica's spread key is (1, 1). A node joining
+    # in a rack of its own offers (0, 1) and must be chosen even though its score is far
+    # below the top scores the memo keeps.
+    nodes = [NodeInfo(f"n{i:02d}", rack="r1") for i in range(30)]
+    app = AppSpec("web", replicas=2)
+    ids = [n.id for n in nodes]
+    joining = next(
+        f"x{i}"
+        for i in range(1000)
+        if sorted([*ids, f"x{i}"], key=lambda n: rendezvous_score("web", n), reverse=True).index(
+            f"x{i}"
+        )
+        > 20
+    )
+    cache = ScoreCache()
+    first = plan([app], nodes, {}, Policy(), NOW, cache=cache)
+    placements = next_placements({}, first, NOW)
+    joined = [*nodes, NodeInfo(joining, rack="r2")]
+    second = plan([app], joined, placements, Policy(), NOW + 3600, cache=cache)
+    assert joining in second.placements["web"]
+    assert second == plan([app], joined, placements, Policy(), NOW + 3600)
 
 
 def test_a_copy_is_independent() -> None:

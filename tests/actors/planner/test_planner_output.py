@@ -158,6 +158,18 @@ def test_removals_and_additions_are_sorted_pairs() -> None:
     assert all(list(v) == sorted(v) for v in d.placements.values())
 
 
+def test_removals_are_sorted_across_kinds_of_removal() -> None:
+    nodes = [NodeInfo("n1", state="left"), NodeInfo("n2")]
+    apps = [AppSpec("a-moved", replicas=1), AppSpec("z-retired", retired=True)]
+    placements = {
+        "a-moved": Placement(nodes=("n1",)),
+        "z-retired": Placement(nodes=("n2",)),
+        "m-deleted": Placement(nodes=("n2",)),
+    }
+    d = run(apps, nodes, placements)
+    assert d.removals == (("a-moved", "n1"), ("m-deleted", "n2"), ("z-retired", "n2"))
+
+
 # ------------------------------------------------------------ next placements
 
 

@@ -50,8 +50,10 @@ labels = st.dictionaries(st.sampled_from(["region", "tier"]), st.sampled_from(["
 
 
 @st.composite
-def nodes_strategy(draw: st.DrawFn, *, plain: bool = False) -> list[NodeInfo]:
-    ids = draw(st.lists(st.sampled_from(NODE_IDS), min_size=1, max_size=10, unique=True))
+def nodes_strategy(
+    draw: st.DrawFn, *, plain: bool = False, pool: Sequence[str] = NODE_IDS, most: int = 10
+) -> list[NodeInfo]:
+    ids = draw(st.lists(st.sampled_from(pool), min_size=1, max_size=most, unique=True))
     if plain:
         return [NodeInfo(i) for i in ids]
     return [
@@ -307,15 +309,20 @@ def test_capacity_is_never_over_committed_within_a_pass(
 # ------------------------------------------------------------------------ memo
 
 
+BIG_POOL = [f"m{i:02d}" for i in range(60)]
+
+
 @st.composite
-def histories(draw: st.DrawFn) -> list[tuple[list[AppSpec], list[NodeInfo], float, bool]]:
+def histories(
+    draw: st.DrawFn, *, pool: Sequence[str] = NODE_IDS, most: int = 10
+) -> list[tuple[list[AppSpec], list[NodeInfo], float, bool]]:
     """A few passes, each a small change from the last.
 
     The placements follow the plans, except where a step says they are tampered with
     (an instance vanishes from its placement, as after an operator's edit).
     """
     apps = draw(apps_strategy())
-    nodes = draw(nodes_strategy())
+    nodes = draw(nodes_strategy(pool=pool, most=most))
     now = NOW
     steps = [(apps, nodes, now, False)]
     for _ in range(draw(st.integers(1, 4))):
@@ -340,7 +347,7 @@ def histories(draw: st.DrawFn) -> list[tuple[list[AppSpec], list[NodeInfo], floa
         nodes = list(nodes)
         apps = list(apps)
         if change == "join":
-            free = [i for i in NODE_IDS if i not in {n.id for n in nodes}]
+            free = [i for i in pool if i not in {n.id for n in nodes}]
             if free:
                 nodes.append(
                     NodeInfo(
@@ -381,7 +388,10 @@ def histories(draw: st.DrawFn) -> list[tuple[list[AppSpec], list[NodeInfo], floa
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(histories(), policies)
+@given(
+    st.one_of(histories(), histories(pool=BIG_POOL, most=45)),
+    policies,
+)
 def test_the_memo_never_changes_a_result(
     steps: list[tuple[list[AppSpec], list[NodeInfo], float, bool]], policy: Policy
 ) -> None:
