@@ -76,8 +76,7 @@ from corral.supervision import (
     SupervisorSpec,
     open_actor_system,
 )
-from corral.transport import TransportError
-from corral.transport._websocket import open_websocket_transport
+from corral.transport import TransportError, open_websocket_transport
 
 log = logging.getLogger("corral.node")
 

@@ -30,8 +30,18 @@ from corral.transport._schema import (
     message_kind,
     registered_kinds,
 )
+from corral.transport._websocket import (
+    DEFAULT_PORT,
+    PeerState,
+    PeerStatus,
+    WebSocketConfig,
+    WebSocketTransport,
+    open_websocket_transport,
+)
+from corral.transport._ws_rules import ReconnectPolicy
 
 __all__ = [
+    "DEFAULT_PORT",
     "CodecLimits",
     "Envelope",
     "ErrorCode",
@@ -43,11 +53,16 @@ __all__ = [
     "MemoryNetwork",
     "MemoryTransport",
     "PeerBusy",
+    "PeerState",
+    "PeerStatus",
     "PeerUnavailable",
+    "ReconnectPolicy",
     "SchemaError",
     "Transport",
     "TransportError",
     "UnknownKind",
+    "WebSocketConfig",
+    "WebSocketTransport",
     "decode_envelope",
     "decode_message",
     "encode_envelope",
@@ -55,6 +70,7 @@ __all__ = [
     "message",
     "message_class",
     "message_kind",
+    "open_websocket_transport",
     "peek_header",
     "registered_kinds",
     "split_address",
