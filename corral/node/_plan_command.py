@@ -1,7 +1,8 @@
 """``corral plan FILE``: run the placement planner on a JSON document, write nothing.
 
 The document format is described in :mod:`corral.actors.planner._document`. The decisions
-are printed to standard output as one JSON object (keys sorted, two-space indent).
+are printed to standard output as one JSON object (two-space indent), its keys in the
+order the document format lists them.
 
 Exit status:
 
@@ -88,5 +89,5 @@ def plan_command(path_or_dash: str, stdin: TextIO, stdout: TextIO, stderr: TextI
     except PlacementUnavailable as exc:
         stderr.write(f"corral plan: {exc}\n")
         return EXIT_UNAVAILABLE
-    stdout.write(json.dumps(decisions_to_json(decisions), indent=2, sort_keys=True) + "\n")
+    stdout.write(json.dumps(decisions_to_json(decisions), indent=2) + "\n")
     return EXIT_OK

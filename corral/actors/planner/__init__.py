@@ -5,28 +5,30 @@ How to call it
 ::
 
     from corral.actors.planner import (
-        AppSpec, Capacity, NodeInfo, Placement, Policy, ScoreCache, plan, next_placements,
+        AppSpec, Capacity, NodeInfo, Placement, Policy, ScoreCache, next_placements, plan,
     )
 
-    cache = ScoreCache()                      # optional memo, one per coordinator
+    cache = ScoreCache()            # optional memo, one per coordinator; never changes results
+    placements = {"shop": Placement(nodes=("n2",), placed_at={"n2": 900.0})}
     decisions = plan(
         apps=[AppSpec("shop", replicas=2, selector={"region": "eu"})],
         nodes=[
             NodeInfo("n1", labels={"region": "eu"}, rack="r1",
-                     capacity=Capacity(8192, 8192, 102400, 90000)),
+                     capacity=Capacity(memory_mb=8192, memory_free_mb=8192,
+                                       disk_mb=102400, disk_free_mb=90000)),
             NodeInfo("n2", state="suspect", labels={"region": "eu"}, rack="r2"),
         ],
-        placements={"shop": Placement(nodes=("n2",), placed_at={"n2": 900.0})},
-        policy=Policy(),                      # grace 300 s, cooldown 600 s, budget 5, 0.5
-        now=1000.0,
-        undecodable=(),                       # registry keys that failed to decode
+        placements=placements,
+        policy=Policy(),            # grace 300 s, cooldown 600 s, budget 5, fraction 0.5
+        now=1000.0,                 # the caller's clock: the planner reads none
+        undecodable=(),             # registry keys that failed to decode (pause the pass)
         cache=cache,
     )
-    decisions.placements     # {"shop": ("n1", "n2")}: the whole target, per app
-    decisions.removals       # apply these first ...
-    decisions.additions      # ... then these
-    decisions.to_json()      # the ``corral plan`` document (also: decisions_to_json)
-    state = next_placements(previous_placements, decisions, now)   # stamps placed_at
+    decisions.placements    # {"shop": ("n1", "n2")}: the whole target of every app
+    decisions.removals      # () -- apply removals first...
+    decisions.additions     # (("shop", "n1"),) -- ...then additions
+    decisions.to_json()     # the ``corral plan`` output (same as decisions_to_json)
+    placements = next_placements(placements, decisions, 1000.0)  # stamps placed_at
 
 ``plan`` raises :class:`PlacementUnavailable` when no node is live at all. A paused pass
 (``decisions.paused`` set) decided nothing: write nothing. Apps absent from

@@ -11,9 +11,10 @@ nodes not chosen yet, take the one with the smallest key
 
 where *preference* is the position in a list ordered best first: by rendezvous score
 (highest first) for apps that declare no resources, by room left after placing (least
-first) for apps that do. Node ids close every order, so the walk is a function of its
-inputs. With no racks and no datacenters the first two terms are equal for every node and
-the walk is exactly rendezvous hashing.
+first, then node id) for apps that do. Distinct node ids have distinct scores (short of a
+SHA-256 collision; the node id would still settle it), so every order is total and the
+walk is a function of its inputs. With no racks and no datacenters the first two terms
+are equal for every node and the walk is exactly rendezvous hashing.
 
 The preference list need not be complete. Rendezvous apps usually need only the top few of
 a thousand nodes, so the planner keeps the top ``K`` scores (a *prefix*) and walks that.
