@@ -90,6 +90,39 @@ def _int(value: Any) -> int:
     return int(value) if value is not None else 0
 
 
+class _JsonBody(httpx.AsyncByteStream):
+    """A request body whose iterator is a plain object, not an async generator.
+
+    httpx's own ``ByteStream.__aiter__`` is an async generator; when a request is
+    cancelled mid-send (a timeout, a shutdown) the half-used generator is garbage
+    collected and trio reports it (httpx issue #3686). This body has nothing to
+    leave suspended.
+    """
+
+    def __init__(self, data: bytes) -> None:
+        self._data = data
+        self._sent = False
+
+    def __aiter__(self) -> _JsonBody:
+        self._sent = False
+        return self
+
+    async def __anext__(self) -> bytes:
+        if self._sent:
+            raise StopAsyncIteration
+        self._sent = True
+        return self._data
+
+
+def _json_request(
+    client: httpx.AsyncClient, url: str, content: str, **kwargs: Any
+) -> httpx.Request:
+    data = content.encode()
+    request = client.build_request("POST", url, content=data, **kwargs)
+    request.stream = _JsonBody(data)
+    return request
+
+
 class _Retryable(Exception):
     """Internal: this attempt failed in a way another endpoint may not."""
 
@@ -323,11 +356,8 @@ class EtcdRegistry(Registry):
             }
             try:
                 async with (
-                    self._client.stream(
-                        "POST",
-                        endpoint + "/v3/watch",
-                        content=json.dumps(request),
-                        timeout=self._stream_timeout,
+                    self._open_stream(
+                        endpoint + "/v3/watch", json.dumps(request), self._stream_timeout
                     ) as response,
                     aclosing(self._watch_results(response, next_revision)) as results,
                 ):
@@ -356,6 +386,17 @@ class EtcdRegistry(Registry):
             if failures > self._retry_rounds * len(self._endpoints):
                 raise RegistryUnavailable(f"etcd at {endpoint} keeps closing the watch stream")
             self._current = (self._current + 1) % len(self._endpoints)
+
+    @asynccontextmanager
+    async def _open_stream(
+        self, url: str, content: str, http_timeout: httpx.Timeout
+    ) -> AsyncIterator[httpx.Response]:
+        request = _json_request(self._client, url, content, timeout=http_timeout)
+        response = await self._client.send(request, stream=True)
+        try:
+            yield response
+        finally:
+            await response.aclose()
 
     async def _watch_results(
         self, response: httpx.Response, next_revision: int
@@ -440,7 +481,7 @@ class EtcdRegistry(Registry):
         try:
             # A streaming call (keepalive) sent one request: the gateway answers one
             # line and ends the response, so a plain POST reads it whole.
-            response = await self._client.post(url, content=content)
+            response = await self._client.send(_json_request(self._client, url, content))
         except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
             raise _Retryable(f"{type(exc).__name__}: {exc}", sent=False) from exc
         except httpx.TransportError as exc:
