@@ -64,22 +64,27 @@ class _ParentMap:
 
     Finding a process's descendants means reading every process's parent (Linux
     has no cheap reverse link), which takes milliseconds; stopping a hundred apps at
-    once shares one scan. A descendant forked after the scan is still reached by
-    the process-group signal, unless it also left the group.
+    once shares one scan. A process the scan did not see (started after it) always
+    gets a fresh scan, or what it forked since would be missed. A descendant forked
+    after the scan by a process it did see is still reached by the process-group
+    signal, unless it also left the group.
     """
 
     def __init__(self, max_age: float = 0.05) -> None:
         self.max_age = max_age
         self._at = -float("inf")
         self._children: dict[int, list[int]] = {}
+        self._seen: set[int] = set()
 
     def descendants(self, pid: int) -> list[psutil.Process]:
         now = time.monotonic()
-        if now - self._at > self.max_age:
+        if now - self._at > self.max_age or pid not in self._seen:
             children: dict[int, list[int]] = {}
+            seen: set[int] = set()
             for child, parent in _parent_pids():
                 children.setdefault(parent, []).append(child)
-            self._children, self._at = children, time.monotonic()
+                seen.add(child)
+            self._children, self._seen, self._at = children, seen, time.monotonic()
         found: list[psutil.Process] = []
         stack = list(self._children.get(pid, ()))
         while stack:

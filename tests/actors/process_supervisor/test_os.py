@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -215,3 +216,28 @@ async def test_leftovers_are_ended_but_a_reused_pid_is_left_alone(tmp_path: Path
                 p.kill()
             p.wait()
     assert os.path.isdir(tmp_path / "apps" / "hello")
+
+
+def test_a_process_newer_than_the_parent_scan_gets_a_fresh_scan() -> None:
+    # Regression: a stop within the scan's max_age of an earlier one reused a scan taken
+    # before the process existed, and missed the descendants that left its group.
+    from corral.actors.process_supervisor._os import _ParentMap
+
+    parents = _ParentMap(max_age=3600.0)
+    parents.descendants(os.getpid())  # a scan from before the process below
+    code = (
+        "import subprocess, sys, time\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'],"
+        " start_new_session=True)\n"
+        "print(child.pid, flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    with subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE) as proc:
+        assert proc.stdout is not None
+        child = int(proc.stdout.readline())
+        try:
+            assert child in [p.pid for p in parents.descendants(proc.pid)]
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child, 9)
+            proc.kill()
