@@ -3,29 +3,22 @@
 ::
 
     CorralError
-    └── PlannerError
-        ├── PlacementUnavailable   no live node at all: the whole pass fails
-        └── InvalidPlanInput       a field of the planner's input is invalid; names the field
+    ├── PlannerError
+    │   └── InvalidPlanInput       a field of the planner's input is invalid; names the field
+    └── PlacementUnavailable       no live node at all: the whole pass fails (shared with
+                                   the port allocator: ``corral.actors._errors``)
 """
 
 from __future__ import annotations
 
 from corral._errors import CorralError
+from corral.actors._errors import PlacementUnavailable
 
 __all__ = ["InvalidPlanInput", "PlacementUnavailable", "PlannerError"]
 
 
 class PlannerError(CorralError):
-    """Base of the planner's errors."""
-
-
-class PlacementUnavailable(PlannerError):
-    """No node is live at all, so the pass cannot decide anything.
-
-    ``code`` is ``"placement-unavailable"``, the reason unplaced applications carry too.
-    """
-
-    code = "placement-unavailable"
+    """Base of the planner's own errors (its input was invalid)."""
 
 
 class InvalidPlanInput(PlannerError, ValueError):

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Final, Literal
 
+from corral.actors._errors import PLACEMENT_UNAVAILABLE
 from corral.actors.planner._errors import InvalidPlanInput
 
 __all__ = [
@@ -46,8 +47,8 @@ NODE_STATES: Final[tuple[NodeState, ...]] = ("alive", "suspect", "down", "cordon
 Replicas = int | Literal["all"]
 """``"all"`` (every eligible node) or a whole number of at least one."""
 
-PLACEMENT_UNAVAILABLE: Final = "placement-unavailable"
-"""The reason every unplaced application carries."""
+# PLACEMENT_UNAVAILABLE: the reason every unplaced application carries (defined once,
+# with the error of the same name, in corral.actors._errors).
 
 _EMPTY: Final[Mapping[str, Any]] = MappingProxyType({})
 

@@ -15,7 +15,7 @@ from corral.actors.port_allocator._book import (
     DEFAULT_RANGE_START,
     PortRange,
 )
-from corral.actors.port_allocator._errors import PortAllocatorError
+from corral.actors.port_allocator._errors import PlacementUnavailable, PortAllocatorError
 from corral.actors.port_allocator._ledger import DEFAULT_MAX_PROBES, PortLedger, bind_probe
 from corral.registry import Registry, RegistryError
 from corral.supervision import Actor, UnhandledMessage
@@ -111,7 +111,7 @@ class PortAllocator(Actor):
             case EnsurePair():
                 try:
                     ensured = await self.ledger.ensure_pair(message.app, verify=message.verify)
-                except (PortAllocatorError, RegistryError) as exc:
+                except (PlacementUnavailable, PortAllocatorError, RegistryError) as exc:
                     self.ctx.emit("ports.unavailable", app=message.app, error=str(exc))
                     return _error(exc)
                 if ensured.replaced is not None:

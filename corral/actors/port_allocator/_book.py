@@ -256,11 +256,20 @@ def draw_pair(candidates: Sequence[int], choose: Callable[[Sequence[int]], int])
 
 
 def placement_unavailable(
-    port_range: PortRange, *, free: int, held: int, quarantined: int, taken: int
+    port_range: PortRange,
+    *,
+    free: int,
+    held: int,
+    quarantined: int,
+    taken: int,
+    app: str | None = None,
 ) -> PlacementUnavailable:
-    """The error for a range that cannot give a pair, with the counts that explain why."""
+    """The error for a range that cannot give a pair (to ``app``, when named), with the
+    counts that explain why."""
+    for_app = "" if app is None else f" for app {app!r}"
     return PlacementUnavailable(
-        f"placement-unavailable: port range {port_range} has {free} free port(s), a pair needs "
+        f"placement-unavailable: port range {port_range} has {free} free port(s){for_app}, "
+        "a pair needs "
         f"2 ({held} held by apps of this node, {quarantined} in quarantine, {taken} found "
         "taken on this machine or in the registry); widen the range with "
         "--port-range-start/--port-range-end or delete apps this node no longer needs"

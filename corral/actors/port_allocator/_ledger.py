@@ -346,6 +346,7 @@ class PortLedger:
         in_range = self.port_range.__contains__
         return placement_unavailable(
             self.port_range,
+            app=app,
             free=free,
             held=sum(1 for p in self.book.held_by_others(app) if in_range(p)),
             quarantined=sum(1 for p in self.book.quarantined_for(app, now) if in_range(p)),

@@ -166,6 +166,6 @@ def test_public_names_are_exported_sorted() -> None:
 def test_errors_are_rooted_at_corral_error() -> None:
     from corral._errors import CorralError
 
-    assert issubclass(planner.PlacementUnavailable, planner.PlannerError)
+    assert issubclass(planner.PlacementUnavailable, CorralError)
     assert issubclass(planner.InvalidPlanInput, planner.PlannerError)
     assert issubclass(planner.PlannerError, CorralError)

@@ -156,8 +156,11 @@ async def test_fewer_than_two_free_ports_is_placement_unavailable(tmp_path: Path
     registry, clock = MemoryRegistry(), Clock()
     ledger = make_ledger(tmp_path, registry, clock, port_range=PortRange(24000, 24002))
     await ledger.ensure_pair("one")
-    with pytest.raises(PlacementUnavailable, match="placement-unavailable: port range 24000-24002"):
+    with pytest.raises(
+        PlacementUnavailable, match="placement-unavailable: port range 24000-24002"
+    ) as info:
         await ledger.ensure_pair("two")
+    assert "for app 'two'" in str(info.value)
 
 
 async def test_the_probe_is_bounded(tmp_path: Path) -> None:
