@@ -26,8 +26,8 @@ Output: see :func:`decisions_to_json`.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 from corral.actors.planner._errors import InvalidPlanInput
 from corral.actors.planner._types import (
@@ -39,9 +39,13 @@ from corral.actors.planner._types import (
     Placement,
     PlanInput,
     Policy,
+    is_replicas,
+    replicas_problem,
 )
 
 __all__ = ["decisions_to_json", "parse_plan_document"]
+
+_T = TypeVar("_T")
 
 _TOP = ("now", "policy", "nodes", "apps", "placements", "undecodable")
 _POLICY = ("grace_period_s", "cooldown_s", "disruption_budget", "min_usable_fraction")
@@ -141,11 +145,7 @@ def _policy(value: object) -> Policy:
         "policy.min_usable_fraction",
         minimum=0,
     )
-    if fraction > 1:
-        raise InvalidPlanInput(
-            "policy.min_usable_fraction", f"must be between 0 and 1, got {fraction!r}"
-        )
-    return Policy(
+    return Policy(  # which checks the ranges (min_usable_fraction <= 1, say)
         grace_period_s=_number(
             obj.get("grace_period_s", defaults.grace_period_s), "policy.grace_period_s", minimum=0
         ),
@@ -202,14 +202,8 @@ def _app(value: object, where: str) -> AppSpec:
     name = _string(obj["name"], f"{where}.name")
     assert name is not None
     replicas = obj.get("replicas", "all")
-    if replicas != "all" and (
-        isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1
-    ):
-        raise InvalidPlanInput(
-            f"{where}.replicas",
-            f'must be "all" or a whole number >= 1, got {_kind(replicas)} '
-            "(an app nothing runs is retired or deleted instead)",
-        )
+    if not is_replicas(replicas):
+        raise InvalidPlanInput(f"{where}.replicas", replicas_problem(_kind(replicas)))
     return AppSpec(
         name=name,
         replicas=replicas,
@@ -249,6 +243,18 @@ def _placement(value: object, where: str) -> Placement:
     return Placement(nodes=tuple(nodes), placed_at=placed_at)
 
 
+def _unique(items: list[_T], where: str, problem: str, *, key: Callable[[_T], str]) -> list[_T]:
+    """``items``, refused when two share a key: the error names the second (``where``
+    formatted with its index) and the first (``problem`` with the key and its index)."""
+    first: dict[str, int] = {}
+    for i, item in enumerate(items):
+        k = key(item)
+        if k in first:
+            raise InvalidPlanInput(where.format(i), problem.format(k, first[k]))
+        first[k] = i
+    return items
+
+
 def parse_plan_document(doc: object) -> PlanInput:
     """Validate a decoded ``corral plan`` document and build the planner's input.
 
@@ -267,29 +273,20 @@ def parse_plan_document(doc: object) -> PlanInput:
     now = _number(obj["now"], "now")
     policy = _policy(obj.get("policy"))
 
-    nodes: list[NodeInfo] = []
-    node_index: dict[str, int] = {}
-    for i, item in enumerate(_array(obj.get("nodes", []), "nodes")):
-        node = _node(item, f"nodes[{i}]")
-        if node.id in node_index:
-            raise InvalidPlanInput(
-                f"nodes[{i}].id",
-                f"duplicate node id {node.id!r} (also nodes[{node_index[node.id]}])",
-            )
-        node_index[node.id] = i
-        nodes.append(node)
-
-    apps: list[AppSpec] = []
-    app_index: dict[str, int] = {}
-    for i, item in enumerate(_array(obj.get("apps", []), "apps")):
-        app = _app(item, f"apps[{i}]")
-        if app.name in app_index:
-            raise InvalidPlanInput(
-                f"apps[{i}].name",
-                f"duplicate app name {app.name!r} (also apps[{app_index[app.name]}])",
-            )
-        app_index[app.name] = i
-        apps.append(app)
+    raw_nodes = _array(obj.get("nodes", []), "nodes")
+    nodes = _unique(
+        [_node(item, f"nodes[{i}]") for i, item in enumerate(raw_nodes)],
+        "nodes[{}].id",
+        "duplicate node id {!r} (also nodes[{}])",
+        key=lambda node: node.id,
+    )
+    raw_apps = _array(obj.get("apps", []), "apps")
+    apps = _unique(
+        [_app(item, f"apps[{i}]") for i, item in enumerate(raw_apps)],
+        "apps[{}].name",
+        "duplicate app name {!r} (also apps[{}])",
+        key=lambda app: app.name,
+    )
 
     placements: dict[str, Placement] = {}
     raw_placements = obj.get("placements", {})

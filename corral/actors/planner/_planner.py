@@ -247,6 +247,13 @@ class _Entry:
         self.checks: list[tuple[tuple[int, int], dict[str | None, int], dict[str | None, int]]]
         self.checks = []
 
+    def settle(self, kind: int, target: Iterable[str]) -> None:
+        """Remember a clean outcome of ``kind``: the app ends on exactly ``target``."""
+        self.kind = kind
+        self.clean = True
+        self.target = tuple(sorted(target))
+        self.target_set = frozenset(self.target)
+
     def copy(self) -> _Entry:
         twin = _Entry.__new__(_Entry)
         for name in _Entry.__slots__:
@@ -591,6 +598,12 @@ class _Pass:
         age = self.now - when
         return age if age < self.policy.cooldown_s else None
 
+    def hold(self, result: _Result, lost: Sequence[str]) -> None:
+        """Keep every instance where it stands (a pinned app, or relocations refused);
+        those on nodes that are gone are reported stranded, with the reason."""
+        result.keep = list(result.hosts)
+        result.stranded = [(h, self.stranded_reason(result.app, h)) for h in lost]
+
     def stranded_reason(self, app: AppSpec, node_id: str) -> str:
         gone = self.gone_reason(node_id) or f"node {node_id} is gone"
         if app.pinned:
@@ -795,18 +808,13 @@ class _Pass:
         hosts_set = set(hosts)
         result.adds = [n for n in view.plain(self.nodes) if n not in hosts_set]
         if holding:
-            result.keep = list(hosts)
-            result.stranded = [(h, self.stranded_reason(app, h)) for h in lost]
+            self.hold(result, lost)
         else:
             result.keep = keepable
         if not result.keep and not result.adds:
             result.unplaced = self.diagnose(app, view, set(), 0)
         elif not holding and result.entry is not None:
-            entry = result.entry
-            entry.kind = _RENDEZVOUS_ALL
-            entry.clean = True
-            entry.target = tuple(sorted(result.keep + result.adds))
-            entry.target_set = frozenset(entry.target)
+            result.entry.settle(_RENDEZVOUS_ALL, result.keep + result.adds)
 
     def rendezvous_n(
         self,
@@ -822,8 +830,7 @@ class _Pass:
         assert isinstance(want, int)
         keepable, lost, excluded = self.classify(hosts, selector)
         if holding:
-            result.keep = list(hosts)
-            result.stranded = [(h, self.stranded_reason(app, h)) for h in lost]
+            self.hold(result, lost)
             need = want - len(hosts)
             if need > 0:
                 chosen, _ = self.ranked_select(
@@ -872,10 +879,7 @@ class _Pass:
         if len(chosen) < want:
             result.unplaced = self.diagnose(app, view, chosen_set, want - len(chosen))
         elif not lost_and_excluded and not result.deferred:
-            entry.kind = _RENDEZVOUS_N
-            entry.clean = True  # until the budget defers one of its moves
-            entry.target = tuple(sorted(chosen))
-            entry.target_set = frozenset(chosen)
+            entry.settle(_RENDEZVOUS_N, chosen)  # clean until the budget defers a move
             checks: list[tuple[tuple[int, int], dict[str | None, int], dict[str | None, int]]]
             checks = []
             racks: dict[str | None, int] = {}
@@ -944,8 +948,7 @@ class _Pass:
             result.adds = [n for n in self.best_fit_order(app, view, hosts_set)]
             result.adds.sort()
             if holding:
-                result.keep = list(hosts)
-                result.stranded = [(h, self.stranded_reason(app, h)) for h in lost]
+                self.hold(result, lost)
             else:
                 result.keep = keepable
             if not result.keep and not result.adds:
@@ -955,8 +958,7 @@ class _Pass:
 
         want = app.replicas
         if holding:
-            result.keep = list(hosts)
-            result.stranded = [(h, self.stranded_reason(app, h)) for h in lost]
+            self.hold(result, lost)
             lost_and_excluded: list[str] = []
         elif len(keepable) > want:
             # Scale down: keep the best spread by rendezvous score; the rest are removed.
@@ -1001,10 +1003,7 @@ class _Pass:
         self.reserve(app, result.adds)
         if not holding and placed == want and not lost_and_excluded and not result.deferred:
             entry = _Entry(app, selector)
-            entry.kind = _RESOURCE_N
-            entry.clean = True
-            entry.target = tuple(sorted(result.keep + result.adds))
-            entry.target_set = frozenset(entry.target)
+            entry.settle(_RESOURCE_N, result.keep + result.adds)
             self.new_entries[app.name] = entry
         return result
 

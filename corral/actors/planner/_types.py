@@ -53,6 +53,21 @@ Replicas = int | Literal["all"]
 _EMPTY: Final[Mapping[str, Any]] = MappingProxyType({})
 
 
+def is_replicas(value: object) -> bool:
+    """Whether ``value`` is a replica count: ``"all"`` or a whole number >= 1."""
+    if value == "all":
+        return True
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def replicas_problem(shown: str) -> str:
+    """What is wrong with a replica count that is not one (``shown``: how to name it)."""
+    return (
+        f'must be "all" or a whole number >= 1, got {shown} '
+        "(an app nothing runs is retired or deleted instead)"
+    )
+
+
 def _frozen_str_map(value: Mapping[str, str], where: str) -> Mapping[str, str]:
     if not isinstance(value, Mapping):
         raise InvalidPlanInput(where, f"must be a mapping of strings to strings, got {value!r}")
@@ -175,15 +190,8 @@ class AppSpec:
         if not isinstance(self.name, str) or not self.name:
             raise InvalidPlanInput("app.name", f"must be a non-empty string, got {self.name!r}")
         where = f"apps[{self.name}]"
-        replicas = self.replicas
-        if replicas != "all" and (
-            isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1
-        ):
-            raise InvalidPlanInput(
-                f"{where}.replicas",
-                f'must be "all" or a whole number >= 1, got {replicas!r} '
-                "(an app nothing runs is retired or deleted instead)",
-            )
+        if not is_replicas(self.replicas):
+            raise InvalidPlanInput(f"{where}.replicas", replicas_problem(repr(self.replicas)))
         object.__setattr__(self, "selector", _frozen_str_map(self.selector, f"{where}.selector"))
         _check_count(self.memory_mb, f"{where}.memory_mb")
         _check_count(self.disk_mb, f"{where}.disk_mb")
