@@ -12,6 +12,7 @@ Routes::
     GET    /v1/actors                     the actor tree
     GET    /v1/events[?follow=1]          recent events; follow streams them (NDJSON)
     GET    /v1/ps                         app instances across the cluster
+    GET    /v1/nodes                      nodes, with the operator's intent and the coordinator
     GET    /v1/apps, /v1/apps/{name}      app records
     POST   /v1/apps/{name}/deploy         {"artifact": base64, "replicas", "selector", ...}
     POST   /v1/apps/{name}/selector       {"selector": {k: v}} or {"clear": true}
@@ -39,6 +40,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from corral.actors.planner import Policy
 from corral.node import _operations as ops
 from corral.node._artifact_store import ArtifactStore, artifact_capability
 from corral.node._artifacts import MAX_ARTIFACT_BYTES
@@ -56,14 +58,17 @@ from corral.node._requests import (
     parse_pairs,
     parse_replicas,
 )
-from corral.node._views import ps_rows
+from corral.node._views import node_rows, ps_rows
 from corral.registry import (
+    COORDINATOR_LEASE_KEY,
     AppRecord,
+    CoordinatorLease,
     NodeIntent,
     NodeRecord,
     PlacementRecord,
     Registry,
     RegistryUnavailable,
+    decode_record,
     read_records,
     validate_digest,
 )
@@ -71,6 +76,8 @@ from corral.registry import (
 # base64 of the largest artifact plus room for the other fields.
 MAX_BODY_BYTES = MAX_ARTIFACT_BYTES * 4 // 3 + 64 * 1024
 EVENT_POLL_INTERVAL = 0.25
+#: The coordinator runs with the planner's default policy.
+DEFAULT_COOLDOWN_S = Policy().cooldown_s
 
 JSONDict = dict[str, Any]
 
@@ -92,6 +99,8 @@ class ApiServices:
     wall_clock: Callable[[], float]
     #: called after a write changed what the coordinator decides from (best effort).
     changed: Callable[[str], Awaitable[None]] | None = None
+    #: the coordinator's cooldown after a placement (ps tells instances still in it).
+    cooldown_s: float = DEFAULT_COOLDOWN_S
 
 
 def record_json(record: AppRecord | NodeRecord | PlacementRecord | NodeIntent) -> JSONDict:
@@ -214,26 +223,41 @@ def build_api(services: ApiServices) -> ASGIApp:
 
         return StreamingResponse(stream(), media_type="application/x-ndjson")
 
+    async def read_by_name(prefix: str, kind: type[Any]) -> dict[str, Any]:
+        records, _ = await read_records(registry, prefix)
+        return {
+            key.split("/", 1)[1]: record
+            for key, record in records.items()
+            if isinstance(record, kind)
+        }
+
     async def ps(request: Request) -> Response:
-        apps, _ = await read_records(registry, "apps/")
-        placements, _ = await read_records(registry, "placement/")
-        nodes, _ = await read_records(registry, "nodes/")
-        intents, _ = await read_records(registry, "intent/")
-
-        def by_name(records: Mapping[str, object], kind: type[Any]) -> dict[str, Any]:
-            return {
-                key.split("/", 1)[1]: record
-                for key, record in records.items()
-                if isinstance(record, kind)
-            }
-
         rows = ps_rows(
-            by_name(apps, AppRecord),
-            by_name(placements, PlacementRecord),
-            by_name(nodes, NodeRecord),
-            by_name(intents, NodeIntent),
+            await read_by_name("apps/", AppRecord),
+            await read_by_name("placement/", PlacementRecord),
+            await read_by_name("nodes/", NodeRecord),
+            await read_by_name("intent/", NodeIntent),
+            now=services.wall_clock(),
+            cooldown_s=services.cooldown_s,
         )
         return JSONResponse({"rows": [row.to_json() for row in rows]})
+
+    async def nodes(request: Request) -> Response:
+        lease_kv = await registry.get(COORDINATOR_LEASE_KEY)
+        lease = None if lease_kv is None else decode_record(lease_kv.key, lease_kv.value)
+        holder = lease.holder if isinstance(lease, CoordinatorLease) else None
+        rows = node_rows(
+            await read_by_name("nodes/", NodeRecord),
+            await read_by_name("intent/", NodeIntent),
+            holder,
+        )
+        return JSONResponse(
+            {
+                "nodes": [row.to_json() for row in rows],
+                "coordinator": holder,
+                "fence": lease_kv.create_revision if holder and lease_kv else None,
+            }
+        )
 
     async def list_apps(request: Request) -> Response:
         apps, undecodable = await read_records(registry, "apps/")
@@ -373,6 +397,7 @@ def build_api(services: ApiServices) -> ASGIApp:
             Route("/v1/actors", actors, methods=["GET"]),
             Route("/v1/events", events, methods=["GET"]),
             Route("/v1/ps", ps, methods=["GET"]),
+            Route("/v1/nodes", nodes, methods=["GET"]),
             Route("/v1/apps", list_apps, methods=["GET"]),
             Route("/v1/apps/{name}", get_app, methods=["GET"]),
             Route("/v1/apps/{name}", delete, methods=["DELETE"]),

@@ -89,7 +89,7 @@ def parse_manifest(corral_toml: bytes | None, procfile: bytes | None) -> Manifes
         return _parse_procfile(procfile)
     raise ArtifactInvalid(
         "command",
-        f"the app directory names no command; add a {MANIFEST_FILE} with "
+        f"no {MANIFEST_FILE} or {PROCFILE} names a command; add a {MANIFEST_FILE} with "
         f'command = ["python3", "server.py"], or a {PROCFILE} with "web: python3 server.py"',
     )
 
@@ -202,7 +202,13 @@ def pack_directory(directory: Path) -> PackedArtifact:
     root = Path(directory)
     if not root.is_dir():
         raise ArtifactInvalid("path", f"{directory} is not a directory; give the app's directory")
-    manifest = parse_manifest(_read_optional(root / MANIFEST_FILE), _read_optional(root / PROCFILE))
+    try:
+        manifest = parse_manifest(
+            _read_optional(root / MANIFEST_FILE), _read_optional(root / PROCFILE)
+        )
+    except ArtifactInvalid as exc:
+        # Name the directory: the operator may have pointed at the wrong one.
+        raise ArtifactInvalid(exc.field, f"{directory}: {exc.message}") from None
     raw = io.BytesIO()
     with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
         for relative in _walk(root):

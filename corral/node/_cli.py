@@ -20,6 +20,8 @@ from corral.node._errors import ApiRefused, ConfigError, NodeError, RequestInval
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
+#: The shortest redraw interval of ``corral inspect``.
+MIN_INTERVAL = 0.1
 
 
 class _Parser(argparse.ArgumentParser):
@@ -72,40 +74,84 @@ def _node_run_options(run: argparse.ArgumentParser) -> None:
     run.add_argument("--shutdown-grace-ms", metavar="MS", help="grace per actor on stop (10000)")
 
 
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value >= MIN_INTERVAL:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"{text} is too short; give at least {MIN_INTERVAL}")
+    return value
+
+
+def _verb(
+    verbs: Any, name: str, text: str, parents: Sequence[argparse.ArgumentParser] = ()
+) -> argparse.ArgumentParser:
+    """A sub-command whose ``--help`` opens with the same sentence the list shows."""
+    parser: argparse.ArgumentParser = verbs.add_parser(
+        name, help=text, description=text[0].upper() + text[1:] + ".", parents=list(parents)
+    )
+    return parser
+
+
 def _build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="corral",
         description="Place applications on a fleet of machines and run them.",
+        epilog="Run `corral COMMAND --help` for a command's options. Exit status: 0 done, "
+        "1 failed or refused, 2 the request itself is wrong.",
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     common = _client_options()
 
-    node = commands.add_parser("node", help="run a node, or cordon / uncordon / drain one")
+    node = _verb(commands, "node", "run a node, list nodes, or cordon / uncordon / drain one")
     node_verbs = node.add_subparsers(dest="verb", metavar="VERB", required=True)
-    _node_run_options(node_verbs.add_parser("run", help="run this machine's corral node"))
+    _node_run_options(_verb(node_verbs, "run", "run this machine's corral node"))
+    _verb(
+        node_verbs,
+        "ls",
+        "list the nodes: state (with cordon or drain), apps served, labels, coordinator",
+        [common],
+    )
     for verb, text in (
         ("cordon", "the node keeps its work but takes no new work"),
-        ("uncordon", "the node takes work again"),
+        ("uncordon", "the node takes work again (also ends a drain)"),
         ("drain", "move the node's work elsewhere (refused for pinned work unless --force)"),
     ):
-        sub = node_verbs.add_parser(verb, help=text, parents=[common])
-        sub.add_argument("node_id", metavar="NODE", help="the node's id")
+        sub = _verb(node_verbs, verb, text, [common])
+        sub.add_argument("node_id", metavar="NODE", help="the node's id (see corral node ls)")
         if verb == "drain":
-            sub.add_argument("--force", action="store_true", help="stop pinned work too")
+            sub.add_argument(
+                "--force", action="store_true", help="drain even though pinned apps would stop"
+            )
 
-    deploy = commands.add_parser(
-        "deploy", parents=[common], help="deploy an app directory (corral.toml or Procfile)"
+    deploy = _verb(
+        commands, "deploy", "deploy an app directory (corral.toml or Procfile)", [common]
     )
     deploy.add_argument("directory", metavar="DIR", help="the app directory")
-    deploy.add_argument("--name", required=True, help="app name (DNS label)")
-    deploy.add_argument("--replicas", help="all, or a whole number >= 1")
     deploy.add_argument(
-        "--node-selector", metavar="K=V", action="append", help="run only on nodes with label"
+        "--name", required=True, help="app name: 1-63 of a-z, 0-9 and '-' (a DNS label)"
     )
-    deploy.add_argument("--memory-mb", type=int, help="memory to reserve per instance")
-    deploy.add_argument("--disk-mb", type=int, help="disk to reserve per instance")
     deploy.add_argument(
-        "--pin", action=argparse.BooleanOptionalAction, help="never move an instance"
+        "--replicas",
+        metavar="N|all",
+        help="all (every eligible node) or a whole number >= 1; a new app defaults to all, "
+        "a redeploy keeps the current count",
+    )
+    deploy.add_argument(
+        "--node-selector",
+        metavar="K=V",
+        action="append",
+        help="run only on nodes labelled K=V (repeatable; all must match)",
+    )
+    deploy.add_argument(
+        "--memory-mb", metavar="MB", type=int, help="memory to reserve per instance"
+    )
+    deploy.add_argument("--disk-mb", metavar="MB", type=int, help="disk to reserve per instance")
+    deploy.add_argument(
+        "--pin",
+        action=argparse.BooleanOptionalAction,
+        help="never move an instance (a drain then refuses unless --force)",
     )
     deploy.add_argument(
         "--env",
@@ -114,29 +160,52 @@ def _build_parser() -> argparse.ArgumentParser:
         help="environment variable for the app; NAME alone copies it from this shell",
     )
 
-    app = commands.add_parser("app", help="change an app: selector, replicas, retire, delete")
+    app = _verb(commands, "app", "change an app: selector, replicas, retire, delete")
     app_verbs = app.add_subparsers(dest="verb", metavar="VERB", required=True)
-    selector = app_verbs.add_parser("selector", parents=[common], help="set or clear the selector")
-    selector.add_argument("--name", required=True)
+    selector = _verb(app_verbs, "selector", "set or clear the app's node selector", [common])
+    selector.add_argument("--name", required=True, help="the app")
     choice = selector.add_mutually_exclusive_group(required=True)
-    choice.add_argument("--set", metavar="K=V", action="append", help="required node label")
-    choice.add_argument("--clear", action="store_true", help="lift the selector")
-    replicas = app_verbs.add_parser("replicas", parents=[common], help="set the replica count")
-    replicas.add_argument("--name", required=True)
-    replicas.add_argument("--count", required=True, help="all, or a whole number >= 1")
-    for verb, text in (("retire", "stop every instance, keep the app"), ("delete", "remove it")):
-        sub = app_verbs.add_parser(verb, parents=[common], help=text)
-        sub.add_argument("--name", required=True)
+    choice.add_argument(
+        "--set",
+        metavar="K=V",
+        action="append",
+        help="run only on nodes labelled K=V (repeatable; replaces the whole selector)",
+    )
+    choice.add_argument("--clear", action="store_true", help="lift the selector: any node")
+    replicas = _verb(app_verbs, "replicas", "set how many nodes run the app", [common])
+    replicas.add_argument("--name", required=True, help="the app")
+    replicas.add_argument(
+        "--count", metavar="N|all", required=True, help="all, or a whole number >= 1"
+    )
+    for verb, text in (
+        ("retire", "stop every instance of the app and keep its record (deploy revives it)"),
+        ("delete", "remove the app; nodes stop it and clear its ports and files"),
+    ):
+        sub = _verb(app_verbs, verb, text, [common])
+        sub.add_argument("--name", required=True, help="the app")
 
-    commands.add_parser("ps", parents=[common], help="app instances across the cluster")
-    commands.add_parser("state", parents=[common], help="what this node knows and does")
-    events = commands.add_parser("events", parents=[common], help="recent events")
+    _verb(commands, "ps", "app instances across the cluster, and whether each can move", [common])
+    _verb(
+        commands,
+        "state",
+        "what this node knows and does: lease, processes, placements, unplaced apps",
+        [common],
+    )
+    events = _verb(commands, "events", "what this node's actors did recently", [common])
     events.add_argument("--follow", "-f", action="store_true", help="keep printing new events")
-    inspect = commands.add_parser("inspect", parents=[common], help="live view of the actor tree")
-    inspect.add_argument("--interval", type=float, default=1.0, help="refresh every N seconds")
-    inspect.add_argument("--once", action="store_true", help="print the tree once and exit")
+    inspect = _verb(commands, "inspect", "live view of this node's actor tree", [common])
+    inspect.add_argument(
+        "--interval",
+        metavar="SECONDS",
+        type=_positive_seconds,
+        default=1.0,
+        help="redraw every SECONDS (default 1)",
+    )
+    inspect.add_argument(
+        "--once", action="store_true", help="print the tree once and exit (--json implies it)"
+    )
 
-    demo = commands.add_parser("demo", help="a three-node cluster on this machine, narrated")
+    demo = _verb(commands, "demo", "a three-node cluster on this machine, narrated")
     demo.add_argument("--keep", action="store_true", help="keep the temporary directory")
 
     plan = commands.add_parser(
@@ -144,9 +213,35 @@ def _build_parser() -> argparse.ArgumentParser:
         help="dry-run the placement planner on a JSON document",
         description="Read a planner input document (a file, or - for stdin) and print "
         "the decisions the planner would make, as JSON. Nothing is written anywhere.",
+        epilog='The smallest document: {"now": 0, "nodes": [{"id": "a"}], "apps": '
+        '[{"name": "web", "replicas": 1}]}. Nodes take state, labels, rack, datacenter, '
+        "down_since and capacity; apps take replicas, selector, memory_mb, disk_mb, pinned, "
+        "retired, blocked; placements map an app to its nodes and placed_at; policy holds "
+        "grace_period_s, cooldown_s, disruption_budget and min_usable_fraction.",
     )
     plan.add_argument("file", help="path of the JSON document, or - for standard input")
     return parser
+
+
+def _subparser(parser: argparse.ArgumentParser, names: Sequence[str]) -> argparse.ArgumentParser:
+    """The (sub-)parser that ``names`` (command, verb) lead to."""
+    current = parser
+    for name in names:
+        actions = [a for a in current._actions if isinstance(a, argparse._SubParsersAction)]
+        if not actions or name not in actions[0].choices:
+            break
+        current = actions[0].choices[name]
+    return current
+
+
+def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    """Parse ``argv``; an unknown option is reported by the sub-command it was given to."""
+    parser = _build_parser()
+    args, extras = parser.parse_known_args(argv)
+    if extras:
+        names = [n for n in (args.command, getattr(args, "verb", None)) if n]
+        _subparser(parser, names).error(f"unrecognized arguments: {' '.join(extras)}")
+    return args
 
 
 def _error(stream: TextIO, message: str) -> None:
@@ -158,12 +253,18 @@ def _print_json(stdout: TextIO, value: Any) -> None:
 
 
 def _client(args: argparse.Namespace) -> Any:
-    from corral.node._client import NodeClient, environment, resolve_api_url, resolve_token
+    from corral.node._client import (
+        NodeClient,
+        client_transport,
+        environment,
+        resolve_api_url,
+        resolve_token_and_source,
+    )
 
     env = environment()
     url = resolve_api_url(args.api, env)
-    token = resolve_token(args.token, env, args.data_dir, Path.cwd())
-    return NodeClient(url, token)
+    token, source = resolve_token_and_source(args.token, env, args.data_dir, Path.cwd())
+    return NodeClient(url, token, token_source=source, transport=client_transport())
 
 
 def _env_pairs(items: Sequence[str] | None) -> dict[str, str] | None:
@@ -184,14 +285,25 @@ def _env_pairs(items: Sequence[str] | None) -> dict[str, str] | None:
 
 def _deploy(args: argparse.Namespace, stdout: TextIO) -> int:
     from corral.node._artifacts import pack_directory
-    from corral.node._requests import check_name, parse_pairs, parse_replicas
+    from corral.node._requests import (
+        check_name,
+        parse_env,
+        parse_megabytes,
+        parse_pairs,
+        parse_replicas,
+    )
 
     name = check_name("app", args.name)
     replicas = None if args.replicas is None else parse_replicas(args.replicas)
+    for field, value in (("memory_mb", args.memory_mb), ("disk_mb", args.disk_mb)):
+        if value is not None:
+            parse_megabytes(value, field)
     selector = (
         None if args.node_selector is None else parse_pairs(args.node_selector, "node-selector")
     )
     env = _env_pairs(args.env)
+    if env is not None:
+        parse_env(env)
     packed = pack_directory(Path(args.directory))
     with _client(args) as client:
         answer = client.deploy(
@@ -248,9 +360,20 @@ def _app(args: argparse.Namespace, stdout: TextIO) -> int:
     return 0
 
 
+def _node_list(args: argparse.Namespace, stdout: TextIO) -> int:
+    from corral.node._format import nodes_table
+
+    with _client(args) as client:
+        answer = client.nodes()
+    print(json.dumps(answer, indent=2) if args.json else nodes_table(answer), file=stdout)
+    return 0
+
+
 def _node_verb(args: argparse.Namespace, stdout: TextIO) -> int:
     from corral.node._requests import check_name
 
+    if args.verb == "ls":
+        return _node_list(args, stdout)
     node = check_name("node", args.node_id, field="node")
     with _client(args) as client:
         answer = client.node_operation(node, args.verb, force=getattr(args, "force", False))
@@ -298,6 +421,9 @@ def _inspect(args: argparse.Namespace, stdout: TextIO) -> int:
     from corral.inspector import run_inspector
 
     with _client(args) as client:
+        if args.json:
+            _print_json(stdout, client.actors())
+            return 0
         return run_inspector(client.actors, stdout, interval=args.interval, once=args.once)
 
 
@@ -325,14 +451,18 @@ def _dispatch(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``corral`` command; return its exit status."""
-    args = _build_parser().parse_args(argv)
+    args = _parse(argv)
     if args.command == "plan":
         from corral.node._plan_command import plan_command
 
         return plan_command(args.file, sys.stdin, sys.stdout, sys.stderr)
     try:
         return _dispatch(args, sys.stdout, sys.stderr)
-    except (RequestInvalid, ConfigError) as exc:
+    except RequestInvalid as exc:
+        # The field as the command line spells its flag (memory_mb -> memory-mb).
+        _error(sys.stderr, f"{exc.field.replace('_', '-')}: {exc.message}")
+        return EXIT_USAGE
+    except ConfigError as exc:
         _error(sys.stderr, str(exc))
         return EXIT_USAGE
     except ApiRefused as exc:

@@ -13,21 +13,63 @@ import httpx
 
 from corral.node._artifacts import PackedArtifact
 from corral.node._config import DEFAULT_API, DEFAULT_DATA_DIR
-from corral.node._errors import ApiError, ApiRefused, NodeUnreachable
+from corral.node._errors import ApiError, ApiRefused, ConfigError, NodeUnreachable
 from corral.node._identity import TOKEN_FILE, read_secret_file
 
 DEFAULT_API_URL = f"http://{DEFAULT_API}"
 DEFAULT_TIMEOUT = 30.0
+CONNECT_TIMEOUT = 5.0
 
 JSONDict = dict[str, Any]
 
 
 def resolve_api_url(flag: str | None, env: Mapping[str, str]) -> str:
-    """``--api`` beats ``CORRAL_API`` beats the default; a bare host:port gets http://."""
-    url = flag or env.get("CORRAL_API") or DEFAULT_API_URL
+    """``--api`` beats ``CORRAL_API`` beats the default; a bare host:port gets http://.
+
+    Raises:
+        ConfigError: the address is not ``host:port`` or ``http(s)://host:port``,
+            naming where it came from.
+    """
+    where = "--api" if flag else "CORRAL_API" if env.get("CORRAL_API") else "the default"
+    url = (flag or env.get("CORRAL_API") or DEFAULT_API_URL).strip()
     if "://" not in url:
         url = f"http://{url}"
-    return url.rstrip("/")
+    url = url.rstrip("/")
+    try:
+        parsed = httpx.URL(url)
+        valid = (
+            parsed.scheme in ("http", "https")
+            and bool(parsed.host)
+            and parsed.path in ("", "/")
+            and " " not in url
+        )
+    except (httpx.InvalidURL, ValueError):
+        valid = False
+    if not valid:
+        raise ConfigError(
+            f"{where} {url.removeprefix('http://')!r} is not an API address; write host:port "
+            "or http://host:port, e.g. --api 127.0.0.1:7400"
+        )
+    return url
+
+
+def resolve_token_and_source(
+    flag: str | None, env: Mapping[str, str], data_dir_flag: str | None, cwd: Path
+) -> tuple[str, str]:
+    """Like :func:`resolve_token`, also saying where the token came from."""
+    if flag:
+        return flag, "--token"
+    if env.get("CORRAL_TOKEN"):
+        return env["CORRAL_TOKEN"], "CORRAL_TOKEN"
+    data_dir = cwd / Path(data_dir_flag or env.get("CORRAL_DATA_DIR") or DEFAULT_DATA_DIR)
+    path = data_dir.expanduser() / TOKEN_FILE
+    found = read_secret_file(path)
+    if found is None:
+        raise ApiError(
+            f"no API token: {path} does not exist; pass --token, set CORRAL_TOKEN, or give "
+            "--data-dir of the node you talk to"
+        )
+    return found, str(path)
 
 
 def resolve_token(
@@ -38,29 +80,30 @@ def resolve_token(
     Raises:
         ApiError: none of them gives a token; the message says where it looked.
     """
-    token = flag or env.get("CORRAL_TOKEN")
-    if token:
-        return token
-    data_dir = cwd / Path(data_dir_flag or env.get("CORRAL_DATA_DIR") or DEFAULT_DATA_DIR)
-    path = data_dir.expanduser() / TOKEN_FILE
-    found = read_secret_file(path)
-    if found is None:
-        raise ApiError(
-            f"no API token: {path} does not exist; pass --token, set CORRAL_TOKEN, or give "
-            "--data-dir of the node you talk to"
-        )
-    return found
+    return resolve_token_and_source(flag, env, data_dir_flag, cwd)[0]
 
 
 class NodeClient:
     """Calls one node's API; raises NodeUnreachable or ApiRefused on failure."""
 
-    def __init__(self, api_url: str, token: str, *, timeout: float = DEFAULT_TIMEOUT) -> None:
+    def __init__(
+        self,
+        api_url: str,
+        token: str,
+        *,
+        timeout: float = DEFAULT_TIMEOUT,
+        token_source: str | None = None,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
         self.api_url = api_url
+        self.token_source = token_source
         self._client = httpx.Client(
+            transport=transport,
             base_url=api_url,
             headers={"Authorization": f"Bearer {token}"},
-            timeout=timeout,
+            # A node that does not answer the connection fails fast; a slow answer
+            # (a large deploy) may take the whole timeout.
+            timeout=httpx.Timeout(timeout, connect=min(CONNECT_TIMEOUT, timeout)),
         )
 
     def close(self) -> None:
@@ -77,7 +120,7 @@ class NodeClient:
             response = self._client.request(method, path, json=body)
         except httpx.TransportError as exc:
             raise NodeUnreachable(self.api_url, _reason(exc)) from exc
-        return _answer(response)
+        return self._answer(response)
 
     def state(self) -> JSONDict:
         return self.request("GET", "/v1/state")
@@ -97,7 +140,7 @@ class NodeClient:
             ) as response:
                 if response.status_code >= 400:
                     response.read()
-                    _answer(response)
+                    self._answer(response)
                 try:
                     for line in response.iter_lines():
                         if line.strip():
@@ -113,6 +156,10 @@ class NodeClient:
     def ps(self) -> list[JSONDict]:
         rows: list[JSONDict] = self.request("GET", "/v1/ps")["rows"]
         return rows
+
+    def nodes(self) -> JSONDict:
+        """``{"nodes": [...], "coordinator": id or None, "fence": int or None}``."""
+        return self.request("GET", "/v1/nodes")
 
     def deploy(
         self,
@@ -156,28 +203,52 @@ class NodeClient:
         body: JSONDict | None = {"force": True} if force else None
         return self.request("POST", f"/v1/nodes/{node}/{verb}", body)
 
+    def _answer(self, response: httpx.Response) -> JSONDict:
+        """The JSON object of a corral answer, or the error it carries, in one line.
+
+        Raises:
+            ApiRefused: the node refused the request (``status``, ``field`` set); a
+                refused token names the address and where the token came from.
+            ApiError: what answered is not a corral node's API.
+        """
+        try:
+            body = response.json()
+        except ValueError:
+            body = None
+        status = response.status_code
+        corral_error = isinstance(body, dict) and isinstance(body.get("error"), str)
+        if status in (401, 403) and corral_error:
+            assert isinstance(body, dict)
+            source = f" from {self.token_source}" if self.token_source else ""
+            raise ApiRefused(
+                status,
+                f"the node at {self.api_url} refused the token{source} ({status}: "
+                f"{'not its token' if status == 403 else body['error']}); give that node's "
+                "token: --data-dir of that node, --token, or CORRAL_TOKEN",
+            )
+        if status >= 400 and corral_error:
+            assert isinstance(body, dict)
+            raise ApiRefused(status, body["error"], body.get("field"))
+        if status >= 400 or not isinstance(body, dict):
+            text = " ".join(response.text.split())[:80]
+            said = f"with {text!r}" if text else "with an empty body"
+            raise ApiError(
+                f"{self.api_url} answered {status} {said}, which is not a corral node's "
+                "API; check --api: it must be a node's API address, not its peer (--listen) one"
+            )
+        return body
+
 
 def _reason(exc: httpx.TransportError) -> str:
     text = str(exc) or type(exc).__name__
     return text.splitlines()[0]
 
 
-def _answer(response: httpx.Response) -> JSONDict:
-    try:
-        body = response.json()
-    except ValueError:
-        body = None
-    if response.status_code >= 400:
-        if isinstance(body, dict) and isinstance(body.get("error"), str):
-            raise ApiRefused(response.status_code, body["error"], body.get("field"))
-        raise ApiRefused(
-            response.status_code, f"the node answered {response.status_code}: {response.text[:200]}"
-        )
-    if not isinstance(body, dict):
-        raise ApiRefused(response.status_code, "the node answered something that is not JSON")
-    return body
-
-
 def environment() -> Mapping[str, str]:
     """The process environment (a seam for tests)."""
     return os.environ
+
+
+def client_transport() -> httpx.BaseTransport | None:
+    """The HTTP transport the command line uses: None, httpx's own (a seam for tests)."""
+    return None

@@ -130,20 +130,22 @@ def state_summary(state: Mapping[str, Any], now: float | None = None) -> str:
         lines.append("")
         lines.append(
             table(
-                ("APP", "PID", "STATE", "PUBLIC", "INTERNAL", "RESTARTS"),
+                ("APP", "PID", "STATE", "PUBLIC", "INTERNAL", "RESTARTS", "LAST EXIT"),
                 [
                     (
                         p.get("app"),
                         p.get("pid"),
-                        p.get("state"),
+                        "crash-loop" if p.get("crash_loop") else p.get("state"),
                         p.get("public_port"),
                         p.get("internal_port"),
                         p.get("restarts"),
+                        p.get("last_exit_code"),
                     )
                     for p in processes
                 ],
             )
         )
+        lines += _trouble_lines(processes, state.get("data_dir"))
     else:
         lines.append("processes   none on this node")
     placements = state.get("placements") or {}
@@ -167,11 +169,60 @@ def state_summary(state: Mapping[str, Any], now: float | None = None) -> str:
     return "\n".join(lines)
 
 
+def _trouble_lines(processes: Sequence[Mapping[str, Any]], data_dir: object) -> list[str]:
+    """One line per process that fails to start or keeps exiting: why, and where its
+    output is."""
+    lines: list[str] = []
+    for p in processes:
+        if not (p.get("crash_loop") or p.get("last_error") or p.get("state") == "backoff"):
+            continue
+        app = p.get("app")
+        if p.get("last_error"):
+            why = str(p["last_error"])
+        else:
+            why = f"it exits with code {p.get('last_exit_code')}"
+        where = f"{data_dir}/apps/{app}/logs/" if data_dir else f"<data-dir>/apps/{app}/logs/"
+        crash = "crash loop" if p.get("crash_loop") else "restarting"
+        lines.append(
+            f"{crash:<11} {app}: {why} (restarted {p.get('restarts', 0)} times, with backoff); "
+            f"its output is in {where}"
+        )
+    return lines
+
+
+def nodes_table(answer: Mapping[str, Any]) -> str:
+    """``corral node ls``: one row per node, then who coordinates."""
+    nodes = answer.get("nodes") or []
+    if not nodes:
+        return "no nodes; start one with: corral node run"
+    text = table(
+        ("NODE", "STATE", "APPS", "LABELS", "RACK", "API"),
+        [
+            (
+                n["node"] + (" *" if n.get("coordinator") else ""),
+                n["state"],
+                n["serving"],
+                _pairs(n.get("labels")) if n.get("labels") else "-",
+                n.get("rack"),
+                n.get("api_address"),
+            )
+            for n in nodes
+        ],
+    )
+    holder = answer.get("coordinator")
+    footer = (
+        f"* coordinator (fence {answer.get('fence')})"
+        if any(n.get("coordinator") for n in nodes)
+        else f"coordinator: {holder or 'none holds the lease right now'}"
+    )
+    return f"{text}\n{footer}"
+
+
 def event_line(event: Mapping[str, Any]) -> str:
     when = event.get("wall_time")
     stamp = time.strftime("%H:%M:%S", time.localtime(when)) if isinstance(when, float | int) else ""
     fields = event.get("fields") or {}
-    details = " ".join(f"{k}={v}" for k, v in sorted(fields.items()))
+    details = " ".join(f"{k}={v}" for k, v in sorted(fields.items()) if v is not None)
     return " ".join(
         p for p in (stamp, str(event.get("kind")), str(event.get("path")), details) if p
     )

@@ -79,6 +79,9 @@ class LocalNode:
     process: subprocess.Popen[bytes] | None = None
     #: pid -> create time of every process seen below this node (pids are reused).
     seen_descendants: dict[int, float] = field(default_factory=dict)
+    #: pid -> create time of the node's direct children seen: the app processes it
+    #: started (their own helpers, e.g. a version manager's shim, are descendants only).
+    seen_children: dict[int, float] = field(default_factory=dict)
 
     @property
     def api_url(self) -> str:
@@ -114,7 +117,10 @@ class LocalNode:
                 children = []
             for child in children:
                 try:
-                    self.seen_descendants[child.pid] = child.create_time()
+                    created = child.create_time()
+                    self.seen_descendants[child.pid] = created
+                    if child.ppid() == self.process.pid:
+                        self.seen_children[child.pid] = created
                 except psutil.Error:
                     continue
         return set(self.seen_descendants)

@@ -158,15 +158,16 @@ class NodeServices:
 
     async def ask(self, path: str, message: object, node: str | None = None) -> Any:
         assert self.system is not None
-        ref = self.system.ref(path, node=node)
         try:
+            ref = self.system.ref(path, node=node)
             return await ref.ask(message, timeout=ASK_TIMEOUT)
-        except SupervisionError as exc:
+        except (SupervisionError, TransportError) as exc:
+            # A view that cannot be had is reported in the state, never a 500.
             return {"error": str(exc)}
 
     async def state(self) -> dict[str, Any]:
         me = self.runtime.node_id
-        state: dict[str, Any] = {"node_id": me}
+        state: dict[str, Any] = {"node_id": me, "data_dir": str(self.runtime.config.data_dir)}
         try:
             kv = await self.registry.get(node_key(me))
             record = None if kv is None else decode_record(kv.key, kv.value)
@@ -188,6 +189,10 @@ class NodeServices:
                 for key, p in sorted(placements.items())
                 if isinstance(p, PlacementRecord)
             }
+            # This node's view: the apps the coordinator placed here.
+            state["assigned"] = sorted(
+                app for app, p in state["placements"].items() if me in p.get("nodes", [])
+            )
             state["undecodable"] = [{"key": u.key, "reason": u.reason} for u in undecodable]
         except RegistryError as exc:
             state["registry_error"] = str(exc)
@@ -219,6 +224,16 @@ class NodeServices:
             )
         except (SupervisionError, TransportError) as exc:
             log.debug("could not kick coordinator %s: %s", lease.holder, exc)
+
+    def kick_local(self, reason: str) -> None:
+        """Tell this node's coordinator to look now (it acts only while it holds the
+        lease). Best effort: its next tick finds the change anyway."""
+        if self.system is None:
+            return
+        try:
+            self.system.ref(f"/{COORDINATOR}").tell_nowait(KickCoordinator(reason=reason))
+        except SupervisionError as exc:
+            log.debug("could not kick the coordinator: %s", exc)
 
     def actors(self) -> dict[str, Any]:
         assert self.system is not None
@@ -279,7 +294,7 @@ def root_spec(
         ),
         ChildSpec(
             name="peers",
-            factory=lambda: PeerDirectory(registry, transport),
+            factory=lambda: PeerDirectory(registry, transport, on_change=services.kick_local),
             shutdown_grace=1.0,
         ),
     ]
@@ -400,8 +415,8 @@ async def run_node(
         ConfigError: the data directory, node id or an address cannot be used.
         RegistryError: the registry cannot be opened.
     """
+    check_bindable(config)  # before anything is written under --data-dir
     runtime = prepare_runtime(config)
-    check_bindable(config)
     events = EventLog()
     async with open_registry(config.registry_url) as registry:
         await check_node_id_free(runtime, registry)
@@ -433,6 +448,9 @@ async def run_node(
                         config.data_dir,
                     )
                     system.emit("node.started", node=runtime.node_id, api=str(config.api))
+                    # The coordinator looks at the new node now, not at its next tick
+                    # (a third of the lease TTL: 15 s by default).
+                    await services.kick_coordinator(f"node {runtime.node_id} started")
                     task_status.started(runtime)
                     await stop.wait()
                     log.info("node %s stopping", runtime.node_id)

@@ -12,7 +12,9 @@ import pytest
 from corral.node._api import ApiServices, build_api
 from corral.node._artifact_store import ArtifactStore, artifact_capability
 from corral.registry import (
+    COORDINATOR_LEASE_KEY,
     AppRecord,
+    CoordinatorLease,
     MemoryRegistry,
     NodeIntent,
     NodeRecord,
@@ -326,3 +328,39 @@ async def test_events_recent_and_follow(fx: Fixture) -> None:
         lines = [line for line in response.text.splitlines() if line]
     assert len(lines) == 2
     assert all('"test.event"' in line for line in lines)
+
+
+async def test_ps_tells_an_instance_still_in_its_cooldown(fx: Fixture) -> None:
+    # The fixture's wall clock reads 1_700_000_000; the default cooldown is 600 s.
+    now = 1_700_000_000.0
+    entry = ServingEntry(revision="a" * 64, public_port=24001, internal_port=24500, state="running")
+    await put_node(fx, "n1", serving={"web": entry})
+    await put_node(fx, "n2")
+    await fx.registry.put(app_key("web"), AppRecord(name="web", replicas=1).encode())
+    placed = PlacementRecord(nodes=["n1"], decided_at=now - 30, fence=1, placed_at={"n1": now - 30})
+    await fx.registry.put(placement_key("web"), placed.encode())
+    async with fx.client() as client:
+        rows = (await client.get("/v1/ps")).json()["rows"]
+    assert rows[0]["reloc"] == "yes (only if its node is lost: cooldown, 9m 30s left)"
+
+
+async def test_nodes_lists_intents_and_the_coordinator(fx: Fixture) -> None:
+    await put_node(fx, "n1", labels={"zone": "a"})
+    await put_node(fx, "n2")
+    await fx.registry.put(intent_key("n2"), NodeIntent(cordoned=True).encode())
+    await fx.registry.put(
+        intent_key("gone"), NodeIntent(cordoned=True, draining=True, force=True).encode()
+    )
+    await fx.registry.put(
+        COORDINATOR_LEASE_KEY, CoordinatorLease(holder="n1", acquired_at=0.0).encode()
+    )
+    fence = (await fx.registry.get(COORDINATOR_LEASE_KEY)).create_revision  # type: ignore[union-attr]
+    async with fx.client() as client:
+        answer = (await client.get("/v1/nodes")).json()
+    assert (answer["coordinator"], answer["fence"]) == ("n1", fence)
+    assert [(n["node"], n["state"], n["coordinator"]) for n in answer["nodes"]] == [
+        ("gone", "gone (draining, forced)", False),
+        ("n1", "alive", True),
+        ("n2", "cordoned", False),
+    ]
+    assert answer["nodes"][1]["labels"] == {"zone": "a"}

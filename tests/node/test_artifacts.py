@@ -110,8 +110,12 @@ def test_unpack_refuses_escaping_members(tmp_path: Path) -> None:
 
 def test_missing_command_and_missing_directory(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
-    with pytest.raises(ArtifactInvalid, match="names no command"):
+    with pytest.raises(ArtifactInvalid, match="names a command") as no_command:
         pack_directory(tmp_path / "empty")
+    # The message names the directory the operator pointed at, and the field.
+    assert no_command.value.field == "command"
+    assert str(tmp_path / "empty") in str(no_command.value)
+    assert "no corral.toml or Procfile" in str(no_command.value)
     with pytest.raises(ArtifactInvalid, match="is not a directory"):
         pack_directory(tmp_path / "nope")
     with pytest.raises(ArtifactInvalid) as caught:

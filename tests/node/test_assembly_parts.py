@@ -7,14 +7,31 @@ from pathlib import Path
 
 import pytest
 import trio
+import trio.testing
 
 from corral.node._config import resolve_node_config
 from corral.node._errors import ConfigError
 from corral.node._events import EventLog, jsonable
-from corral.node._node import check_bindable, check_node_id_free, prepare_runtime, single_error
-from corral.node._peers import peer_changes
-from corral.registry import MemoryRegistry, NodeRecord, node_key
-from corral.supervision import Event
+from corral.node._node import (
+    NodeServices,
+    check_bindable,
+    check_node_id_free,
+    prepare_runtime,
+    run_node,
+    single_error,
+)
+from corral.node._peers import PeerDirectory, peer_changes
+from corral.registry import (
+    COORDINATOR_LEASE_KEY,
+    CoordinatorLease,
+    MemoryRegistry,
+    NodeRecord,
+    PlacementRecord,
+    node_key,
+    placement_key,
+)
+from corral.supervision import ChildSpec, Event, open_actor_system
+from corral.transport import PeerUnavailable
 
 
 def test_peer_changes_adds_readdresses_and_forgets() -> None:
@@ -84,3 +101,84 @@ def test_single_error_unwraps_one_leaf() -> None:
     assert single_error(BaseExceptionGroup("x", [BaseExceptionGroup("y", [error])])) is error
     two = BaseExceptionGroup("x", [ValueError(), KeyError()])
     assert single_error(two) is two
+
+
+async def test_a_taken_port_fails_before_anything_is_written(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        config = resolve_node_config(
+            {"data-dir": "fresh", "api": f"127.0.0.1:{port}"}, {}, cwd=tmp_path
+        )
+        with pytest.raises(ConfigError, match="cannot be used"):
+            await run_node(config, stop=trio.Event())
+    assert not (tmp_path / "fresh").exists()
+
+
+class _UnreachableRef:
+    async def ask(self, message: object, timeout: float) -> object:
+        raise PeerUnavailable("peer 'c' at 127.0.0.1:9 is unreachable: handshake refused")
+
+
+class _UnreachableSystem:
+    def ref(self, path: str, node: str | None = None) -> _UnreachableRef:
+        return _UnreachableRef()
+
+
+async def test_state_reports_an_unreachable_coordinator_instead_of_failing(
+    tmp_path: Path,
+) -> None:
+    registry = MemoryRegistry()
+    config = resolve_node_config({"data-dir": "d", "node-id": "n1"}, {}, cwd=tmp_path)
+    runtime = prepare_runtime(config)
+    await registry.put(node_key("n1"), NodeRecord(id="n1").encode())
+    await registry.put(COORDINATOR_LEASE_KEY, CoordinatorLease(holder="c", acquired_at=0).encode())
+    for app, nodes in (("web", ["c", "n1"]), ("db", ["c"])):
+        record = PlacementRecord(nodes=nodes, decided_at=0.0, fence=1)
+        await registry.put(placement_key(app), record.encode())
+    services = NodeServices(runtime, registry, EventLog())
+    services.system = _UnreachableSystem()  # type: ignore[assignment]
+    state = await services.state()
+    assert state["lease"]["holder"] == "c"
+    assert state["coordinating"] is False
+    assert state["assigned"] == ["web"]
+    assert state["data_dir"] == str(tmp_path / "d")
+    assert state["processes"] == {
+        "error": "peer 'c' at 127.0.0.1:9 is unreachable: handshake refused"
+    }
+    assert state["unplaced"]["error"].startswith("cannot ask coordinator c: peer 'c'")
+
+
+class _Book:
+    def __init__(self) -> None:
+        self.peers: dict[str, str] = {}
+
+    def add_peer(self, node_id: str, address: str) -> None:
+        self.peers[node_id] = address
+
+    def remove_peer(self, node_id: str) -> None:
+        del self.peers[node_id]
+
+
+async def test_peer_directory_reports_nodes_joining_and_leaving(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    registry = MemoryRegistry()
+    book = _Book()
+    changes: list[str] = []
+    await registry.put(node_key("b"), NodeRecord(id="b", peer_address="127.0.0.1:2").encode())
+    spec = ChildSpec(
+        name="peers",
+        factory=lambda: PeerDirectory(registry, book, interval=2.0, on_change=changes.append),
+    )
+    async with open_actor_system("a", children=[spec]):
+        assert book.peers == {"b": "127.0.0.1:2"}
+        assert changes == ["node b joined"]
+        await trio.sleep(5)
+        assert changes == ["node b joined"]  # nothing moved: no kick
+        await registry.put(node_key("c"), NodeRecord(id="c", peer_address="127.0.0.1:3").encode())
+        await registry.delete(node_key("b"))
+        await trio.sleep(2)
+        assert changes == ["node b joined", "node c joined, node b left"]
+        assert book.peers == {"c": "127.0.0.1:3"}

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import io
+import json
 import socket
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
 
+from corral.node import _client as client_module
 from corral.node._cli import main
 from corral.node._client import resolve_api_url, resolve_token
-from corral.node._errors import ApiError, NodeError
+from corral.node._errors import ApiError, ConfigError, NodeError
 
 from .conftest import make_app_dir
 
@@ -36,7 +40,9 @@ AUTH = ["--api", "http://127.0.0.1:9", "--token", "t"]
         (["deploy", "APP", "--name", "Shop"], "name: invalid app name 'Shop'"),
         (["deploy", "APP", "--name", "shop", "--replicas", "0"], "replicas: 0 is refused"),
         (["deploy", "APP", "--name", "shop", "--node-selector", "x"], "node-selector"),
-        (["deploy", "EMPTY", "--name", "shop"], "command: the app directory names no command"),
+        (["deploy", "EMPTY", "--name", "shop"], "command: EMPTY: no corral.toml or Procfile"),
+        (["deploy", "APP", "--name", "shop", "--memory-mb", "-1"], "memory-mb: -1 is not"),
+        (["deploy", "APP", "--name", "shop", "--env", "1X=y"], "env: '1X' is not"),
         (["deploy", "APP", "--name", "shop", "--env", "CORRAL_SURELY_UNSET_1"], "env:"),
         (["app", "replicas", "--name", "shop", "--count", "0"], "count: 0 is refused"),
         (["node", "cordon", "Bad_Node"], "node: invalid node name"),
@@ -119,3 +125,182 @@ def test_demo_explains_missing_examples(
     code, _, err = run(["demo"], capsys)
     assert code == 1
     assert err.startswith("corral: error: the demo's example apps")
+
+
+def answering(status: int, body: object = None, text: str = "") -> Any:
+    """A transport where every request gets ``status`` with ``body`` (JSON) or ``text``."""
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if body is not None:
+            return httpx.Response(status, json=body)
+        return httpx.Response(status, text=text)
+
+    return httpx.MockTransport(handler)
+
+
+def test_a_refused_token_names_the_address_and_where_the_token_came_from(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("CORRAL_TOKEN", raising=False)
+    (tmp_path / "n2").mkdir()
+    (tmp_path / "n2" / "token").write_text("other-node-token\n")
+    transport = answering(403, {"error": "wrong bearer token"})
+    monkeypatch.setattr(client_module, "client_transport", lambda: transport)
+    code, out, err = run(["ps", "--api", "127.0.0.1:7410", "--data-dir", "n2"], capsys)
+    assert code == 1
+    assert out == ""
+    assert err.count("\n") == 1
+    assert "the node at http://127.0.0.1:7410 refused the token from " in err
+    assert str(tmp_path / "n2" / "token") in err
+    code, _, err = run(["ps", "--api", "127.0.0.1:7410", "--token", "t"], capsys)
+    assert "refused the token from --token (403" in err
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "text"),
+    [(400, None, ""), (200, None, "<html>hi</html>"), (404, {"detail": "nope"}, "")],
+)
+def test_an_answer_that_is_not_a_corral_api_says_check_api(
+    status: int,
+    body: object,
+    text: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    transport = answering(status, body, text)
+    monkeypatch.setattr(client_module, "client_transport", lambda: transport)
+    code, _, err = run(["state", "--api", "127.0.0.1:7401", "--token", "t"], capsys)
+    # Not "the request is wrong" (2): the address is.
+    assert code == 1
+    assert f"http://127.0.0.1:7401 answered {status}" in err
+    assert "not a corral node's API; check --api" in err
+    assert err.count("\n") == 1
+
+
+def test_a_corral_400_exits_2_and_a_409_exits_1(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    transport = answering(400, {"error": "count: nope", "field": "count"})
+    monkeypatch.setattr(client_module, "client_transport", lambda: transport)
+    code, _, err = run(["app", "retire", "--name", "web", *AUTH], capsys)
+    assert (code, err) == (2, "corral: error: count: nope\n")
+    transport = answering(409, {"error": "drain of n2 refused: it runs pinned app(s) db"})
+    monkeypatch.setattr(client_module, "client_transport", lambda: transport)
+    code, _, err = run(["node", "drain", "n2", *AUTH], capsys)
+    assert (code, err) == (1, "corral: error: drain of n2 refused: it runs pinned app(s) db\n")
+
+
+@pytest.mark.parametrize(
+    ("flag", "env", "where"),
+    [("not a url", None, "--api"), ("h:1/v1", None, "--api"), (None, ":::", "CORRAL_API")],
+)
+def test_a_malformed_api_address_is_a_usage_error(
+    flag: str | None,
+    env: str | None,
+    where: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("CORRAL_API", raising=False)
+    if env is not None:
+        monkeypatch.setenv("CORRAL_API", env)
+    argv = ["ps", "--token", "t"] + (["--api", flag] if flag else [])
+    code, _, err = run(argv, capsys)
+    assert code == 2
+    assert err.startswith(f"corral: error: {where} ")
+    assert "write host:port or http://host:port" in err
+    with pytest.raises(ConfigError):
+        resolve_api_url(flag, {"CORRAL_API": env} if env else {})
+
+
+@pytest.mark.parametrize(
+    ("argv", "prog"),
+    [
+        (["ps", "--bogus"], "corral ps"),
+        (["node", "drain", "n1", "--bogus"], "corral node drain"),
+        (["app", "replicas", "--name", "a", "--count", "1", "x"], "corral app replicas"),
+        (["inspect", "--interval", "0"], "corral inspect"),
+        (["inspect", "--interval", "nan"], "corral inspect"),
+    ],
+)
+def test_usage_errors_point_at_the_sub_commands_help(
+    argv: list[str], prog: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as caught:
+        main(argv)
+    assert caught.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"{prog}: error: ")
+    assert err.endswith(f"(see {prog} --help)\n")
+    assert err.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["deploy", "--help"], "Deploy an app directory"),
+        (["app", "selector", "--help"], "replaces the whole selector"),
+        (["node", "ls", "--help"], "List the nodes"),
+        (["node", "drain", "--help"], "pinned apps would stop"),
+        (["plan", "--help"], "The smallest document"),
+        (["--help"], "corral COMMAND --help"),
+    ],
+)
+def test_help_texts_describe_the_command(
+    argv: list[str], needle: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as caught:
+        main(argv)
+    assert caught.value.code == 0
+    assert needle in " ".join(capsys.readouterr().out.split())
+
+
+def test_node_ls_and_inspect_json(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    answers = {
+        "/v1/nodes": {
+            "nodes": [
+                {
+                    "node": "n1",
+                    "state": "alive",
+                    "serving": 2,
+                    "labels": {"zone": "a"},
+                    "rack": None,
+                    "datacenter": None,
+                    "api_address": "127.0.0.1:7400",
+                    "coordinator": True,
+                },
+                {
+                    "node": "n2",
+                    "state": "cordoned",
+                    "serving": 0,
+                    "labels": {},
+                    "rack": "r2",
+                    "datacenter": None,
+                    "api_address": "127.0.0.1:7410",
+                    "coordinator": False,
+                },
+            ],
+            "coordinator": "n1",
+            "fence": 7,
+        },
+        "/v1/actors": {"name": "n1", "path": "/", "children": []},
+    }
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, json=answers[request.url.path])
+
+    monkeypatch.setattr(client_module, "client_transport", lambda: httpx.MockTransport(handler))
+    code, out, _ = run(["node", "ls", *AUTH], capsys)
+    assert code == 0
+    assert out.splitlines() == [
+        "NODE  STATE     APPS  LABELS  RACK  API",
+        "n1 *  alive     2     zone=a  -     127.0.0.1:7400",
+        "n2    cordoned  0     -       r2    127.0.0.1:7410",
+        "* coordinator (fence 7)",
+    ]
+    code, out, _ = run(["inspect", "--json", *AUTH], capsys)
+    assert code == 0
+    assert json.loads(out) == answers["/v1/actors"]

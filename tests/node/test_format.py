@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import corral.node
-from corral.node._format import event_line, ps_table, state_summary, table
+from corral.node._format import event_line, nodes_table, ps_table, state_summary, table
 
 STATE: dict[str, Any] = {
     "node_id": "n1",
@@ -124,3 +124,49 @@ def test_event_line() -> None:
         }
     )
     assert line.endswith("process.started /agent/x app=web pid=3")
+
+
+def test_state_summary_says_why_a_process_keeps_restarting() -> None:
+    processes = [
+        {"app": "web", "pid": 42, "state": "running", "restarts": 0},
+        {
+            "app": "boom",
+            "pid": None,
+            "state": "backoff",
+            "crash_loop": True,
+            "restarts": 5,
+            "last_exit_code": 3,
+        },
+        {
+            "app": "nocmd",
+            "pid": None,
+            "state": "backoff",
+            "crash_loop": False,
+            "restarts": 1,
+            "last_error": "cannot start app 'nocmd': No such file or directory",
+        },
+    ]
+    text = state_summary({**STATE, "processes": processes, "data_dir": "/srv/c"}, now=1000.0)
+    assert (
+        "crash loop  boom: it exits with code 3 (restarted 5 times, with backoff); "
+        "its output is in /srv/c/apps/boom/logs/"
+    ) in text
+    assert "restarting  nocmd: cannot start app 'nocmd': No such file or directory" in text
+    assert "web:" not in text
+    header = next(line for line in text.splitlines() if line.startswith("APP  "))
+    assert header.split()[-2:] == ["LAST", "EXIT"]
+    assert "boom   -    crash-loop" in text
+
+
+def test_event_line_leaves_out_empty_fields() -> None:
+    line = event_line(
+        {"kind": "coordinator.pass", "path": "/coordinator", "fields": {"error": None, "n": 0}}
+    )
+    assert line == "coordinator.pass /coordinator n=0"
+
+
+def test_nodes_table_without_a_coordinator_and_without_nodes() -> None:
+    row = {"node": "n1", "state": "alive", "serving": 0, "labels": {}, "coordinator": False}
+    text = nodes_table({"nodes": [row], "coordinator": None, "fence": None})
+    assert text.splitlines()[-1] == "coordinator: none holds the lease right now"
+    assert "corral node run" in nodes_table({"nodes": []})

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from corral.node._views import ps_rows
+from corral.node._views import node_rows, node_state, ps_rows, relocation
 from corral.registry import AppRecord, NodeIntent, NodeRecord, PlacementRecord, ServingEntry
 
 REV = "b" * 64
@@ -72,3 +72,59 @@ def test_one_row_per_placed_or_serving_node(placed: set[str], live: set[str], pi
         assert [(r.node, r.state) for r in rows] == [("-", "undeployed")]
     if pinned and expected:
         assert {r.reloc for r in rows} == {"no (pinned)"}
+
+
+def test_reloc_tells_the_cooldown_left() -> None:
+    nodes = {"n1": NodeRecord(id="n1", serving=serving()), "n2": NodeRecord(id="n2")}
+    apps = {"web": AppRecord(name="web", replicas=1)}
+    placed = {"web": PlacementRecord(nodes=["n1"], decided_at=0.0, fence=1, placed_at={"n1": 100.0})}
+
+    def reloc(now: float | None) -> str:
+        return ps_rows(apps, placed, nodes, {}, now=now, cooldown_s=600.0)[0].reloc
+
+    assert reloc(160.0) == "yes (only if its node is lost: cooldown, 9m 0s left)"
+    assert reloc(699.5) == "yes (only if its node is lost: cooldown, 1s left)"
+    assert reloc(700.0) == "yes"
+    assert reloc(None) == "yes"  # no clock given: the cooldown is not judged
+    # A pinned app or one that cannot move says so first.
+    pinned = {"web": AppRecord(name="web", replicas=1, pinned=True)}
+    assert ps_rows(pinned, placed, nodes, {}, now=160.0, cooldown_s=600.0)[0].reloc == (
+        "no (pinned)"
+    )
+
+
+@settings(max_examples=50)
+@given(age=st.floats(min_value=0, max_value=10_000), cooldown=st.floats(0, 5_000))
+def test_reloc_cooldown_matches_the_planners_rule(age: float, cooldown: float) -> None:
+    nodes = {"n1": NodeRecord(id="n1"), "n2": NodeRecord(id="n2")}
+    app = AppRecord(name="web", replicas=1)
+    text = relocation(
+        app, "n1", frozenset({"n1"}), nodes, {}, placed_at=0.0, now=age, cooldown_s=cooldown
+    )
+    # The planner defers a rank move while age < cooldown_s.
+    assert (text != "yes") == (age < cooldown)
+    assert text.startswith("yes")
+
+
+def test_node_rows_put_the_intent_on_top_of_the_record() -> None:
+    nodes = {
+        "a": NodeRecord(id="a", serving=serving(), labels={"zone": "a"}, api_address="h:1"),
+        "b": NodeRecord(id="b"),
+        "c": NodeRecord(id="c", state="suspect"),
+    }
+    intents = {
+        "b": NodeIntent(cordoned=True, draining=True),
+        "c": NodeIntent(cordoned=True),
+        "d": NodeIntent(cordoned=True),
+    }
+    rows = node_rows(nodes, intents, coordinator="a")
+    assert [(r.node, r.state, r.serving, r.coordinator) for r in rows] == [
+        ("a", "alive", 1, True),
+        ("b", "draining", 0, False),
+        ("c", "cordoned", 0, False),
+        ("d", "gone (cordoned)", 0, False),
+    ]
+    assert rows[0].api_address == "h:1"
+    assert rows[1].api_address is None
+    assert node_state(None, None) == "gone"
+    assert node_state(nodes["b"], NodeIntent(draining=True, force=True)) == "draining, forced"
