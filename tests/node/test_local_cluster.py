@@ -12,12 +12,11 @@ from corral.node._local_cluster import LocalNode, wait_for
 
 # A stand-in node: one child (an "app"), which has a helper child of its own, the way
 # a version manager's shim runs helpers before it execs the real interpreter.
-NODE = """
-import subprocess, sys, time
-app = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)']); time.sleep(30)"
-subprocess.Popen([sys.executable, "-c", app])
-time.sleep(30)
-"""
+HELPER = "import time; time.sleep(30)"
+APP = f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {HELPER!r}]); "
+APP += "time.sleep(30)"
+NODE = f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {APP!r}]); "
+NODE += "time.sleep(30)"
 
 
 def test_apps_are_the_nodes_direct_children_only(tmp_path: Path) -> None:

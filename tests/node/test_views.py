@@ -77,7 +77,8 @@ def test_one_row_per_placed_or_serving_node(placed: set[str], live: set[str], pi
 def test_reloc_tells_the_cooldown_left() -> None:
     nodes = {"n1": NodeRecord(id="n1", serving=serving()), "n2": NodeRecord(id="n2")}
     apps = {"web": AppRecord(name="web", replicas=1)}
-    placed = {"web": PlacementRecord(nodes=["n1"], decided_at=0.0, fence=1, placed_at={"n1": 100.0})}
+    record = PlacementRecord(nodes=["n1"], decided_at=0.0, fence=1, placed_at={"n1": 100.0})
+    placed = {"web": record}
 
     def reloc(now: float | None) -> str:
         return ps_rows(apps, placed, nodes, {}, now=now, cooldown_s=600.0)[0].reloc
