@@ -2,10 +2,11 @@
 
 Each node is an :class:`~corral.supervision.ActorSystem` on one shared
 :class:`~corral.transport.MemoryNetwork`, running a ``node`` supervisor
-(NodeRegistration and Coordinator by default; pass ``children=`` to add
-yours), and reaching one shared registry through its own
-:class:`~corral.testing.RegistryGate`. All of them sit behind one
-:class:`~corral.testing.CountingRegistry`, so a test can count writes::
+(NodeRegistration and Coordinator by default; :func:`agent_node_children` adds
+the node agent on an in-memory launcher; pass ``children=`` for your own), and
+reaching one shared registry through its own :class:`~corral.testing.RegistryGate`.
+All of them sit behind one :class:`~corral.testing.CountingRegistry`, so a test can
+count writes::
 
     async with open_cluster(3) as cluster:             # node-1, node-2, node-3
         holder = await cluster.wait_for_coordinator()
@@ -20,12 +21,23 @@ Faults:
   runs and reaches the registry (leases are handed back).
 * :meth:`Cluster.kill` — a crash (SIGKILL): the node's registry gate and
   network link are cut first, so its cleanup reaches nothing; its leases
-  lapse a TTL later.
+  lapse a TTL later. The node's in-memory processes die with it (a machine
+  that went away).
 * :meth:`Cluster.restart` — a new life of a stopped or killed node, same id.
 * :meth:`Cluster.partition` / :meth:`Cluster.heal` — the transport.
 * :meth:`Cluster.cut_registry` / :meth:`Cluster.restore_registry` — one
   node's registry link: refused (``RegistryUnavailable``) or hanging (calls
   wait, then arrive late).
+
+With the agent (``children=agent_node_children``) every node runs its apps
+as :class:`~corral.actors.process_supervisor.MemoryProcess` objects:
+:meth:`Cluster.instances` says which nodes run what now, and
+:meth:`Cluster.running_counts` replays every start and exit in order::
+
+    async with open_cluster(3, children=agent_node_children) as cluster:
+        ...
+        assert cluster.instances() == {"shop": ["node-1", "node-3"]}
+        assert max(n for _, n in cluster.running_counts("shop")) <= 2
 
 Time comes from trio, so the whole harness runs under
 ``MockClock(autojump_threshold=0)``; the default wall clock is virtual too
@@ -36,9 +48,12 @@ from __future__ import annotations
 
 import itertools
 import math
+import random
+import tempfile
 from collections.abc import AsyncIterator, Callable, Collection, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import trio
@@ -46,7 +61,9 @@ import trio
 from corral.actors.coordinator import GetCoordinatorState, coordinator_child_spec
 from corral.actors.node_record import NodeIdentity, node_registration_child_spec
 from corral.actors.planner import Policy
-from corral.registry import Capacity, MemoryRegistry, Registry
+from corral.actors.process_supervisor import AppPaths, LaunchEvent, MemoryLauncher
+from corral.actors.reconciler import AgentSpec
+from corral.registry import Capacity, Deployment, MemoryRegistry, Registry
 from corral.supervision import (
     ActorRef,
     ActorSystem,
@@ -66,6 +83,7 @@ __all__ = [
     "ClusterNode",
     "CoordinatorInterval",
     "NodeContext",
+    "agent_node_children",
     "default_node_children",
     "open_cluster",
     "virtual_wall_clock",
@@ -99,6 +117,8 @@ class NodeContext:
     node_lease_ttl: float
     policy: Policy
     life: int
+    data_dir: Path
+    launcher: MemoryLauncher
 
 
 ChildrenFactory = Callable[[NodeContext], Sequence[ChildSpec | SupervisorSpec]]
@@ -121,6 +141,39 @@ def default_node_children(ctx: NodeContext) -> list[ChildSpec | SupervisorSpec]:
     ]
 
 
+def agent_node_children(ctx: NodeContext) -> list[ChildSpec | SupervisorSpec]:
+    """:func:`default_node_children` plus the node agent (``/node/agent``: ProcessSupervisor,
+    PortAllocator, Reconciler) running apps on the node's
+    :class:`~corral.actors.process_supervisor.MemoryLauncher` in ``ctx.data_dir``.
+
+    A revision is "materialized" as an empty directory; port draws are seeded per node
+    and life, and every port of the default range counts as free (nothing binds it).
+    """
+    data_dir = ctx.data_dir
+
+    async def materialize(app: str, deployment: Deployment) -> Path:
+        directory = AppPaths.of(data_dir, app).revision_dir(deployment.revision)
+        directory.mkdir(parents=True, exist_ok=True)
+        return directory
+
+    agent = AgentSpec(
+        node_id=ctx.node_id,
+        data_dir=data_dir,
+        registry=ctx.registry,
+        materialize=materialize,
+        clock=ctx.wall_clock,
+        random=random.Random(f"{ctx.node_id}/{ctx.life}"),
+        probe_host="127.0.0.1",
+        port_probe=_always_free,
+        launcher=ctx.launcher,
+    )
+    return [*default_node_children(ctx), agent.supervisor_spec()]
+
+
+def _always_free(host: str, port: int) -> bool:
+    return True
+
+
 @dataclass(frozen=True, slots=True)
 class CoordinatorInterval:
     """A stretch of time one node was entitled to coordinate (trio time)."""
@@ -133,11 +186,17 @@ class CoordinatorInterval:
 
 @dataclass
 class ClusterNode:
-    """One node of the cluster, across its lives."""
+    """One node of the cluster, across its lives.
+
+    ``data_dir`` and ``launcher`` (the in-memory processes of every life) are the
+    node's own and outlive each life, as a machine's disk and process table would.
+    """
 
     node_id: str
     identity: NodeIdentity
     capacity: Capacity | None
+    data_dir: Path
+    launcher: MemoryLauncher = field(default_factory=MemoryLauncher)
     life: int = 0
     system: ActorSystem | None = None
     gate: RegistryGate | None = None
@@ -164,6 +223,11 @@ class ClusterNode:
     def registration(self) -> ActorRef:
         return self.ref("registration")
 
+    @property
+    def reconciler(self) -> ActorRef:
+        """The agent's Reconciler (with :func:`agent_node_children`)."""
+        return self.ref(f"{AgentSpec.name}/{AgentSpec.RECONCILER}")
+
     def events(self) -> list[Event]:
         """Every event of every life of this node, oldest first."""
         current = self.system.events() if self.system is not None else []
@@ -184,6 +248,7 @@ class Cluster:
         policy: Policy,
         wall_clock: Callable[[], float],
         children: ChildrenFactory,
+        data_dir: Path,
     ) -> None:
         self._nursery = nursery
         self.registry = CountingRegistry(registry)
@@ -193,6 +258,7 @@ class Cluster:
         self.policy = policy
         self.wall_clock = wall_clock
         self._children = children
+        self.data_dir = data_dir
         self.nodes: dict[str, ClusterNode] = {}
 
     # ------------------------------------------------------------------ membership
@@ -231,7 +297,7 @@ class Cluster:
             api_address="",
             advertise_host="127.0.0.1",
         )
-        node = ClusterNode(node_id, identity, capacity)
+        node = ClusterNode(node_id, identity, capacity, data_dir=self.data_dir / node_id)
         self.nodes[node_id] = node
         await self._nursery.start(self._run_life, node)
         return node
@@ -245,7 +311,8 @@ class Cluster:
         await node._done.wait()
 
     async def kill(self, node_id: str) -> None:
-        """Crash a node (SIGKILL): nothing it would still send reaches anyone."""
+        """Crash a node (SIGKILL): nothing it would still send reaches anyone, and its
+        in-memory processes end at the same instant (the machine went away)."""
         node = self.node(node_id)
         if not node.running:
             return
@@ -253,6 +320,8 @@ class Cluster:
         assert node._scope is not None
         node.gate.kill()
         self.network.kill(node_id)
+        for process in node.launcher.alive():
+            process.kill()
         node._scope.cancel()
         await node._done.wait()
 
@@ -282,6 +351,8 @@ class Cluster:
             node_lease_ttl=self.node_lease_ttl,
             policy=self.policy,
             life=node.life,
+            data_dir=node.data_dir,
+            launcher=node.launcher,
         )
         spec = SupervisorSpec(name=NODE_SUPERVISOR, children=tuple(self._children(ctx)))
         system: ActorSystem | None = None
@@ -396,6 +467,43 @@ class Cluster:
             f"running nodes: {self.running}"
         )
 
+    def instances(self) -> dict[str, list[str]]:
+        """App -> the running nodes whose in-memory launcher runs a live process of it
+        now (sorted; apps running nowhere are absent)."""
+        running: dict[str, set[str]] = {}
+        for node_id, node in self.nodes.items():
+            if node.running:
+                for process in node.launcher.alive():
+                    running.setdefault(process.spec.app, set()).add(node_id)
+        return {app: sorted(nodes) for app, nodes in sorted(running.items())}
+
+    def launch_timeline(self) -> list[tuple[str, LaunchEvent]]:
+        """Every start and exit of every node's in-memory processes, in the order they
+        happened (all lives)."""
+        merged = [
+            (node_id, event)
+            for node_id, node in self.nodes.items()
+            for event in node.launcher.timeline
+        ]
+        merged.sort(key=lambda item: item[1].seq)
+        return merged
+
+    def running_counts(self, app: str) -> list[tuple[float, int]]:
+        """After each start or exit of one of ``app``'s processes, in order: the time and
+        on how many nodes it ran at that instant."""
+        live: dict[str, set[int]] = {}
+        counts: list[tuple[float, int]] = []
+        for node_id, event in self.launch_timeline():
+            if event.app != app:
+                continue
+            pids = live.setdefault(node_id, set())
+            if event.kind == "start":
+                pids.add(event.pid)
+            else:
+                pids.discard(event.pid)
+            counts.append((event.time, sum(1 for p in live.values() if p)))
+        return counts
+
     def events(self, kind: str | None = None) -> list[tuple[str, Event]]:
         """Every node's events (all lives), by time, optionally of one kind."""
         merged = [
@@ -464,6 +572,7 @@ async def open_cluster(
     children: ChildrenFactory = default_node_children,
     labels: Mapping[str, Mapping[str, str]] | None = None,
     capacity: Capacity | None = DEFAULT_TEST_CAPACITY,
+    data_dir: Path | None = None,
 ) -> AsyncIterator[Cluster]:
     """Run a cluster of in-process nodes for the duration of the block.
 
@@ -476,14 +585,21 @@ async def open_cluster(
         node_lease_ttl: the node records' lease TTL (default ``lease_ttl``).
         policy: the planner's policy (default ``Policy()``).
         wall_clock: unix time for records (default virtual, from trio's clock).
-        children: builds each node's child specs (default registration + coordinator).
+        children: builds each node's child specs (default registration + coordinator;
+            :func:`agent_node_children` adds the node agent).
         labels: node id -> labels.
         capacity: what every node reports.
+        data_dir: each node gets ``<data_dir>/<node id>`` (default: a temporary
+            directory, removed on exit).
 
     Leaving the block stops every node cleanly.
     """
     ids = [f"node-{i}" for i in range(1, nodes + 1)] if isinstance(nodes, int) else list(nodes)
     base = registry if registry is not None else MemoryRegistry()
+    scratch: tempfile.TemporaryDirectory[str] | None = None
+    if data_dir is None:
+        scratch = tempfile.TemporaryDirectory(prefix="corral-cluster-")
+        data_dir = Path(scratch.name)
     try:
         async with trio.open_nursery() as nursery:
             cluster = Cluster(
@@ -495,6 +611,7 @@ async def open_cluster(
                 policy=policy if policy is not None else Policy(),
                 wall_clock=wall_clock,
                 children=children,
+                data_dir=data_dir,
             )
             try:
                 for node_id in ids:
@@ -508,3 +625,5 @@ async def open_cluster(
     finally:
         if registry is None:
             await base.aclose()
+        if scratch is not None:
+            scratch.cleanup()

@@ -18,8 +18,10 @@ would interrupt pinned work: that drain is refused, and for this pass the node c
 cordoned (it keeps everything, takes nothing). A node named by a placement but absent from
 the input is gone.
 
-**Usable nodes.** ``alive``, ``suspect`` and ``cordoned`` nodes are usable; every node but
-one that left is known. When usable / known < ``min_usable_fraction``, the planner has most
+**Usable nodes.** ``alive``, ``suspect`` and ``cordoned`` nodes are usable; every node of
+the input but one that left is known, and so is every node absent from the input that the
+placement of a served app names (a node whose leased record lapsed is far more often out of
+sight than dead). When usable / known < ``min_usable_fraction``, the planner has most
 likely lost sight of the cluster, so relocations are refused for the whole pass: every
 instance stays where it is (those on gone nodes are reported stranded) and only new work
 (new apps, missing replicas) is placed.
@@ -506,6 +508,15 @@ class _Pass:
 
         usable = sum(1 for n in self.nodes.values() if n.state in _USABLE)
         known = sum(1 for n in self.nodes.values() if n.state != "left")
+        # Nodes that vanished from the input while served apps' placements still name them
+        # (not those of retired, blocked or deleted apps: the pass removes those, and the
+        # next pass must decide the same).
+        named: set[str] = set()
+        for app in apps:
+            placement = placements.get(app.name)
+            if placement is not None and not (app.retired or app.blocked):
+                named.update(placement.nodes)
+        known += len(named - self.nodes.keys())
         self.usable, self.known = usable, known
         self.refuse = known > 0 and usable < policy.min_usable_fraction * known
 
@@ -568,7 +579,7 @@ class _Pass:
     def gone_reason(self, node_id: str) -> str | None:
         node = self.nodes.get(node_id)
         if node is None:
-            return f"node {node_id} is not a known node"
+            return f"node {node_id} is absent from the nodes this pass sees"
         return node.gone
 
     def classify(

@@ -25,7 +25,12 @@ from corral.actors.process_supervisor._errors import (
 from corral.actors.process_supervisor._launcher import LaunchedProcess, Launcher, LaunchSpec
 from corral.actors.process_supervisor._layout import AppPaths
 from corral.actors.process_supervisor._logs import RotatingLog
-from corral.actors.process_supervisor._memory import Behaviour, MemoryLauncher, MemoryProcess
+from corral.actors.process_supervisor._memory import (
+    Behaviour,
+    LaunchEvent,
+    MemoryLauncher,
+    MemoryProcess,
+)
 from corral.actors.process_supervisor._os import OsLauncher, OsProcess, write_json_atomically
 from corral.actors.process_supervisor._policy import (
     CrashHistory,
@@ -50,6 +55,7 @@ __all__ = [
     "Behaviour",
     "CrashHistory",
     "ForgetProcess",
+    "LaunchEvent",
     "LaunchSpec",
     "LaunchedProcess",
     "Launcher",

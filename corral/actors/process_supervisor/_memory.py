@@ -37,14 +37,42 @@ class Behaviour:
     spawn_error: str | None = None
 
 
+#: Orders every launch and exit of every MemoryLauncher in this interpreter, so the
+#: timelines of several launchers (several nodes) merge into one order.
+_SEQUENCE = itertools.count()
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchEvent:
+    """A process of a :class:`MemoryLauncher` started (``"start"``) or ended (``"exit"``).
+
+    ``time`` is trio's clock; ``seq`` orders events that share a time, across launchers.
+    """
+
+    time: float
+    seq: int
+    kind: str
+    app: str
+    pid: int
+
+
 class MemoryProcess:
     """One simulated process (see ``LaunchedProcess``)."""
 
-    def __init__(self, spec: LaunchSpec, pid: int, behaviour: Behaviour) -> None:
+    def __init__(
+        self,
+        spec: LaunchSpec,
+        pid: int,
+        behaviour: Behaviour,
+        timeline: list[LaunchEvent] | None = None,
+    ) -> None:
         self.spec = spec
         self._pid = pid
         self.behaviour = behaviour
         self.started_at = trio.current_time()
+        self.ended_at: float | None = None
+        self._timeline = timeline if timeline is not None else []
+        self._note("start")
         self.exit_code: int | None = None
         self.signals: list[str] = []
         self._exited = trio.Event()
@@ -68,7 +96,14 @@ class MemoryProcess:
         """Make the process exit now with ``code`` (a crash, from the test's side)."""
         if not self._exited.is_set():
             self.exit_code = code
+            self.ended_at = trio.current_time()
+            self._note("exit")
             self._exited.set()
+
+    def _note(self, kind: str) -> None:
+        self._timeline.append(
+            LaunchEvent(trio.current_time(), next(_SEQUENCE), kind, self.spec.app, self._pid)
+        )
 
     async def _run(self) -> None:
         if self.behaviour.exit_after is None:
@@ -126,13 +161,15 @@ class MemoryProcess:
 class MemoryLauncher:
     """A ``Launcher`` whose processes are :class:`MemoryProcess` objects.
 
-    ``spawned`` lists every process ever started, in order.
+    ``spawned`` lists every process ever started, in order; ``timeline`` every start
+    and exit (:class:`LaunchEvent`), in order.
     """
 
     def __init__(self) -> None:
         self._pids = itertools.count(1000)
         self._behaviours: dict[str, Behaviour] = {}
         self.spawned: list[MemoryProcess] = []
+        self.timeline: list[LaunchEvent] = []
         self.leftovers: list[PidRecord] = []
 
     def behave(self, app: str, behaviour: Behaviour) -> None:
@@ -152,7 +189,7 @@ class MemoryLauncher:
         behaviour = self._behaviours.get(spec.app, Behaviour())
         if behaviour.spawn_error is not None:
             raise SpawnFailed(f"cannot start app {spec.app!r}: {behaviour.spawn_error}")
-        process = MemoryProcess(spec, next(self._pids), behaviour)
+        process = MemoryProcess(spec, next(self._pids), behaviour, self.timeline)
         self.spawned.append(process)
         nursery.start_soon(process._run)
         return process

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
-from corral.actors.port_allocator import PortAllocator
+from corral.actors.port_allocator import PortAllocator, bind_probe
 from corral.actors.process_supervisor import Launcher, ProcessSupervisor, RestartPolicy
 from corral.actors.reconciler._actor import Materialize, Reconciler
 from corral.registry import Registry
@@ -37,6 +37,8 @@ class AgentSpec:
         random: the random source of port draws (default: a fresh ``random.Random``).
         bind_host: the host apps are told to bind (``CORRAL_BIND_HOST``).
         probe_host: where free ports are probed ("0.0.0.0": any listener on the machine).
+        port_probe: ``probe(host, port) -> bool``, True when the port is free (default: a
+            real bind and release; tests of many nodes in one process may inject one).
         grace: seconds between SIGTERM and SIGKILL when stopping a process.
         restart_policy: crash backoff and crash-loop detection.
         launcher: how processes are started (default: real processes).
@@ -62,6 +64,7 @@ class AgentSpec:
     random: _random.Random = field(default_factory=_random.Random)
     bind_host: str = "127.0.0.1"
     probe_host: str = "0.0.0.0"
+    port_probe: Callable[[str, int], bool] = bind_probe
     grace: float = 10.0
     restart_policy: RestartPolicy = field(default_factory=RestartPolicy)
     launcher: Launcher | None = None
@@ -102,6 +105,7 @@ class AgentSpec:
                     clock=self.clock,
                     random=self.random,
                     bind_host=self.probe_host,
+                    probe=self.port_probe,
                 ),
                 restart=Restart.PERMANENT,
                 shutdown_grace=5.0,

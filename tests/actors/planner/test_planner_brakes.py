@@ -175,6 +175,37 @@ def test_refusal_threshold_is_a_strict_lower_bound() -> None:
     assert d.placements["old"] == ("n1",)
 
 
+def test_nodes_that_vanished_under_placements_count_as_known() -> None:
+    # Two of three node records lapsed at once: most likely out of sight, not dead.
+    nodes = [NodeInfo("n1")]
+    apps = [AppSpec("web", replicas=2), AppSpec("new", replicas=1)]
+    d = run(apps, nodes, {"web": at("n2", "n3")}, min_usable_fraction=0.5)
+    assert d.refused is not None
+    assert "1 of 3 known node(s) usable" in d.refused.message
+    assert d.placements["web"] == ("n2", "n3")
+    assert d.removals == ()
+    assert [(s.app, s.node) for s in d.stranded] == [("web", "n2"), ("web", "n3")]
+    assert "n2 is absent from the nodes this pass sees" in d.stranded[0].reason
+    assert d.placements["new"] == ("n1",)
+    # One of three vanished: relocations go ahead.
+    d = run(apps, [NodeInfo("n1"), NodeInfo("n2")], {"web": at("n2", "n3")})
+    assert d.refused is None
+    assert d.placements["web"] == ("n1", "n2")
+
+
+def test_vanished_nodes_of_retired_apps_do_not_count() -> None:
+    # The pass removes a retired app's placement, so its nodes must not sway the guard
+    # (or the next pass would decide differently).
+    nodes = [NodeInfo("n1"), NodeInfo("n2")]
+    placements = {"old": at("g1", "g2", "g3"), "web": at("g1")}
+    apps = [AppSpec("old", retired=True), AppSpec("web", replicas=1)]
+    d = run(apps, nodes, placements, min_usable_fraction=0.5)
+    assert d.refused is None
+    assert "old" not in d.placements
+    assert len(d.placements["web"]) == 1
+    assert d.placements["web"][0] in ("n1", "n2")
+
+
 def test_nodes_that_left_are_not_counted_as_known() -> None:
     nodes = [NodeInfo("n1"), *(NodeInfo(f"l{i}", state="left") for i in range(5))]
     d = run([AppSpec("web", replicas=1)], nodes, {"web": at("l0")})

@@ -1,0 +1,221 @@
+"""What the Coordinator does with each kind of planner answer (harness, memory registry,
+virtual time): a paused pass, a shortfall, a retired app, a refused drain, refused
+relocations."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import trio
+
+from corral.actors.reconciler import STOP_NOT_SERVED
+from corral.registry import (
+    AppRecord,
+    Deployment,
+    EventType,
+    NodeIntent,
+    PlacementRecord,
+    Registry,
+    app_key,
+    decode_record,
+    intent_key,
+    placement_key,
+)
+from corral.testing import Cluster, agent_node_children, open_cluster
+
+TTL = 45.0
+TICK = TTL / 3
+R1 = "1" * 64
+
+
+async def placement(registry: Registry, app: str) -> PlacementRecord | None:
+    kv = await registry.get(placement_key(app))
+    if kv is None:
+        return None
+    record = decode_record(kv.key, kv.value)
+    assert isinstance(record, PlacementRecord)
+    return record
+
+
+async def placed_nodes(registry: Registry, app: str) -> list[str] | None:
+    record = await placement(registry, app)
+    return None if record is None else list(record.nodes)
+
+
+async def put_app(cluster: Cluster, name: str, **fields: Any) -> None:
+    await cluster.registry.put(app_key(name), AppRecord(name, **fields).encode())
+
+
+def deployed(**fields: Any) -> dict[str, Any]:
+    return {"deployment": Deployment(R1, ["app"]), **fields}
+
+
+def holder_events(cluster: Cluster, holder: str, kind: str) -> list[dict[str, Any]]:
+    return [dict(e.fields) for n, e in cluster.events(kind) if n == holder]
+
+
+async def until(predicate: Callable[[], bool], *, within: float = 3 * TTL) -> None:
+    with trio.fail_after(within):
+        while not predicate():
+            await trio.sleep(0.1)
+
+
+async def test_a_paused_pass_writes_nothing_and_names_the_keys(autojump_clock: object) -> None:
+    async with open_cluster(3, lease_ttl=TTL) as cluster:
+        holder = await cluster.wait_for_coordinator()
+        await put_app(cluster, "web", replicas=2)
+        await put_app(cluster, "api", replicas="all")
+        await trio.sleep(TICK + 1)
+        web = await placement(cluster.registry, "web")
+        api = await placement(cluster.registry, "api")
+        assert web is not None
+        assert api is not None
+
+        # A newer build's record appears; meanwhile "web" is retired and "api" deleted,
+        # which an unpaused pass would act on. This one must not.
+        await cluster.registry.put(app_key("future"), b'{"v": 2, "name": "future"}')
+        await cluster.registry.put(placement_key("broken"), b"\x00 not a record")
+        await put_app(cluster, "web", replicas=2, retired=True)
+        await cluster.registry.delete(app_key("api"))
+        await put_app(cluster, "new")
+        cluster.registry.reset()
+        await trio.sleep(2 * TICK)
+
+        assert cluster.registry.writes_under("placement/") == 0
+        assert await placement(cluster.registry, "web") == web
+        assert await placement(cluster.registry, "api") == api
+        assert await placement(cluster.registry, "new") is None
+        paused = holder_events(cluster, holder, "placement.paused")
+        assert paused
+        assert paused[0]["keys"] == ["apps/future", "placement/broken"]
+        assert "apps/future" in paused[0]["message"]
+        state = await cluster.coordinator_state(holder)
+        assert state is not None
+        assert state["last_pass"]["outcome"] in ("paused", "skipped")
+        assert holder_events(cluster, holder, "coordinator.pass")[-1]["outcome"] == "paused"
+
+        # Once every key reads again, the pass acts: retired and deleted apps lose theirs.
+        await cluster.registry.delete(app_key("future"))
+        await cluster.registry.delete(placement_key("broken"))
+        await trio.sleep(TICK)
+        assert await placement(cluster.registry, "web") is None
+        assert await placement(cluster.registry, "api") is None
+        assert await placement(cluster.registry, "new") is not None
+
+
+async def test_a_shortfall_writes_what_fits_and_reports_the_rest(autojump_clock: object) -> None:
+    fast = {"tier": "fast"}
+    labels = {"node-1": fast, "node-2": fast}
+    async with open_cluster(3, lease_ttl=TTL, labels=labels) as cluster:
+        holder = await cluster.wait_for_coordinator()
+        await put_app(cluster, "db", replicas=3, selector=fast)
+        await trio.sleep(TICK + 1)
+
+        assert await placed_nodes(cluster.registry, "db") == ["node-1", "node-2"]
+        state = await cluster.coordinator_state(holder)
+        assert state is not None
+        (unplaced,) = state["unplaced"]
+        assert unplaced["app"] == "db"
+        assert unplaced["reason"] == "placement-unavailable"
+        assert unplaced["message"] == (
+            "cannot place 1 of 3 replica(s) of db: of 2 matching node(s): 2 already run it"
+        )
+        pending = holder_events(cluster, holder, "placement.pending")
+        assert pending
+        assert {e["message"] for e in pending} == {unplaced["message"]}
+        assert all(e["app"] == "db" for e in pending)
+
+
+async def test_a_retired_app_loses_its_record_first_and_stops(autojump_clock: object) -> None:
+    async with open_cluster(3, lease_ttl=TTL, children=agent_node_children) as cluster:
+        holder = await cluster.wait_for_coordinator()
+        await put_app(cluster, "web", **deployed(replicas=2))
+        await until(lambda: len(cluster.instances().get("web", [])) == 2)
+        running = cluster.instances()["web"]
+        assert await placed_nodes(cluster.registry, "web") == running
+
+        changes: list[tuple[int, EventType, str]] = []
+
+        async def watch(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+            start = await cluster.registry.revision() + 1
+            async with cluster.registry.watch("placement/", start) as events:
+                task_status.started()
+                async for event in events:
+                    changes.append((event.kv.mod_revision, event.type, event.kv.key))
+
+        async with trio.open_nursery() as nursery:
+            await nursery.start(watch)
+            # One pass sees both: "web" retired and "api" new.
+            await put_app(cluster, "web", **deployed(replicas=2, retired=True))
+            await put_app(cluster, "api", **deployed(replicas=1))
+            await until(lambda: len(changes) >= 2)
+            await until(lambda: "web" not in cluster.instances())
+            nursery.cancel_scope.cancel()
+
+        assert [(kind, key) for _, kind, key in changes] == [
+            (EventType.DELETE, "placement/web"),
+            (EventType.PUT, "placement/api"),
+        ]
+        assert changes[0][0] <= changes[1][0]  # the removal landed first (same txn, or before)
+        assert await placement(cluster.registry, "web") is None
+        stops = [(n, e.fields) for n, e in cluster.events("reconcile.stop")]
+        assert sorted(n for n, _ in stops) == running
+        assert {f["app"] for _, f in stops} == {"web"}
+        assert {f["reason"] for _, f in stops} == {STOP_NOT_SERVED}
+        state = await cluster.coordinator_state(holder)
+        assert state is not None
+        assert state["unplaced"] == []  # retired is not unplaced
+
+
+async def test_a_drain_that_would_interrupt_pinned_work_is_refused(autojump_clock: object) -> None:
+    async with open_cluster(3, lease_ttl=TTL) as cluster:
+        holder = await cluster.wait_for_coordinator()
+        await put_app(cluster, "db", replicas=1, pinned=True)
+        await put_app(cluster, "web", replicas="all")
+        await trio.sleep(TICK + 1)
+        db_nodes = await placed_nodes(cluster.registry, "db")
+        assert db_nodes is not None
+        (where,) = db_nodes
+        web_before = await placement(cluster.registry, "web")
+
+        cluster.registry.reset()
+        await cluster.registry.put(intent_key(where), NodeIntent(draining=True).encode())
+        await trio.sleep(TICK)
+
+        assert cluster.registry.writes_under("placement/") == 0  # nothing moved
+        assert await placed_nodes(cluster.registry, "db") == [where]
+        assert await placement(cluster.registry, "web") == web_before  # it keeps web too
+        (refused,) = holder_events(cluster, holder, "placement.refused")
+        assert refused["reason"] == "drain-would-interrupt-pinned"
+        assert refused["drains"] == [{"node": where, "apps": ["db"]}]
+        assert f"drain of {where} refused" in refused["message"]
+        assert "db" in refused["message"]
+
+
+async def test_refused_relocations_keep_and_strand_what_ran_on_vanished_nodes(
+    autojump_clock: object,
+) -> None:
+    async with open_cluster(3, lease_ttl=TTL) as cluster:
+        holder = await cluster.wait_for_coordinator()
+        await put_app(cluster, "web", replicas="all")
+        await trio.sleep(TICK + 1)
+        assert await placed_nodes(cluster.registry, "web") == ["node-1", "node-2", "node-3"]
+
+        # Two of three node records lapse at once: the coordinator most likely lost sight
+        # of them, so it keeps their work where it is and says so.
+        others = [n for n in cluster.running if n != holder]
+        for node in others:
+            await cluster.kill(node)
+        cluster.registry.reset()
+        await trio.sleep(TTL + TICK + 1)
+
+        assert cluster.registry.writes_under("placement/") == 0
+        assert await placed_nodes(cluster.registry, "web") == ["node-1", "node-2", "node-3"]
+        refused = holder_events(cluster, holder, "placement.refused")
+        assert refused
+        assert refused[-1]["reason"] == "too-few-usable-nodes"
+        assert "1 of 3 known node(s) usable" in refused[-1]["message"]
+        stranded = holder_events(cluster, holder, "placement.stranded")
+        assert {(e["app"], e["node"]) for e in stranded} == {("web", n) for n in others}
+        assert all("relocations are refused" in e["reason"] for e in stranded)
