@@ -218,11 +218,21 @@ def nodes_table(answer: Mapping[str, Any]) -> str:
     return f"{text}\n{footer}"
 
 
+def _short(value: object) -> object:
+    """A sha256 digest (an app revision) shortened to its first 12 digits, as ps shows it."""
+    if isinstance(value, str) and len(value) == 64 and all(c in HEX for c in value):
+        return value[:12]
+    return value
+
+
+HEX = frozenset("0123456789abcdef")
+
+
 def event_line(event: Mapping[str, Any]) -> str:
     when = event.get("wall_time")
     stamp = time.strftime("%H:%M:%S", time.localtime(when)) if isinstance(when, float | int) else ""
     fields = event.get("fields") or {}
-    details = " ".join(f"{k}={v}" for k, v in sorted(fields.items()) if v is not None)
+    details = " ".join(f"{k}={_short(v)}" for k, v in sorted(fields.items()) if v is not None)
     return " ".join(
         p for p in (stamp, str(event.get("kind")), str(event.get("path")), details) if p
     )

@@ -158,11 +158,14 @@ def test_state_summary_says_why_a_process_keeps_restarting() -> None:
     assert "boom   -    crash-loop" in text
 
 
-def test_event_line_leaves_out_empty_fields() -> None:
+def test_event_line_leaves_out_empty_fields_and_shortens_revisions() -> None:
     line = event_line(
         {"kind": "coordinator.pass", "path": "/coordinator", "fields": {"error": None, "n": 0}}
     )
     assert line == "coordinator.pass /coordinator n=0"
+    fields = {"revision": "ab12" * 16, "other": "x" * 64}
+    line = event_line({"kind": "process.started", "path": "/p", "fields": fields})
+    assert line == f"process.started /p other={'x' * 64} revision={'ab12' * 3}"
 
 
 def test_nodes_table_without_a_coordinator_and_without_nodes() -> None:
