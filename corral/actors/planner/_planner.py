@@ -93,6 +93,7 @@ from typing import Final
 from corral.actors.planner._errors import InvalidPlanInput, PlacementUnavailable
 from corral.actors.planner._rank import Group, spread_select
 from corral.actors.planner._types import (
+    NODE_STATES,
     PLACEMENT_UNAVAILABLE,
     AppSpec,
     Capacity,
@@ -118,6 +119,7 @@ _PREFIX_MARGIN: Final = 8
 _FULL_RANKING_KEPT: Final = 64
 _MAX_DELTA: Final = 32
 _EMPTY_SET: Final[frozenset[str]] = frozenset()
+_FLOOR: Final = "10% of the disk, at most 10 GiB"
 
 Selector = tuple[tuple[str, str], ...]
 Signature = tuple[object, ...]
@@ -405,9 +407,15 @@ def plan(
     if paused_keys:
         return _paused(placements, paused_keys)
     if not any(n.state in _LIVE for n in node_list):
+        by_state = ", ".join(
+            f"{count} {state}"
+            for state in NODE_STATES
+            if (count := sum(1 for n in node_list if n.state == state))
+        )
         raise PlacementUnavailable(
-            f"{PLACEMENT_UNAVAILABLE}: no live node at all ({len(node_list)} known node(s), "
-            "none alive, suspect or cordoned); nothing can be placed until a node is up"
+            f"{PLACEMENT_UNAVAILABLE}: no live node at all ({len(node_list)} known node(s)"
+            f"{': ' + by_state if by_state else ''}; none alive, suspect or cordoned); "
+            "nothing can be placed until a node is up"
         )
     return _Pass(app_list, node_list, placements, policy, now, cache).run()
 
@@ -1071,9 +1079,12 @@ class _Pass:
             parts.append(f"{memory} lack {app.memory_mb} MiB of free memory")
         if disk:
             if app.disk_mb:
-                parts.append(f"{disk} lack {app.disk_mb} MiB of free disk above the disk floor")
+                parts.append(
+                    f"{disk} would fall below their free-disk floor ({_FLOOR}) "
+                    f"after reserving {app.disk_mb} MiB"
+                )
             else:
-                parts.append(f"{disk} are at their free-disk floor")
+                parts.append(f"{disk} are at their free-disk floor ({_FLOOR})")
         if zero_disk:
             parts.append(f"{zero_disk} report a zero-sized disk")
         if unreported:
@@ -1084,7 +1095,7 @@ class _Pass:
             parts.append(f"{suspect} are suspect")
         if other:
             parts.append(f"{other} were not chosen")
-        return head + f"of {len(matching)} matching node(s): " + ", ".join(parts)
+        return head + f"of {len(matching)} matching node(s): " + "; ".join(parts)
 
     # --------------------------------------------------------------------- run
 

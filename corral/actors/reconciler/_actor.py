@@ -340,6 +340,7 @@ class Reconciler(Actor):
             self._next_full = t0 + self._full_pass_every
         except (RegistryError, SupervisionError) as exc:
             summary.errors.append(f"pass failed: {exc}")
+            self.ctx.emit("reconcile.failed", app=None, action="pass", error=str(exc))
             log.warning("reconcile pass failed: %s", exc)
         finally:
             summary.duration = trio.current_time() - t0
@@ -378,6 +379,9 @@ class Reconciler(Actor):
             if error is not None:
                 outcome["error"] = error
                 summary.errors.append(error)
+                self.ctx.emit(
+                    "reconcile.failed", app=action.app, action=outcome["action"], error=error
+                )
             summary.actions.append(outcome)
 
         rows = await self._processes.ask(ListProcesses(), self._ask_timeout)

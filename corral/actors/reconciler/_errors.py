@@ -7,7 +7,9 @@
         └── PassFailed     one step of a pass failed; the pass goes on and retries it later
 
 A reconcile pass never raises for what it meets in the registry or on disk: each
-failed step is recorded (``LastPass().errors``) and retried on the next pass.
+failed step is recorded (``LastPass().errors``, and the failed action's ``error``),
+emitted as a ``reconcile.failed`` event (``app``, ``action``, ``error``), and retried
+on the next pass.
 """
 
 from __future__ import annotations

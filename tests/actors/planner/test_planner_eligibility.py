@@ -154,7 +154,10 @@ def test_disk_floor_is_ten_percent_of_the_disk() -> None:
     short = [NodeInfo("n1", capacity=cap(disk=51_200, disk_free=5_120 + 999))]
     d = run([app], short)
     assert d.placements == {}
-    assert "1 lack 1000 MiB of free disk" in d.unplaced[0].message
+    assert (
+        "1 would fall below their free-disk floor (10% of the disk, at most 10 GiB) "
+        "after reserving 1000 MiB"
+    ) in d.unplaced[0].message
 
 
 def test_disk_floor_is_capped_at_ten_gib() -> None:
@@ -173,7 +176,9 @@ def test_floor_applies_to_apps_declaring_no_disk() -> None:
     below = [NodeInfo("n1", capacity=cap(disk=100_000, disk_free=9_999))]
     d = run([app], below)
     assert d.placements == {}
-    assert "1 are at their free-disk floor" in d.unplaced[0].message
+    assert "1 are at their free-disk floor (10% of the disk, at most 10 GiB)" in (
+        d.unplaced[0].message
+    )
 
 
 def test_memory_must_fit_in_free_memory() -> None:
@@ -196,7 +201,9 @@ def test_disk_reserved_earlier_in_the_pass_counts() -> None:
     apps = [AppSpec("a", replicas=1, disk_mb=2000), AppSpec("b", replicas=1, disk_mb=2000)]
     d = run(apps, nodes)
     assert d.placements == {"a": ("n1",)}
-    assert "lack 2000 MiB of free disk" in d.unplaced[0].message
+    assert "free-disk floor (10% of the disk, at most 10 GiB) after reserving 2000 MiB" in (
+        d.unplaced[0].message
+    )
 
 
 def test_existing_instances_reserve_nothing_again() -> None:

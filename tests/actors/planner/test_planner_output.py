@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+import pytest
+
 from corral.actors.planner import (
     AppSpec,
     Capacity,
     Decisions,
     NodeInfo,
     Placement,
+    PlacementUnavailable,
     Policy,
     decisions_to_json,
     next_placements,
@@ -83,9 +86,35 @@ def test_message_counts_each_cause() -> None:
     ]
     d = run([AppSpec("db", memory_mb=1024)], nodes)
     assert messages(d) == {
-        "db": "cannot place db: of 4 matching node(s): 1 lack 1024 MiB of free memory, "
-        "1 report a zero-sized disk, 1 have not reported their capacity, 1 are cordoned"
+        "db": "cannot place db: of 4 matching node(s): 1 lack 1024 MiB of free memory; "
+        "1 report a zero-sized disk; 1 have not reported their capacity; 1 are cordoned"
     }
+
+
+def test_message_counts_disk_floor_and_memory_as_the_seed_does() -> None:
+    def node(name: str, mem_free: int, disk_free: int) -> NodeInfo:
+        return NodeInfo(name, capacity=Capacity(16384, mem_free, 102_400, disk_free))
+
+    # The floor of a 100 GiB disk is 10 GiB: 25 GiB free cannot take 20 GiB more.
+    nodes = [node("n1", 8192, 25_600), node("n2", 8192, 25_600), node("n3", 1024, 90_000)]
+    d = run([AppSpec("logs", replicas=1, memory_mb=4096, disk_mb=20480)], nodes)
+    assert messages(d) == {
+        "logs": "cannot place logs: of 3 matching node(s): 1 lack 4096 MiB of free memory; "
+        "2 would fall below their free-disk floor (10% of the disk, at most 10 GiB) "
+        "after reserving 20480 MiB"
+    }
+
+
+def test_no_live_node_counts_the_nodes_by_state() -> None:
+    nodes = [NodeInfo("a", state="down"), NodeInfo("b", state="down"), NodeInfo("c", state="left")]
+    with pytest.raises(PlacementUnavailable) as info:
+        run([AppSpec("web")], nodes)
+    assert str(info.value) == (
+        "placement-unavailable: no live node at all (3 known node(s): 2 down, 1 left; "
+        "none alive, suspect or cordoned); nothing can be placed until a node is up"
+    )
+    with pytest.raises(PlacementUnavailable, match=r"\(0 known node\(s\); none alive"):
+        run([AppSpec("web")], [])
 
 
 def test_each_unplaced_app_is_reported_once() -> None:

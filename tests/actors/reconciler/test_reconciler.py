@@ -307,6 +307,15 @@ async def test_a_deleted_app_is_cleaned_and_its_ports_wait_out_the_quarantine(
         assert not action["ok"]
         assert "placement-unavailable" in action["error"]
         assert "24000-24003" in action["error"]
+        assert "for app 'newcomer'" in action["error"]
+        last = await agent.reconciler.ask(LastPass())
+        assert last["errors"] == [action["error"]]
+        events = agent.system.events()
+        failed = [e.fields for e in events if e.kind == "reconcile.failed"]
+        assert failed[-1] == {"app": "newcomer", "action": "start", "error": action["error"]}
+        unavailable = [e.fields for e in events if e.kind == "placement.unavailable"]
+        assert unavailable[-1]["app"] == "newcomer"
+        assert "24000-24003" in unavailable[-1]["message"]
         assert "newcomer" not in {p.spec.app for p in agent.launcher.alive()}
         await trio.sleep(61)  # the wall clock of the quarantine follows virtual time here
         await agent.settle()
@@ -409,6 +418,9 @@ async def test_a_revision_that_cannot_be_materialized_is_retried_on_the_next_pas
         (action,) = first["actions"]
         assert not action["ok"]
         assert "not reachable" in action["error"]
+        assert first["errors"] == [action["error"]]
+        (failed,) = [e.fields for e in agent.system.events() if e.kind == "reconcile.failed"]
+        assert failed == {"app": "hello", "action": "start", "error": action["error"]}
         assert agent.launcher.spawned == []
         # nothing moved in the registry, yet the failed start is retried
         second = await agent.reconciler.ask(RunPass())
