@@ -63,7 +63,21 @@ from corral.actors.node_record import NodeIdentity, node_registration_child_spec
 from corral.actors.planner import Policy
 from corral.actors.process_supervisor import AppPaths, LaunchEvent, MemoryLauncher
 from corral.actors.reconciler import AgentSpec
-from corral.registry import Capacity, Deployment, MemoryRegistry, Registry
+from corral.registry import (
+    AppRecord,
+    Capacity,
+    Deployment,
+    MemoryRegistry,
+    NodeRecord,
+    PlacementRecord,
+    Record,
+    Registry,
+    Undecodable,
+    app_key,
+    decode_record,
+    node_key,
+    placement_key,
+)
 from corral.supervision import (
     ActorRef,
     ActorSystem,
@@ -466,6 +480,26 @@ class Cluster:
             f"no coordinator (other than {sorted(exclude)}) within {limit} s; "
             f"running nodes: {self.running}"
         )
+
+    async def put_app(self, app: AppRecord) -> None:
+        """Write ``apps/<name>`` (as an operator would)."""
+        await self.registry.put(app_key(app.name), app.encode())
+
+    async def placement(self, app: str) -> PlacementRecord | None:
+        """The app's placement record, or None when it has none."""
+        record = await self._read(placement_key(app))
+        assert record is None or isinstance(record, PlacementRecord), record
+        return record
+
+    async def node_record(self, node_id: str) -> NodeRecord | None:
+        """The node's record, or None when it has none (not registered, or lapsed)."""
+        record = await self._read(node_key(node_id))
+        assert record is None or isinstance(record, NodeRecord), record
+        return record
+
+    async def _read(self, key: str) -> Record | Undecodable | None:
+        kv = await self.registry.get(key)
+        return None if kv is None else decode_record(kv.key, kv.value)
 
     def instances(self) -> dict[str, list[str]]:
         """App -> the running nodes whose in-memory launcher runs a live process of it

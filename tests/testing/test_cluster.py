@@ -6,20 +6,10 @@ import pytest
 import trio
 
 from corral.actors.node_record import GetRegistration
-from corral.registry import NodeRecord, decode_record, node_key
 from corral.supervision import Event
 from corral.testing import Cluster, CoordinatorInterval, open_cluster
 
 TTL = 30.0
-
-
-async def node_record(cluster: Cluster, node_id: str) -> NodeRecord | None:
-    kv = await cluster.registry.get(node_key(node_id))
-    if kv is None:
-        return None
-    record = decode_record(kv.key, kv.value)
-    assert isinstance(record, NodeRecord)
-    return record
 
 
 async def test_nodes_register_with_their_labels(autojump_clock: object) -> None:
@@ -27,7 +17,7 @@ async def test_nodes_register_with_their_labels(autojump_clock: object) -> None:
         ["a", "b"], lease_ttl=TTL, labels={"a": {"zone": "x"}}
     ) as cluster:
         assert cluster.running == ["a", "b"]
-        record = await node_record(cluster, "a")
+        record = await cluster.node_record("a")
         assert record is not None
         assert record.labels == {"zone": "x"}
         assert record.capacity is not None
@@ -39,19 +29,19 @@ async def test_nodes_register_with_their_labels(autojump_clock: object) -> None:
 async def test_stop_hands_back_kill_leaves_leases_to_lapse(autojump_clock: object) -> None:
     async with open_cluster(3, lease_ttl=TTL) as cluster:
         await cluster.stop("node-1")
-        assert await node_record(cluster, "node-1") is None  # revoked on the way out
+        assert await cluster.node_record("node-1") is None  # revoked on the way out
         t0 = trio.current_time()
         await cluster.kill("node-2")
         assert not cluster.node("node-2").running
-        assert await node_record(cluster, "node-2") is not None  # nothing reached the registry
+        assert await cluster.node_record("node-2") is not None  # nothing reached the registry
         await trio.sleep_until(t0 + TTL)
-        assert await node_record(cluster, "node-2") is None
+        assert await cluster.node_record("node-2") is None
         assert not cluster.network.reachable("node-3", "node-2")
 
         await cluster.restart("node-2")
         assert cluster.node("node-2").life == 2
         assert cluster.network.reachable("node-3", "node-2")
-        assert await node_record(cluster, "node-2") is not None
+        assert await cluster.node_record("node-2") is not None
         # Events of both lives are kept.
         kinds = [e.kind for e in cluster.node("node-2").events()]
         assert kinds.count("node.registered") == 2
@@ -67,10 +57,10 @@ async def test_partition_and_registry_cut_are_separate(autojump_clock: object) -
 
         cluster.cut_registry("node-3")
         await trio.sleep(TTL + TTL / 3)
-        assert await node_record(cluster, "node-3") is None  # could not renew
+        assert await cluster.node_record("node-3") is None  # could not renew
         cluster.restore_registry("node-3")
         await trio.sleep(TTL / 3 + 1)
-        assert await node_record(cluster, "node-3") is not None
+        assert await cluster.node_record("node-3") is not None
 
         await cluster.stop("node-3")
         with pytest.raises(RuntimeError, match="not running"):

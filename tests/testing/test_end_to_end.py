@@ -11,11 +11,8 @@ from corral.registry import (
     AppRecord,
     Deployment,
     EventType,
-    NodeRecord,
     PlacementRecord,
-    app_key,
     decode_record,
-    node_key,
     placement_key,
 )
 from corral.testing import Cluster, agent_node_children, open_cluster
@@ -35,11 +32,9 @@ async def until(predicate: Callable[[], bool], *, within: float) -> float:
 
 
 async def serving_ports(cluster: Cluster, node: str) -> tuple[int, int] | None:
-    kv = await cluster.registry.get(node_key(node))
-    if kv is None:
+    record = await cluster.node_record(node)
+    if record is None:
         return None
-    record = decode_record(kv.key, kv.value)
-    assert isinstance(record, NodeRecord)
     entry = record.serving.get(APP)
     return None if entry is None else (entry.public_port, entry.internal_port)
 
@@ -79,9 +74,7 @@ async def test_three_nodes_run_replace_and_never_overrun_an_app(autojump_clock: 
         async with trio.open_nursery() as nursery:
             await nursery.start(watch)
             deployment = Deployment(R1, ["shop", "--serve"])
-            await cluster.registry.put(
-                app_key(APP), AppRecord(APP, replicas=2, deployment=deployment).encode()
-            )
+            await cluster.put_app(AppRecord(APP, replicas=2, deployment=deployment))
 
             # Exactly two nodes run it, the two its placement names, on published ports.
             await until(lambda: len(cluster.instances().get(APP, [])) == 2, within=TICK + 5)

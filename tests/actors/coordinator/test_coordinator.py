@@ -10,31 +10,14 @@ from corral.actors.planner import Policy
 from corral.registry import (
     AppRecord,
     NodeIntent,
-    PlacementRecord,
-    Registry,
     app_key,
-    decode_record,
     intent_key,
-    placement_key,
 )
 from corral.supervision import ChildSpec, SupervisorSpec
 from corral.testing import Cluster, NodeContext, open_cluster
 
 TTL = 45.0
 TICK = TTL / 3
-
-
-async def placement(registry: Registry, app: str) -> PlacementRecord | None:
-    kv = await registry.get(placement_key(app))
-    if kv is None:
-        return None
-    record = decode_record(kv.key, kv.value)
-    assert isinstance(record, PlacementRecord)
-    return record
-
-
-async def put_app(cluster: Cluster, app: AppRecord) -> None:
-    await cluster.registry.put(app_key(app.name), app.encode())
 
 
 def applied_passes(cluster: Cluster, node: str) -> list[dict[str, object]]:
@@ -98,7 +81,7 @@ async def test_paused_holder_writes_nothing_after_its_lease_lapsed(autojump_cloc
 
         # The holder's next write hangs in flight (a paused process, a partition).
         cluster.cut_registry(old, hang=True, ops={"txn"})
-        await put_app(cluster, AppRecord("alpha"))
+        await cluster.put_app(AppRecord("alpha"))
         await cluster.node(old).coordinator.tell(KickCoordinator("test"))
         await trio.sleep(1.0)
         # The operator deletes the app before the stuck write lands: nothing but
@@ -114,7 +97,7 @@ async def test_paused_holder_writes_nothing_after_its_lease_lapsed(autojump_cloc
         cluster.restore_registry(old)  # the stale write arrives now
         await trio.sleep(1.0)
         assert cluster.registry.failed_txns == failed_before + 1
-        assert await placement(cluster.registry, "alpha") is None
+        assert await cluster.placement("alpha") is None
         old_after = await cluster.coordinator_state(old)
         assert old_after is not None
         assert old_after["coordinating"] is False
@@ -132,7 +115,7 @@ async def test_lost_renewal_stops_coordinating_before_the_next_write(
         old = await cluster.wait_for_coordinator()
         await trio.sleep(1.0)
         cluster.cut_registry(old)  # refused: the next renewal fails
-        await put_app(cluster, AppRecord("beta"))
+        await cluster.put_app(AppRecord("beta"))
         await trio.sleep(TICK)
         state = await cluster.coordinator_state(old)
         assert state is not None
@@ -140,7 +123,7 @@ async def test_lost_renewal_stops_coordinating_before_the_next_write(
         assert state["last_pass"] is None or state["last_pass"]["counts"].get("writes", 0) == 0
         new = await cluster.wait_for_coordinator(exclude={old}, poll=0.01)
         await trio.sleep(1.0)
-        record = await placement(cluster.registry, "beta")
+        record = await cluster.placement("beta")
         assert record is not None
         new_state = await cluster.coordinator_state(new)
         assert new_state is not None
@@ -154,10 +137,10 @@ async def test_lost_renewal_stops_coordinating_before_the_next_write(
 async def test_unchanged_ticks_write_nothing(autojump_clock: object) -> None:
     async with open_cluster(3, lease_ttl=TTL) as cluster:
         holder = await cluster.wait_for_coordinator()
-        await put_app(cluster, AppRecord("web", replicas=2))
-        await put_app(cluster, AppRecord("api", replicas="all"))
+        await cluster.put_app(AppRecord("web", replicas=2))
+        await cluster.put_app(AppRecord("api", replicas="all"))
         await trio.sleep(TICK + 1)
-        assert (await placement(cluster.registry, "web")) is not None
+        assert (await cluster.placement("web")) is not None
         before = await cluster.coordinator_state(holder)
         assert before is not None
         cluster.registry.reset()
@@ -174,7 +157,7 @@ async def test_unchanged_ticks_write_nothing(autojump_clock: object) -> None:
 
         # A deploy (new revision, domains, labels) is not a planner input: still nothing.
         web = AppRecord("web", replicas=2, domains=["web.example"], labels={"rev": "2"})
-        await put_app(cluster, web)
+        await cluster.put_app(web)
         cluster.registry.reset()
         await trio.sleep(2 * TICK)
         assert cluster.registry.writes == 0
@@ -186,9 +169,9 @@ async def test_unchanged_ticks_write_nothing(autojump_clock: object) -> None:
 async def test_adding_a_node_triggers_exactly_one_pass(autojump_clock: object) -> None:
     async with open_cluster(3, lease_ttl=TTL) as cluster:
         holder = await cluster.wait_for_coordinator()
-        await put_app(cluster, AppRecord("everywhere", replicas="all"))
+        await cluster.put_app(AppRecord("everywhere", replicas="all"))
         await trio.sleep(2 * TICK)
-        record = await placement(cluster.registry, "everywhere")
+        record = await cluster.placement("everywhere")
         assert record is not None
         assert record.nodes == ["node-1", "node-2", "node-3"]
         passes = len(applied_passes(cluster, holder))
@@ -198,7 +181,7 @@ async def test_adding_a_node_triggers_exactly_one_pass(autojump_clock: object) -
         new_passes = applied_passes(cluster, holder)[passes:]
         assert len(new_passes) == 1
         assert new_passes[0]["writes"] == 1
-        record = await placement(cluster.registry, "everywhere")
+        record = await cluster.placement("everywhere")
         assert record is not None
         assert record.nodes == ["node-1", "node-2", "node-3", "node-4"]
         assert record.placed_at["node-4"] > record.placed_at["node-1"]
@@ -209,7 +192,7 @@ async def test_selector_matching_nothing_is_unplaced_never_written(
 ) -> None:
     async with open_cluster(3, lease_ttl=TTL) as cluster:
         holder = await cluster.wait_for_coordinator()
-        await put_app(cluster, AppRecord("gpu-job", selector={"gpu": "yes"}))
+        await cluster.put_app(AppRecord("gpu-job", selector={"gpu": "yes"}))
         await trio.sleep(3 * TICK + 1)
         state = await cluster.coordinator_state(holder)
         assert state is not None
@@ -217,7 +200,7 @@ async def test_selector_matching_nothing_is_unplaced_never_written(
         (unplaced,) = state["unplaced"]
         assert unplaced["reason"] == "placement-unavailable"
         assert "gpu" in unplaced["message"]
-        assert await placement(cluster.registry, "gpu-job") is None
+        assert await cluster.placement("gpu-job") is None
         # Reported on every pass it stays unplaced, the skipped ones included.
         pending = [e for n, e in cluster.events("placement.pending") if n == holder]
         assert len(pending) == 3
@@ -226,7 +209,7 @@ async def test_selector_matching_nothing_is_unplaced_never_written(
         # A node carrying the label joins: the app is placed, and no longer listed.
         await cluster.add_node("node-9", labels={"gpu": "yes"})
         await trio.sleep(TICK + 1)
-        record = await placement(cluster.registry, "gpu-job")
+        record = await cluster.placement("gpu-job")
         assert record is not None
         assert record.nodes == ["node-9"]
         state = await cluster.coordinator_state(holder)
@@ -240,14 +223,14 @@ async def test_no_live_node_reports_placement_unavailable(autojump_clock: object
 
     async with open_cluster(1, lease_ttl=TTL, children=coordinators_only) as cluster:
         holder = await cluster.wait_for_coordinator()
-        await put_app(cluster, AppRecord("lonely"))
+        await cluster.put_app(AppRecord("lonely"))
         await trio.sleep(TICK + 1)
         state = await cluster.coordinator_state(holder)
         assert state is not None
         assert state["last_pass"]["outcome"] == "placement-unavailable"
         assert "no live node" in state["last_pass"]["error"]
         assert [u["app"] for u in state["unplaced"]] == ["lonely"]
-        assert await placement(cluster.registry, "lonely") is None
+        assert await cluster.placement("lonely") is None
         assert cluster.events("placement.unavailable")
 
 
@@ -255,38 +238,38 @@ async def test_undecodable_key_pauses_the_pass(autojump_clock: object) -> None:
     async with open_cluster(2, lease_ttl=TTL) as cluster:
         holder = await cluster.wait_for_coordinator()
         await cluster.registry.put(app_key("future"), b'{"v": 2, "name": "future"}')
-        await put_app(cluster, AppRecord("now"))
+        await cluster.put_app(AppRecord("now"))
         await trio.sleep(TICK + 1)
         state = await cluster.coordinator_state(holder)
         assert state is not None
         assert state["last_pass"]["outcome"] == "paused"
-        assert await placement(cluster.registry, "now") is None
+        assert await cluster.placement("now") is None
         (paused,) = [e for _, e in cluster.events("placement.paused")]
         assert paused.fields["keys"] == ["apps/future"]
         await cluster.registry.delete(app_key("future"))
         await trio.sleep(TICK)
-        assert await placement(cluster.registry, "now") is not None
+        assert await cluster.placement("now") is not None
 
 
 async def test_drain_and_cordon_intents_feed_node_states(autojump_clock: object) -> None:
     async with open_cluster(3, lease_ttl=TTL) as cluster:
         await cluster.wait_for_coordinator()
-        await put_app(cluster, AppRecord("all-of-them", replicas="all"))
+        await cluster.put_app(AppRecord("all-of-them", replicas="all"))
         await trio.sleep(TICK + 1)
         await cluster.registry.put(intent_key("node-2"), NodeIntent(draining=True).encode())
         await trio.sleep(TICK)
-        record = await placement(cluster.registry, "all-of-them")
+        record = await cluster.placement("all-of-them")
         assert record is not None
         assert record.nodes == ["node-1", "node-3"]
         # Cordoned keeps its work but takes none: a new app skips it.
         await cluster.registry.put(intent_key("node-3"), NodeIntent(cordoned=True).encode())
-        await put_app(cluster, AppRecord("later", replicas="all"))
+        await cluster.put_app(AppRecord("later", replicas="all"))
         await trio.sleep(TICK)
-        assert (await placement(cluster.registry, "all-of-them")).nodes == [  # type: ignore[union-attr]
+        assert (await cluster.placement("all-of-them")).nodes == [  # type: ignore[union-attr]
             "node-1",
             "node-3",
         ]
-        assert (await placement(cluster.registry, "later")).nodes == ["node-1"]  # type: ignore[union-attr]
+        assert (await cluster.placement("later")).nodes == ["node-1"]  # type: ignore[union-attr]
 
 
 async def test_deferred_moves_are_events_and_keep_passes_running(autojump_clock: object) -> None:
@@ -295,9 +278,9 @@ async def test_deferred_moves_are_events_and_keep_passes_running(autojump_clock:
         holder = await cluster.wait_for_coordinator()
         names = [f"single-{i}" for i in range(6)]
         for name in names:
-            await put_app(cluster, AppRecord(name, replicas=1))
+            await cluster.put_app(AppRecord(name, replicas=1))
         await trio.sleep(TICK + 1)
-        placed = {name: await placement(cluster.registry, name) for name in names}
+        placed = {name: await cluster.placement(name) for name in names}
         # One app that does not run on the coordinator's own node.
         app, where = next(
             (name, record.nodes[0])
@@ -312,7 +295,7 @@ async def test_deferred_moves_are_events_and_keep_passes_running(autojump_clock:
         state = await cluster.coordinator_state(holder)
         assert state is not None
         assert state["last_pass"]["skipped"] is False  # waiting on time: never skipped
-        assert (await placement(cluster.registry, app)).nodes == [where]  # type: ignore[union-attr]
+        assert (await cluster.placement(app)).nodes == [where]  # type: ignore[union-attr]
 
 
 async def test_restarted_holder_reclaims_its_own_stale_lease(autojump_clock: object) -> None:

@@ -15,10 +15,7 @@ from corral.registry import (
     Deployment,
     EventType,
     NodeIntent,
-    PlacementRecord,
-    Registry,
     app_key,
-    decode_record,
     intent_key,
     placement_key,
 )
@@ -29,22 +26,13 @@ TICK = TTL / 3
 R1 = "1" * 64
 
 
-async def placement(registry: Registry, app: str) -> PlacementRecord | None:
-    kv = await registry.get(placement_key(app))
-    if kv is None:
-        return None
-    record = decode_record(kv.key, kv.value)
-    assert isinstance(record, PlacementRecord)
-    return record
-
-
-async def placed_nodes(registry: Registry, app: str) -> list[str] | None:
-    record = await placement(registry, app)
+async def placed_nodes(cluster: Cluster, app: str) -> list[str] | None:
+    record = await cluster.placement(app)
     return None if record is None else list(record.nodes)
 
 
 async def put_app(cluster: Cluster, name: str, **fields: Any) -> None:
-    await cluster.registry.put(app_key(name), AppRecord(name, **fields).encode())
+    await cluster.put_app(AppRecord(name, **fields))
 
 
 def deployed(**fields: Any) -> dict[str, Any]:
@@ -67,8 +55,8 @@ async def test_a_paused_pass_writes_nothing_and_names_the_keys(autojump_clock: o
         await put_app(cluster, "web", replicas=2)
         await put_app(cluster, "api", replicas="all")
         await trio.sleep(TICK + 1)
-        web = await placement(cluster.registry, "web")
-        api = await placement(cluster.registry, "api")
+        web = await cluster.placement("web")
+        api = await cluster.placement("api")
         assert web is not None
         assert api is not None
 
@@ -83,9 +71,9 @@ async def test_a_paused_pass_writes_nothing_and_names_the_keys(autojump_clock: o
         await trio.sleep(2 * TICK)
 
         assert cluster.registry.writes_under("placement/") == 0
-        assert await placement(cluster.registry, "web") == web
-        assert await placement(cluster.registry, "api") == api
-        assert await placement(cluster.registry, "new") is None
+        assert await cluster.placement("web") == web
+        assert await cluster.placement("api") == api
+        assert await cluster.placement("new") is None
         paused = holder_events(cluster, holder, "placement.paused")
         assert paused
         assert paused[0]["keys"] == ["apps/future", "placement/broken"]
@@ -99,9 +87,9 @@ async def test_a_paused_pass_writes_nothing_and_names_the_keys(autojump_clock: o
         await cluster.registry.delete(app_key("future"))
         await cluster.registry.delete(placement_key("broken"))
         await trio.sleep(TICK)
-        assert await placement(cluster.registry, "web") is None
-        assert await placement(cluster.registry, "api") is None
-        assert await placement(cluster.registry, "new") is not None
+        assert await cluster.placement("web") is None
+        assert await cluster.placement("api") is None
+        assert await cluster.placement("new") is not None
 
 
 async def test_a_shortfall_writes_what_fits_and_reports_the_rest(autojump_clock: object) -> None:
@@ -112,7 +100,7 @@ async def test_a_shortfall_writes_what_fits_and_reports_the_rest(autojump_clock:
         await put_app(cluster, "db", replicas=3, selector=fast)
         await trio.sleep(TICK + 1)
 
-        assert await placed_nodes(cluster.registry, "db") == ["node-1", "node-2"]
+        assert await placed_nodes(cluster, "db") == ["node-1", "node-2"]
         state = await cluster.coordinator_state(holder)
         assert state is not None
         (unplaced,) = state["unplaced"]
@@ -133,7 +121,7 @@ async def test_a_retired_app_loses_its_record_first_and_stops(autojump_clock: ob
         await put_app(cluster, "web", **deployed(replicas=2))
         await until(lambda: len(cluster.instances().get("web", [])) == 2)
         running = cluster.instances()["web"]
-        assert await placed_nodes(cluster.registry, "web") == running
+        assert await placed_nodes(cluster, "web") == running
 
         changes: list[tuple[int, EventType, str]] = []
 
@@ -158,7 +146,7 @@ async def test_a_retired_app_loses_its_record_first_and_stops(autojump_clock: ob
             (EventType.PUT, "placement/api"),
         ]
         assert changes[0][0] <= changes[1][0]  # the removal landed first (same txn, or before)
-        assert await placement(cluster.registry, "web") is None
+        assert await cluster.placement("web") is None
         stops = [(n, e.fields) for n, e in cluster.events("reconcile.stop")]
         assert sorted(n for n, _ in stops) == running
         assert {f["app"] for _, f in stops} == {"web"}
@@ -174,18 +162,18 @@ async def test_a_drain_that_would_interrupt_pinned_work_is_refused(autojump_cloc
         await put_app(cluster, "db", replicas=1, pinned=True)
         await put_app(cluster, "web", replicas="all")
         await trio.sleep(TICK + 1)
-        db_nodes = await placed_nodes(cluster.registry, "db")
+        db_nodes = await placed_nodes(cluster, "db")
         assert db_nodes is not None
         (where,) = db_nodes
-        web_before = await placement(cluster.registry, "web")
+        web_before = await cluster.placement("web")
 
         cluster.registry.reset()
         await cluster.registry.put(intent_key(where), NodeIntent(draining=True).encode())
         await trio.sleep(TICK)
 
         assert cluster.registry.writes_under("placement/") == 0  # nothing moved
-        assert await placed_nodes(cluster.registry, "db") == [where]
-        assert await placement(cluster.registry, "web") == web_before  # it keeps web too
+        assert await placed_nodes(cluster, "db") == [where]
+        assert await cluster.placement("web") == web_before  # it keeps web too
         (refused,) = holder_events(cluster, holder, "placement.refused")
         assert refused["reason"] == "drain-would-interrupt-pinned"
         assert refused["drains"] == [{"node": where, "apps": ["db"]}]
@@ -200,7 +188,7 @@ async def test_refused_relocations_keep_and_strand_what_ran_on_vanished_nodes(
         holder = await cluster.wait_for_coordinator()
         await put_app(cluster, "web", replicas="all")
         await trio.sleep(TICK + 1)
-        assert await placed_nodes(cluster.registry, "web") == ["node-1", "node-2", "node-3"]
+        assert await placed_nodes(cluster, "web") == ["node-1", "node-2", "node-3"]
 
         # Two of three node records lapse at once: the coordinator most likely lost sight
         # of them, so it keeps their work where it is and says so.
@@ -211,7 +199,7 @@ async def test_refused_relocations_keep_and_strand_what_ran_on_vanished_nodes(
         await trio.sleep(TTL + TICK + 1)
 
         assert cluster.registry.writes_under("placement/") == 0
-        assert await placed_nodes(cluster.registry, "web") == ["node-1", "node-2", "node-3"]
+        assert await placed_nodes(cluster, "web") == ["node-1", "node-2", "node-3"]
         refused = holder_events(cluster, holder, "placement.refused")
         assert refused
         assert refused[-1]["reason"] == "too-few-usable-nodes"
