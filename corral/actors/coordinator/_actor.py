@@ -108,7 +108,9 @@ _WATCH_RETRY = 1.0
 @message("coordinator.state")
 @dataclass(frozen=True)
 class GetCoordinatorState:
-    """Ask for the coordinator's state (holder, fence, last pass, unplaced apps)."""
+    """Ask for the coordinator's state: holder, fence, last pass, and what the last
+    deciding pass reported (``unplaced`` apps, ``stranded`` instances, ``refused``
+    relocations or drains, ``paused`` on undecodable keys)."""
 
 
 @message("coordinator.kick")
@@ -183,6 +185,10 @@ class Coordinator(Actor):
         self._last_digest: str | None = None
         self._waiting_on_time = False
         self._unplaced: tuple[dict[str, str], ...] = ()
+        # What the last deciding pass reported besides unplaced apps (for the state).
+        self._stranded: tuple[dict[str, str], ...] = ()
+        self._refused: dict[str, Any] | None = None
+        self._paused: dict[str, Any] | None = None
         self._last_pass: dict[str, Any] | None = None
         self._counts = {"applied": 0, "skipped": 0, "acquired": 0, "lost": 0}
 
@@ -450,6 +456,7 @@ class Coordinator(Actor):
         except PlacementUnavailable as exc:
             self._last_digest = digest
             self._waiting_on_time = False
+            self._stranded, self._refused, self._paused = (), None, None
             self._unplaced = tuple(
                 {"app": app.name, "reason": PlacementUnavailable.code, "message": str(exc)}
                 for app in inputs.apps
@@ -464,6 +471,8 @@ class Coordinator(Actor):
         if decisions.paused is not None:
             self._last_digest = digest
             self._waiting_on_time = False
+            pause = decisions.paused
+            self._paused = {"keys": list(pause.keys), "message": pause.message}
             self._counts["applied"] += 1
             self._record_pass(started, trigger, "paused", digest=digest, decisions=decisions)
             self.ctx.emit(
@@ -480,6 +489,11 @@ class Coordinator(Actor):
         self._unplaced = tuple(
             {"app": u.app, "reason": u.reason, "message": u.message} for u in decisions.unplaced
         )
+        self._stranded = tuple(
+            {"app": s.app, "node": s.node, "reason": s.reason} for s in decisions.stranded
+        )
+        self._refused = _refusal(decisions)
+        self._paused = None
         self._counts["applied"] += 1
         self._record_pass(
             started, trigger, "applied", digest=self._last_digest, decisions=decisions,
@@ -548,15 +562,9 @@ class Coordinator(Actor):
             self.ctx.emit(
                 "placement.stranded", app=stranded.app, node=stranded.node, reason=stranded.reason
             )
-        if decisions.refused is not None:
-            self.ctx.emit(
-                "placement.refused",
-                reason=decisions.refused.reason,
-                message=decisions.refused.message,
-                drains=[
-                    {"node": d.node, "apps": list(d.apps)} for d in decisions.refused.drains
-                ],
-            )
+        refused = _refusal(decisions)
+        if refused is not None:
+            self.ctx.emit("placement.refused", **refused)
 
     def _record_pass(
         self,
@@ -619,7 +627,21 @@ class Coordinator(Actor):
             "last_pass": None if self._last_pass is None else dict(self._last_pass),
             "passes": dict(self._counts),
             "unplaced": [dict(entry) for entry in self._unplaced],
+            "stranded": [dict(entry) for entry in self._stranded],
+            "refused": None if self._refused is None else dict(self._refused),
+            "paused": None if self._paused is None else dict(self._paused),
         }
+
+
+def _refusal(decisions: Decisions) -> dict[str, Any] | None:
+    refused = decisions.refused
+    if refused is None:
+        return None
+    return {
+        "reason": refused.reason,
+        "message": refused.message,
+        "drains": [{"node": d.node, "apps": list(d.apps)} for d in refused.drains],
+    }
 
 
 class _Conflict(RegistryError):

@@ -81,6 +81,7 @@ async def test_a_paused_pass_writes_nothing_and_names_the_keys(autojump_clock: o
         state = await cluster.coordinator_state(holder)
         assert state is not None
         assert state["last_pass"]["outcome"] in ("paused", "skipped")
+        assert state["paused"] == {"keys": paused[0]["keys"], "message": paused[0]["message"]}
         assert holder_events(cluster, holder, "coordinator.pass")[-1]["outcome"] == "paused"
 
         # Once every key reads again, the pass acts: retired and deleted apps lose theirs.
@@ -90,6 +91,9 @@ async def test_a_paused_pass_writes_nothing_and_names_the_keys(autojump_clock: o
         assert await cluster.placement("web") is None
         assert await cluster.placement("api") is None
         assert await cluster.placement("new") is not None
+        state = await cluster.coordinator_state(holder)
+        assert state is not None
+        assert state["paused"] is None
 
 
 async def test_a_shortfall_writes_what_fits_and_reports_the_rest(autojump_clock: object) -> None:
@@ -179,6 +183,9 @@ async def test_a_drain_that_would_interrupt_pinned_work_is_refused(autojump_cloc
         assert refused["drains"] == [{"node": where, "apps": ["db"]}]
         assert f"drain of {where} refused" in refused["message"]
         assert "db" in refused["message"]
+        state = await cluster.coordinator_state(holder)
+        assert state is not None
+        assert state["refused"] == refused
 
 
 async def test_refused_relocations_keep_and_strand_what_ran_on_vanished_nodes(
@@ -207,3 +214,7 @@ async def test_refused_relocations_keep_and_strand_what_ran_on_vanished_nodes(
         stranded = holder_events(cluster, holder, "placement.stranded")
         assert {(e["app"], e["node"]) for e in stranded} == {("web", n) for n in others}
         assert all("relocations are refused" in e["reason"] for e in stranded)
+        state = await cluster.coordinator_state(holder)
+        assert state is not None
+        assert {(e["app"], e["node"]) for e in state["stranded"]} == {("web", n) for n in others}
+        assert state["refused"]["reason"] == "too-few-usable-nodes"
