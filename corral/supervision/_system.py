@@ -2,9 +2,18 @@
 
 Local messages never leave Python: a ref holds its actor's cell and ``tell`` is
 one memory-channel send. Remote messages are encoded into envelopes and handed
-to the :class:`~corral.transport.Transport`; one receive loop per system decodes
-arriving frames, checks them against their kind's schema and delivers them, or
-answers the asker with an ``"error"`` envelope (the system keeps running).
+to the :class:`~corral.transport.Transport`. Arriving frames are decoded,
+checked against their kind's schema and put in the target's mailbox, or the
+asker is answered with an ``"error"`` envelope (the system keeps running). The
+transport's own receiving task does this when it can
+(:meth:`~corral.transport.Transport.deliver_frames_to`: one task switch less
+per frame); otherwise one receive loop per system does.
+
+An ask waiting for a remote reply fails with ``PeerUnavailable`` as soon as the
+transport reports that peer lost (:meth:`~corral.transport.Transport.on_peer_lost`),
+rather than waiting out its deadline. Refused frames are logged at WARNING within
+a budget per peer (:class:`~corral.transport._log_budget.LogBudget`); each is
+still recorded as a ``transport.rejected`` event.
 """
 
 from __future__ import annotations
@@ -42,7 +51,7 @@ from corral.supervision._runtime import (
     run_supervisor,
 )
 from corral.supervision._spec import ChildSpec, SupervisorSpec
-from corral.transport._base import Frame, Transport
+from corral.transport._base import Frame, PeerLost, Transport
 from corral.transport._codec import (
     DEFAULT_LIMITS,
     CodecLimits,
@@ -61,6 +70,7 @@ from corral.transport._errors import (
     TransportError,
     UnknownKind,
 )
+from corral.transport._log_budget import LogBudget
 from corral.transport._schema import (
     decode_message,
     encode_message,
@@ -80,6 +90,17 @@ _TYPED_ERRORS: dict[str, type[Exception]] = {
     ErrorCode.ACTOR_STOPPED: ActorStopped,
     ErrorCode.MAILBOX_FULL: MailboxFull,
 }
+
+
+class _PendingAsk(Ask):
+    """A remote ask waiting for its reply: the slot, and whom it asked."""
+
+    __slots__ = ("peer", "target")
+
+    def __init__(self, message: object, peer: str, target: str) -> None:
+        super().__init__(message)
+        self.peer = peer
+        self.target = target
 
 
 class ActorSystem:
@@ -115,7 +136,9 @@ class ActorSystem:
         self._events: deque[Event] = deque(maxlen=event_log_size)
         self._subscribers: list[trio.MemorySendChannel[Event]] = []
         self._ids = itertools.count(1)
-        self._pending: dict[int, Ask] = {}
+        self._pending: dict[int, _PendingAsk] = {}
+        #: WARNING lines about refused frames: a few per peer per minute, then a count
+        self.rejection_log = LogBudget(burst=5, interval=60.0)
         # Frames that could not be sent from the caller's task wait here; while any
         # wait for a peer, later frames to that peer queue behind them (per-pair order).
         self._outbox_send, self._outbox_receive = trio.open_memory_channel[tuple[str, bytes]](256)
@@ -316,7 +339,7 @@ class ActorSystem:
         transport = self._require_transport(peer)
         ident = next(self._ids)
         data = build(ident, self._address)
-        slot = Ask(message)
+        slot = _PendingAsk(message, peer, target or f"node {peer!r}")
         self._pending[ident] = slot
         try:
             with trio.move_on_after(timeout if timeout is not None else math.inf):
@@ -445,13 +468,37 @@ class ActorSystem:
                 frame = await transport.receive()
             except (*_CLOSED, trio.EndOfChannel):
                 return
-            try:
-                await self._on_frame(frame)
-            except Exception as exc:  # never let one frame stop the loop
-                logger.exception(
-                    "%s: internal error on a frame from %s", self.node_id, frame.sender
+            await self._deliver_frame(frame)
+
+    async def _deliver_frame(self, frame: Frame) -> None:
+        """Handle one arriving frame; never raises (but for cancellation)."""
+        try:
+            await self._on_frame(frame)
+        except Exception as exc:  # never let one frame stop the loop
+            logger.exception("%s: internal error on a frame from %s", self.node_id, frame.sender)
+            self._reject(frame.sender, None, ErrorCode.MALFORMED_FRAME, describe_error(exc))
+
+    def _on_peer_lost(self, event: PeerLost) -> None:
+        """Fail every ask waiting for a reply from the lost peer (the reply cannot come)."""
+        lost = [slot for slot in self._pending.values() if slot.peer == event.peer]
+        for slot in lost:
+            slot.resolve(
+                outcome.Error(
+                    PeerUnavailable(
+                        f"lost node {event.peer!r} while waiting for the reply from "
+                        f"{slot.target} to a {type(slot.message).__qualname__} message "
+                        f"({event.reason}); the request may or may not have been handled"
+                    )
                 )
-                self._reject(frame.sender, None, ErrorCode.MALFORMED_FRAME, describe_error(exc))
+            )
+        logger.info(
+            "%s: lost node %r (%s); %d pending asks failed",
+            self.node_id,
+            event.peer,
+            event.reason,
+            len(lost),
+        )
+        self.emit("transport.peer-lost", "/", peer=event.peer, reason=event.reason, asks=len(lost))
 
     async def _on_frame(self, frame: Frame) -> None:
         try:
@@ -530,8 +577,27 @@ class ActorSystem:
         )
 
     def _reject(self, peer: str, ask_id: int | None, code: str, text: str) -> None:
-        """Log a refused frame and, if it was an ask, answer it with an error envelope."""
-        logger.warning("%s: refused a frame from %s [%s]: %s", self.node_id, peer, code, text)
+        """Log a refused frame and, if it was an ask, answer it with an error envelope.
+
+        The WARNING line is within :attr:`rejection_log`'s budget per peer; the
+        ``transport.rejected`` event is recorded for every frame.
+        """
+        verdict = self.rejection_log.admit(peer, trio.current_time())
+        if verdict.write:
+            budget = self.rejection_log
+            logger.warning(
+                "%s: refused a frame from %s [%s]: %s%s%s",
+                self.node_id,
+                peer,
+                code,
+                text,
+                f" ({verdict.held_back} more refused from {peer} were not logged)"
+                if verdict.held_back
+                else "",
+                f" (further refusals from {peer} within {budget.interval:g} s are only counted)"
+                if verdict.last
+                else "",
+            )
         self.emit("transport.rejected", "/", peer=peer, code=code, reason=text)
         if ask_id is None:
             return
@@ -634,10 +700,13 @@ async def open_actor_system(
             within=root_spec.within,
             backoff=root_spec.backoff,
         )
+    forget_losses = None
     try:
         async with trio.open_nursery() as nursery:
             if transport is not None:
-                nursery.start_soon(system._receive_loop, transport)
+                forget_losses = transport.on_peer_lost(system._on_peer_lost)
+                if not transport.deliver_frames_to(system._deliver_frame):
+                    nursery.start_soon(system._receive_loop, transport)
                 nursery.start_soon(system._outbox_loop, transport)
             await nursery.start(system._run, root_spec)
             try:
@@ -652,6 +721,8 @@ async def open_actor_system(
             raise error from None
         raise
     finally:
+        if forget_losses is not None:
+            forget_losses()
         if transport is not None:
             with trio.CancelScope(shield=True):
                 await transport.aclose()

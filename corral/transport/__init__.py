@@ -1,6 +1,13 @@
 """Moving messages between actor systems: envelope, codec, transports."""
 
-from corral.transport._base import Frame, Transport
+from corral.transport._base import (
+    Frame,
+    FrameHandler,
+    PeerLossListeners,
+    PeerLost,
+    PeerLostHandler,
+    Transport,
+)
 from corral.transport._codec import (
     CodecLimits,
     Envelope,
@@ -47,12 +54,16 @@ __all__ = [
     "ErrorCode",
     "Frame",
     "FrameError",
+    "FrameHandler",
     "FrameTooLarge",
     "HandshakeFailed",
     "MalformedFrame",
     "MemoryNetwork",
     "MemoryTransport",
     "PeerBusy",
+    "PeerLossListeners",
+    "PeerLost",
+    "PeerLostHandler",
     "PeerState",
     "PeerStatus",
     "PeerUnavailable",

@@ -11,12 +11,27 @@ Guarantees every implementation keeps (the contract suite checks them):
 * ``send`` to a peer that cannot be reached raises :class:`PeerUnavailable`
   (it never blocks forever); a full outbound queue raises :class:`PeerBusy`;
 * after ``aclose`` every call raises ``trio.ClosedResourceError``.
+
+Two optional abilities, with defaults for transports that lack them:
+
+* :meth:`Transport.on_peer_lost`: the transport reports a peer it can no longer
+  reach (connection closed, heartbeat missed, dial or handshake refused, node
+  killed or partitioned), so whoever waits for that peer's answer can stop
+  waiting. The default never reports anything.
+* :meth:`Transport.deliver_frames_to`: the transport hands each arriving frame to
+  a coroutine from its own receiving task instead of queueing it for
+  :meth:`Transport.receive`, which saves a task switch per frame. The default
+  declines, and the caller keeps calling ``receive``.
 """
 
 from __future__ import annotations
 
+import logging
 from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+
+logger = logging.getLogger("corral.transport")
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +40,63 @@ class Frame:
 
     sender: str
     data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class PeerLost:
+    """A peer became unreachable: frames sent to it may be lost, answers will not come.
+
+    Attributes:
+        peer: the node id of the peer.
+        reason: what happened, in words (e.g. "closed by the peer: close code 1001").
+    """
+
+    peer: str
+    reason: str
+
+
+#: called with each frame when a transport delivers frames itself (see deliver_frames_to)
+FrameHandler = Callable[[Frame], Awaitable[None]]
+#: called synchronously when a peer is lost; must not block or raise
+PeerLostHandler = Callable[[PeerLost], None]
+
+
+def _nothing_to_remove() -> None:
+    return None
+
+
+class PeerLossListeners:
+    """The handlers registered with :meth:`Transport.on_peer_lost`, for implementations.
+
+    ``notify`` calls each handler in registration order; a handler that raises is
+    logged and the others still run.
+    """
+
+    __slots__ = ("_handlers",)
+
+    def __init__(self) -> None:
+        self._handlers: list[PeerLostHandler] = []
+
+    def add(self, handler: PeerLostHandler) -> Callable[[], None]:
+        """Register ``handler``; returns a function that removes it (idempotent)."""
+        self._handlers.append(handler)
+
+        def remove() -> None:
+            if handler in self._handlers:
+                self._handlers.remove(handler)
+
+        return remove
+
+    def notify(self, peer: str, reason: str) -> None:
+        """Tell every handler that ``peer`` was lost, and why."""
+        if not self._handlers:
+            return
+        event = PeerLost(peer, reason)
+        for handler in list(self._handlers):
+            try:
+                handler(event)
+            except Exception:
+                logger.exception("a peer-lost handler failed on %r", event)
 
 
 class Transport(ABC):
@@ -56,3 +128,35 @@ class Transport(ABC):
     @abstractmethod
     async def aclose(self) -> None:
         """Stop sending and receiving. Idempotent."""
+
+    def on_peer_lost(self, handler: PeerLostHandler) -> Callable[[], None]:
+        """Call ``handler(PeerLost(peer, reason))`` whenever a peer becomes unreachable.
+
+        A peer is reported lost when frames already handed to ``send`` for it may
+        never arrive, or its answers may never come back: its connection closed
+        or missed its heartbeat, a dial or handshake to it failed, it was killed
+        or cut off. The handler runs synchronously in whichever task noticed; it
+        must not block, and errors it raises are logged and ignored. A peer is
+        reported again only after it was reachable in between.
+
+        Returns:
+            A function that unregisters the handler.
+
+        The default implementation (a transport that cannot tell) never calls it.
+        """
+        return _nothing_to_remove
+
+    def deliver_frames_to(self, handler: FrameHandler) -> bool:
+        """Ask the transport to deliver arriving frames by calling ``await handler(frame)``.
+
+        The transport calls it from its own receiving task(s), in arrival order
+        per sender, frames queued before the call first; :meth:`receive` then gets
+        nothing more. While the handler runs, frames from that sender wait, so it
+        should return quickly (waiting briefly applies backpressure to the sender).
+        Exceptions it raises are logged, and delivery goes on. Call it at most once.
+
+        Returns:
+            True if the transport will deliver this way; False (the default) if it
+            does not support it: keep calling :meth:`receive`.
+        """
+        return False

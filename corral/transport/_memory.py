@@ -8,6 +8,10 @@ when a delay is set, sleeps until each frame's delivery time, so frames from one
 sender arrive in order however the delay changes. A frame whose link was cut,
 or whose receiver was killed, while it was in flight is dropped on delivery.
 
+Every fault that makes two nodes unreachable to each other (a partition cut, a
+kill, a transport closing) is reported to both ends' ``on_peer_lost`` handlers
+at once, as a real transport reports a closed connection.
+
 Everything that moves is bytes, exactly as a real wire would carry.
 Randomness comes only from the injected ``random.Random``.
 """
@@ -16,11 +20,11 @@ from __future__ import annotations
 
 import math
 import random as _random
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import trio
 
-from corral.transport._base import Frame, Transport
+from corral.transport._base import Frame, PeerLossListeners, PeerLostHandler, Transport
 from corral.transport._errors import PeerBusy, PeerUnavailable
 
 __all__ = ["MemoryNetwork", "MemoryTransport"]
@@ -94,6 +98,7 @@ class MemoryNetwork:
         Nodes named in no group keep their links.
         """
         sets = [frozenset(g) for g in groups]
+        before = self._links()
         for i, left in enumerate(sets):
             for right in sets[i + 1 :]:
                 for a in left:
@@ -102,6 +107,7 @@ class MemoryNetwork:
                             self._cuts.add(frozenset((a, b)))
         for transport in self._nodes.values():
             transport._discard_unreachable()
+        self._report_lost(before)
 
     def heal(self) -> None:
         """Remove every partition cut."""
@@ -109,10 +115,12 @@ class MemoryNetwork:
 
     def kill(self, node_id: str) -> None:
         """Make a node unreachable: it neither sends nor receives; its inbox is lost."""
+        before = self._links()
         self._killed.add(node_id)
         transport = self._nodes.get(node_id)
         if transport is not None:
             transport._discard_inbox()
+        self._report_lost(before)
 
     def revive(self, node_id: str) -> None:
         """Undo :meth:`kill`."""
@@ -128,6 +136,33 @@ class MemoryNetwork:
             and receiver not in self._killed
             and frozenset((sender, receiver)) not in self._cuts
         )
+
+    def _links(self) -> set[tuple[str, str]]:
+        """Ordered pairs of open nodes that can reach each other right now."""
+        open_nodes = [n for n, t in self._nodes.items() if not t._closed]
+        return {
+            (a, b)
+            for a in open_nodes
+            for b in open_nodes
+            if a != b and self.reachable(a, b) and self.reachable(b, a)
+        }
+
+    def _report_lost(self, before: set[tuple[str, str]]) -> None:
+        """Tell each node about every peer it could reach before a fault and cannot now."""
+        for observer, peer in sorted(before - self._links()):
+            transport = self._nodes.get(observer)
+            if transport is not None:
+                transport._peer_lost(peer, self._why_unreachable(observer, peer))
+
+    def _closing(self, node_id: str) -> None:
+        """A transport is closing: its peers lose it."""
+        before = self._links()
+        transport = self._nodes.get(node_id)
+        if transport is not None:
+            transport._closed = True
+        for observer, peer in sorted(before - self._links()):
+            if peer == node_id:
+                self._nodes[observer]._peer_lost(peer, f"node {peer!r} closed its transport")
 
     # ------------------------------------------------------------------ delivery
 
@@ -169,6 +204,7 @@ class MemoryTransport(Transport):
         self._inbox_receive = receive
         self._held: tuple[float, Frame] | None = None
         self._closed = False
+        self._loss_listeners = PeerLossListeners()
 
     @property
     def node_id(self) -> str:
@@ -202,6 +238,13 @@ class MemoryTransport(Transport):
                 return frame
             self._network.stats["lost_in_flight"] += 1
 
+    def on_peer_lost(self, handler: PeerLostHandler) -> Callable[[], None]:
+        """Call ``handler`` when a partition, a kill or a closing cuts this node off a peer."""
+        return self._loss_listeners.add(handler)
+
+    def _peer_lost(self, peer: str, reason: str) -> None:
+        self._loss_listeners.notify(peer, reason)
+
     def _discard_unreachable(self) -> None:
         """Drop queued frames whose link is now cut (they were in flight on it)."""
         held = self._held
@@ -230,6 +273,7 @@ class MemoryTransport(Transport):
 
     async def aclose(self) -> None:
         if not self._closed:
+            self._network._closing(self._node_id)
             self._closed = True
             self._inbox_receive.close()  # first, so a blocked receive sees ClosedResourceError
             self._inbox_send.close()

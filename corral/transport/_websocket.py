@@ -4,13 +4,22 @@ Each node listens on its peer address. A frame for a peer goes into that
 peer's bounded outbound queue (full: ``send`` raises PeerBusy at once); one
 writer task per peer drains it into the peer's single WebSocket connection,
 one binary message per frame, as many queued frames per socket write as are
-waiting. Received frames are checked and handed to ``receive`` by
-trio-websocket's own reader task (see :class:`_FrameSink`). The
+waiting. A small frame sent while the link is in a request/reply rhythm (the
+peer sent us a frame since our last one) and nothing of ours is waiting to be
+written skips the queue: ``send`` writes it straight to the socket
+(:func:`~corral.transport._ws_wire.write_now`), which spares a round trip the
+writer task's turn. Streams of frames still go through the queue and batch.
+
+Received frames are checked and handed to ``receive`` by trio-websocket's own
+reader task (see :class:`_FrameSink`), or, once someone called
+``deliver_frames_to``, to that handler directly from the same task. The
 connection is dialed on first use, authenticated by the handshake in
 :mod:`corral.transport._handshake`, kept alive by ping/pong heartbeats, and
 redialed with exponential backoff and jitter when it drops. A peer that dials
 us is identified by the node id it proved in the handshake, and the same
-connection carries frames both ways.
+connection carries frames both ways. When a peer's connection closes or misses
+its heartbeat, or a dial to it fails, ``on_peer_lost`` handlers hear of it once
+(until it connects again).
 
 Delivery is at most once and in order per sender→receiver pair: frames queued
 while a connection dies, or sent on a connection that loses the
@@ -25,7 +34,7 @@ import logging
 import random as random_module
 import secrets
 from collections import deque
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from enum import Enum
@@ -34,7 +43,13 @@ from typing import Any, cast
 import trio
 import trio_websocket
 
-from corral.transport._base import Frame, Transport
+from corral.transport._base import (
+    Frame,
+    FrameHandler,
+    PeerLossListeners,
+    PeerLostHandler,
+    Transport,
+)
 from corral.transport._errors import (
     FrameTooLarge,
     HandshakeFailed,
@@ -51,6 +66,7 @@ from corral.transport._handshake import (
     Refused,
     ServerHandshake,
 )
+from corral.transport._log_budget import LogBudget
 from corral.transport._ws_net import Listeners, StreamNetwork, TcpNetwork
 from corral.transport._ws_rules import (
     ConnectionKey,
@@ -62,7 +78,13 @@ from corral.transport._ws_rules import (
     parse_peer_address,
     reconnect_delay,
 )
-from corral.transport._ws_wire import send_frames
+from corral.transport._ws_wire import (
+    Written,
+    can_write_now,
+    finish_write,
+    send_frames,
+    write_now,
+)
 
 log = logging.getLogger("corral.transport.websocket")
 
@@ -72,6 +94,9 @@ _INCARNATION_SIZE = 16
 # One socket write carries at most this many queued frames / bytes.
 _BATCH_FRAMES = 256
 _BATCH_BYTES = 256 * 1024
+# Larger frames always go through the queue: a small one almost never finds the
+# socket buffer too full to take it whole, so writing it through never waits.
+_WRITE_THROUGH_BYTES = 16 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,7 +112,9 @@ class WebSocketConfig:
         inbound_queue_size: frames received and not yet taken by ``receive``;
             when full, reading from every peer pauses (backpressure). A node that
             takes no frames for longer than the heartbeat timeout also stops
-            answering pings, and its peers drop the connection.
+            answering pings, and its peers drop the connection. Unused once
+            frames go to a handler (``deliver_frames_to``): then a peer's reading
+            pauses while the handler works on its frame.
         heartbeat_interval: seconds between pings on an idle or busy connection.
         heartbeat_timeout: seconds a ping may go unanswered before the peer is
             declared dead; a silent peer is detected within interval + timeout.
@@ -177,6 +204,7 @@ class _Connection:
         self.close_reason = ""
         self.send_scopes: set[trio.CancelScope] = set()  # writes in progress, cancelled on loss
         self.sink: _FrameSink | None = None
+        self.write_through = can_write_now(ws)
 
 
 class _Link:
@@ -192,8 +220,15 @@ class _Link:
         self.changed = trio.Event()
         self.queue_send, self.queue_receive = trio.open_memory_channel[bytes](queue_size)
         self.writer_done = trio.Event()
+        # Frames handed to the queue and not yet written or dropped by the writer
+        # (a frame can be out of the channel's buffer and still unwritten).
+        self.unwritten = 0
+        # A frame came from the peer since we last sent it one: the link is in a
+        # request/reply rhythm, and the next frame may skip the queue (see send).
+        self.answered = True
         self.maintained = False
         self.peer_left = False  # the last connection ended with the peer's "going away"
+        self.reported_lost = False  # on_peer_lost handlers heard of it since it last connected
         self.frames_dropped = 0
         self.frames_refused_by_peer = 0
         self.frames_refused_from_peer = 0
@@ -358,6 +393,10 @@ class WebSocketTransport(Transport):
         )
         self._address: str | None = None
         self._closed = False
+        self._loss_listeners = PeerLossListeners()
+        self._refusal_log = LogBudget(burst=5, interval=60.0)
+        self._handler: FrameHandler | None = None
+        self._backlog_delivered = trio.Event()  # frames queued before the handler are out
         for peer, address in peers.items():
             self.add_peer(peer, address)
 
@@ -426,10 +465,12 @@ class WebSocketTransport(Transport):
         )
 
     async def send(self, peer: str, data: bytes) -> None:
-        """Queue ``data`` as one frame for ``peer``; dial it first if needed.
+        """Queue ``data`` as one frame for ``peer`` (or write it at once); dial first if needed.
 
         Waits (at most ``connect_timeout`` and a little) only while a dial to the
-        peer is in flight; otherwise never blocks.
+        peer is in flight; otherwise never blocks on the peer. (A frame written
+        straight to the socket that only partly fits, which takes a socket
+        buffer filled to within a few KiB, is finished before ``send`` returns.)
 
         Raises:
             PeerUnavailable: no address is known for the peer, the dial failed,
@@ -452,6 +493,19 @@ class WebSocketTransport(Transport):
                 f"frame of {len(data)} bytes exceeds peer {peer!r}'s limit of {limit} bytes; "
                 "nothing was sent (send smaller messages or raise max_frame_size on both nodes)"
             )
+        answered, link.answered = link.answered, False
+        if (
+            answered
+            and conn.write_through
+            and not link.unwritten
+            and len(data) <= _WRITE_THROUGH_BYTES
+            and conn.ready.is_set()
+        ):
+            # Nothing is ahead of this frame: write it from this task, now. Frames
+            # that follow without an answer in between go through the queue and
+            # are written many per system call by the writer task.
+            if await self._write_through(link, conn, data):
+                return
         try:
             link.queue_send.send_nowait(data)
         except trio.WouldBlock:
@@ -459,7 +513,79 @@ class WebSocketTransport(Transport):
                 f"outbound queue to peer {peer!r} is full "
                 f"({self._config.outbound_queue_size} frames); the peer is slow or stalled"
             ) from None
+        link.unwritten += 1
         await trio.lowlevel.cancel_shielded_checkpoint()
+
+    async def _write_through(self, link: _Link, conn: _Connection, data: bytes) -> bool:
+        """Write ``data`` to ``conn`` from the sending task; False: queue it instead."""
+        try:
+            written, rest = write_now(conn.ws, data)
+        except trio_websocket.ConnectionClosed:
+            return False  # the reader task notices; the queue counts the frame dropped
+        if written is Written.NOTHING:
+            return False
+        if written is Written.PART:
+            # Rare (the socket buffer filled mid-message): finish the message now,
+            # shielded from the caller's cancellation so that no half message is
+            # left on the wire, but not from the connection's loss.
+            with trio.CancelScope(shield=True) as scope:
+                conn.send_scopes.add(scope)
+                try:
+                    await finish_write(conn.ws, rest)
+                except trio_websocket.ConnectionClosed as exc:
+                    self._drop(conn, CloseCode.NORMAL, f"closed: {_close_text(exc.reason)}")
+                finally:
+                    conn.send_scopes.discard(scope)
+            return True
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        return True
+
+    def on_peer_lost(self, handler: PeerLostHandler) -> Callable[[], None]:
+        """Call ``handler`` when a peer's connection closes or misses its heartbeat, or a
+        dial to it fails (refused, unreachable, handshake refused)."""
+        return self._loss_listeners.add(handler)
+
+    def deliver_frames_to(self, handler: FrameHandler) -> bool:
+        """Deliver each frame by ``await handler(frame)`` from the connection's reader task.
+
+        Frames already waiting for :meth:`receive` go first, in order. While the
+        handler runs, that peer's connection reads nothing more (backpressure on
+        the peer), so it must return well within the heartbeat timeout.
+
+        Raises:
+            RuntimeError: a handler is already installed.
+        """
+        if self._handler is not None:
+            raise RuntimeError("this transport already delivers frames to a handler")
+        self._handler = handler
+        if (
+            self._inbound_receive.statistics().current_buffer_used
+            or self._inbound_send.statistics().tasks_waiting_send
+        ):
+            self._nursery.start_soon(self._deliver_backlog, handler)
+        else:
+            self._backlog_delivered.set()
+        return True
+
+    async def _deliver_backlog(self, handler: FrameHandler) -> None:
+        try:
+            while (
+                self._inbound_receive.statistics().current_buffer_used
+                or self._inbound_send.statistics().tasks_waiting_send
+            ):
+                await self._deliver(handler, await self._inbound_receive.receive())
+        except (trio.EndOfChannel, trio.ClosedResourceError):
+            pass
+        finally:
+            self._backlog_delivered.set()
+
+    async def _deliver(self, handler: FrameHandler, frame: Frame) -> None:
+        try:
+            await handler(frame)
+        except Exception:
+            log.exception(
+                "%s: the frame handler failed on a frame from %r", self._node_id, frame.sender
+            )
 
     async def receive(self) -> Frame:
         """The next frame any authenticated peer sent this node.
@@ -601,6 +727,7 @@ class WebSocketTransport(Transport):
                     link.last_error,
                 )
                 link.notify()
+                self._report_lost(link, f"dialing {link.address} failed: {link.last_error}")
         link.maintained = False
 
     # -- connections ----------------------------------------------------------
@@ -817,6 +944,7 @@ class WebSocketTransport(Transport):
         link.phase = PeerState.CONNECTED
         link.last_error = None
         link.peer_left = False
+        link.reported_lost = False
         if current is not None:
             self._drop(current, CloseCode.SUPERSEDED, "replaced by a preferred connection")
         log.info(
@@ -844,6 +972,12 @@ class WebSocketTransport(Transport):
             if code not in (CloseCode.GOING_AWAY, CloseCode.SUPERSEDED) or not self._closed:
                 log.info("%s: lost peer %r: %s", self._node_id, link.peer, reason)
             link.notify()
+            self._report_lost(link, f"connection lost: {reason}")
+
+    def _report_lost(self, link: _Link, reason: str) -> None:
+        if not link.reported_lost:
+            link.reported_lost = True
+            self._loss_listeners.notify(link.peer, reason)
 
     async def _run_connection(self, conn: _Connection, conn_nursery: trio.Nursery) -> None:
         if conn.sink is None:
@@ -878,16 +1012,21 @@ class WebSocketTransport(Transport):
             limit = self._config.max_frame_size
             if len(message) > limit:
                 link.frames_refused_from_peer += 1
-                log.warning(
-                    "%s: refused a %d-byte frame from %r (limit %d bytes)",
-                    self._node_id,
-                    len(message),
-                    link.peer,
-                    limit,
+                self._warn_within_budget(
+                    f"from:{link.peer}",
+                    f"refused a {len(message)}-byte frame from {link.peer!r} (limit {limit} bytes)",
+                    f"refusals of frames from {link.peer!r}",
                 )
                 await conn.ws.send_message(frame_refusal_message(len(message), limit))
             elif link.conn is conn:
+                link.answered = True
                 frame = Frame(link.peer, message)
+                handler = self._handler
+                if handler is not None and not self._closed:
+                    if not self._backlog_delivered.is_set():
+                        await self._backlog_delivered.wait()
+                    await self._deliver(handler, frame)
+                    return
                 try:
                     try:
                         self._inbound_send.send_nowait(frame)  # the common case: no yield
@@ -903,14 +1042,26 @@ class WebSocketTransport(Transport):
             log.debug("%s: ignored a control message from %r", self._node_id, link.peer)
             return
         link.frames_refused_by_peer += 1
-        log.warning(
-            "%s: peer %r refused a %d-byte frame: %s (its limit is %d bytes)",
-            self._node_id,
-            link.peer,
-            refusal.size,
-            refusal.reason,
-            refusal.limit,
+        self._warn_within_budget(
+            f"by:{link.peer}",
+            f"peer {link.peer!r} refused a {refusal.size}-byte frame: {refusal.reason} "
+            f"(its limit is {refusal.limit} bytes)",
+            f"refusals by {link.peer!r}",
         )
+
+    def _warn_within_budget(self, key: str, text: str, what: str) -> None:
+        """Log a WARNING about a refused frame, a few per peer per minute (then a count)."""
+        verdict = self._refusal_log.admit(key, trio.current_time())
+        if not verdict.write:
+            return
+        if verdict.held_back:
+            text += f" ({verdict.held_back} more {what} were not logged)"
+        if verdict.last:
+            text += (
+                f" (further {what} within {self._refusal_log.interval:g} s are only counted"
+                " in peer_status)"
+            )
+        log.warning("%s: %s", self._node_id, text)
 
     def _on_closed(self, conn: _Connection, reason: trio_websocket.CloseReason | None) -> None:
         if reason is not None and reason.code == CloseCode.GOING_AWAY:
@@ -955,7 +1106,10 @@ class WebSocketTransport(Transport):
                         break
                     batch.append(frame)
                     size += len(frame)
-                await self._write_batch(link, batch)
+                try:
+                    await self._write_batch(link, batch)
+                finally:
+                    link.unwritten -= len(batch)
         finally:
             link.writer_done.set()
 

@@ -39,6 +39,7 @@ from corral.transport import (
     Envelope,
     ErrorCode,
     FrameTooLarge,
+    PeerUnavailable,
     encode_envelope,
     message,
 )
@@ -339,6 +340,30 @@ async def check_remote_crash_and_unhandled_are_error_replies(open_systems: Syste
         assert snapshot.restarts == 1
 
 
+async def check_an_ask_fails_fast_when_its_peer_is_lost(open_systems: SystemsFactory) -> None:
+    async with open_systems(2, CONTRACT_LIMITS) as (a, b):
+        await _spawn_recorder(b)
+        await _still_serving(a, "node-1/recorder")  # connected
+        peer = b.transport
+        assert peer is not None
+
+        async def lose_the_peer_while_it_works_on_the_ask() -> None:
+            while (snap := b.tree().find("/recorder")) is None or (
+                snap.current_message != "contract.stall"
+            ):
+                await trio.sleep(0.01)
+            await peer.aclose()  # its connections close; for the asker, node-1 is gone
+
+        started = trio.current_time()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(lose_the_peer_while_it_works_on_the_ask)
+            with pytest.raises(PeerUnavailable, match=r"lost node 'node-1' .*node-1/recorder"):
+                await a.ref("node-1/recorder").ask(Stall(60.0), timeout=30.0)
+        assert trio.current_time() - started < TIMEOUT  # far from the 30 s deadline
+        lost = [e for e in a.events() if e.kind == "transport.peer-lost"]
+        assert [(e.fields["peer"], e.fields["asks"]) for e in lost] == [("node-1", 1)]
+
+
 CONTRACT_CHECKS: list[Check] = [
     check_tell_and_ask_across_systems,
     check_order_per_sender_receiver_pair,
@@ -349,4 +374,5 @@ CONTRACT_CHECKS: list[Check] = [
     check_oversized_frames,
     check_ask_timeout,
     check_remote_crash_and_unhandled_are_error_replies,
+    check_an_ask_fails_fast_when_its_peer_is_lost,
 ]

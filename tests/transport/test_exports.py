@@ -15,4 +15,8 @@ def test_all_is_sorted_and_complete() -> None:
         "CodecLimits",
         "WebSocketTransport",
         "open_websocket_transport",
+        "PeerLost",
+        "PeerLostHandler",
+        "PeerLossListeners",
+        "FrameHandler",
     } <= set(names)

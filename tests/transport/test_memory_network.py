@@ -8,7 +8,14 @@ import pytest
 import trio
 import trio.testing
 
-from corral.transport import Frame, MemoryNetwork, PeerBusy, PeerUnavailable
+from corral.transport import (
+    Frame,
+    MemoryNetwork,
+    MemoryTransport,
+    PeerBusy,
+    PeerLost,
+    PeerUnavailable,
+)
 
 
 async def test_frames_arrive_in_order_with_their_sender() -> None:
@@ -175,3 +182,70 @@ def test_bad_fault_settings_are_refused() -> None:
         network.set_drop_rate(1.5)
     with pytest.raises(ValueError, match="zero or more"):
         network.set_delay(-1)
+
+
+def _record_losses(*transports: MemoryTransport) -> list[tuple[str, str, str]]:
+    """(observer, lost peer, reason) for every on_peer_lost report, in order."""
+    seen: list[tuple[str, str, str]] = []
+    for transport in transports:
+        transport.on_peer_lost(
+            lambda event, me=transport.node_id: seen.append((me, event.peer, event.reason))
+        )
+    return seen
+
+
+async def test_a_kill_is_reported_to_both_ends_once() -> None:
+    network = MemoryNetwork()
+    a, b, c = (network.connect(n) for n in "abc")
+    seen = _record_losses(a, b, c)
+    network.kill("b")
+    assert [(o, p) for o, p, _ in seen] == [("a", "b"), ("b", "a"), ("b", "c"), ("c", "b")]
+    assert "node 'b' is killed" in seen[0][2]
+    network.kill("b")  # already unreachable: nothing new to report
+    network.partition({"a"}, {"b"})
+    assert len(seen) == 4
+    network.revive("b")
+    network.heal()
+    network.kill("b")  # reachable again in between: reported again
+    assert len(seen) == 8
+
+
+async def test_a_partition_reports_only_the_links_it_newly_cuts() -> None:
+    network = MemoryNetwork()
+    a, b, c = (network.connect(n) for n in "abc")
+    seen = _record_losses(a, b, c)
+    network.partition({"a"}, {"b"})
+    assert [(o, p) for o, p, _ in seen] == [("a", "b"), ("b", "a")]
+    assert all("partitioned" in reason for _, _, reason in seen)
+    network.partition({"a"}, {"b", "c"})  # a-b was cut already; a-c is new
+    assert [(o, p) for o, p, _ in seen[2:]] == [("a", "c"), ("c", "a")]
+
+
+async def test_closing_a_transport_is_reported_to_its_peers() -> None:
+    network = MemoryNetwork()
+    a, b = network.connect("a"), network.connect("b")
+    seen = _record_losses(a, b)
+    await b.aclose()
+    assert seen == [("a", "b", "node 'b' closed its transport")]
+
+
+async def test_peer_lost_handlers_can_leave_and_a_failing_one_spoils_nothing(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    network = MemoryNetwork()
+    a, _ = network.connect("a"), network.connect("b")
+    calls: list[str] = []
+
+    def broken(event: PeerLost) -> None:
+        raise RuntimeError("handler bug")
+
+    a.on_peer_lost(broken)
+    remove = a.on_peer_lost(lambda event: calls.append(event.peer))
+    network.kill("b")
+    assert calls == ["b"]
+    assert any("peer-lost handler failed" in r.getMessage() for r in caplog.records)
+    remove()
+    remove()  # idempotent
+    network.revive("b")
+    network.kill("b")
+    assert calls == ["b"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import random
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -105,7 +106,7 @@ async def test_partition_fails_fast_and_heal_restores(
         assert await ref.ask(Ping(4)) == {"pong": 4, "seen": 2}
 
 
-async def test_partition_while_a_reply_is_in_flight_times_the_ask_out(
+async def test_partition_while_a_reply_is_in_flight_fails_the_ask_at_once(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     network = MemoryNetwork()
@@ -120,10 +121,13 @@ async def test_partition_while_a_reply_is_in_flight_times_the_ask_out(
                 network.partition({"a"}, {"b"})
 
             nursery.start_soon(cut_later)
-            with pytest.raises(AskTimeout):
-                await ref.ask(Ping(1), timeout=3.0)
-        assert trio.current_time() - t0 == pytest.approx(3.0)
+            with pytest.raises(PeerUnavailable, match=r"lost node 'b' .* b/pong .*partitioned"):
+                await ref.ask(Ping(1), timeout=30.0)
+        assert trio.current_time() - t0 == pytest.approx(1.5)  # not the 30 s deadline
+        await trio.sleep(1.0)
         assert network.stats["lost_in_flight"] == 1
+        lost = [e for e in a.events() if e.kind == "transport.peer-lost"]
+        assert [(e.fields["peer"], e.fields["asks"]) for e in lost] == [("b", 1)]
 
 
 async def test_killed_node_is_unreachable_and_revives(
@@ -277,3 +281,37 @@ async def test_a_storm_of_bad_frames_leaves_the_system_serving(
         assert snapshot.restarts == 0
         rejected = [e for e in b.events() if e.kind == "transport.rejected"]
         assert len(rejected) > 200  # most were refused, each one logged
+
+
+async def test_a_flood_of_bad_frames_logs_a_few_warnings_per_peer_and_then_a_count(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="corral.supervision")
+    network = MemoryNetwork()
+    async with two_nodes(network) as (a, b):
+        c = network.connect("c")  # a bare transport: another peer sending garbage
+        assert a.transport is not None
+
+        def warnings_about(peer: str) -> list[str]:
+            return [
+                r.getMessage()
+                for r in caplog.records
+                if r.levelno == logging.WARNING
+                and f"refused a frame from {peer} " in r.getMessage()
+            ]
+
+        for _ in range(50):
+            await a.transport.send("b", b"\xff garbage")
+        await c.send("b", b"\xff from another peer")
+        await trio.testing.wait_all_tasks_blocked()
+        assert len(warnings_about("a")) == b.rejection_log.burst == 5
+        assert "only counted" in warnings_about("a")[-1]
+        assert len(warnings_about("c")) == 1  # each peer has a budget of its own
+        # every refusal is still an event
+        assert len([e for e in b.events() if e.kind == "transport.rejected"]) == 51
+        await trio.sleep(b.rejection_log.interval)
+        await a.transport.send("b", b"\xff again")
+        await trio.testing.wait_all_tasks_blocked()
+        assert len(warnings_about("a")) == 6
+        assert "45 more refused from a were not logged" in warnings_about("a")[-1]
+        await c.aclose()

@@ -11,13 +11,14 @@ import logging
 import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 import cbor2
 import pytest
 import trio
 import trio_websocket
 
-from corral.transport import _ws_wire
+from corral.transport import _websocket, _ws_wire
 from corral.transport._base import Frame
 from corral.transport._errors import FrameTooLarge, PeerBusy, PeerUnavailable
 from corral.transport._handshake import (
@@ -595,3 +596,90 @@ async def test_a_peer_restarted_on_the_same_port_is_reconnected_to() -> None:
                     except PeerUnavailable:
                         await trio.sleep(0.05)
                 assert await b2.receive() == Frame("node-a", b"second life")
+
+
+async def test_written_through_and_queued_frames_keep_their_order(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # b answers every frame at once, so a's link keeps switching between writing
+    # frames through (an answer came since a's last frame) and queueing them
+    # (something of a's is still waiting to be written): the order must hold.
+    through = {"node-a": 0, "node-b": 0}
+    real_write_now = _websocket.write_now
+
+    def counting_write_now(ws: trio_websocket.WebSocketConnection, frame: bytes) -> Any:
+        result = real_write_now(ws, frame)
+        if result[0] is not _ws_wire.Written.NOTHING:
+            through[frame[:6].decode()] += 1
+        return result
+
+    monkeypatch.setattr(_websocket, "write_now", counting_write_now)
+    count = 2000
+    with trio.fail_after(30):
+        async with two_nodes() as (a, b):
+
+            async def echo() -> None:
+                for _ in range(count):
+                    frame = await b.receive()
+                    await b.send("node-a", b"node-b" + frame.data[6:])
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(echo)
+                for i in range(count):
+                    await a.send("node-b", b"node-a%d" % i)
+                    if i % 7 == 0:
+                        await trio.sleep(0)  # let answers in now and then
+                echoed = [int((await a.receive()).data[6:]) for _ in range(count)]
+            assert echoed == list(range(count))  # b saw a's order, and a saw b's
+            assert through["node-a"] > 0
+            assert through["node-b"] > 0
+            assert through["node-a"] < count  # most went through the queue, batched
+
+
+async def test_a_frame_the_socket_takes_only_in_part_is_finished_intact() -> None:
+    received: list[bytes] = []
+    reading = trio.Event()
+    done = trio.Event()
+    frames = [bytes([i]) * 12_000 for i in range(1, 250)]
+
+    async def slow_reader(request: trio_websocket.WebSocketRequest) -> None:
+        ws = await request.accept()
+        await reading.wait()  # not reading at first: the client's socket buffer fills
+        while len(received) < len(frames):
+            data = await ws.get_message()
+            assert isinstance(data, bytes)
+            received.append(data)
+        done.set()
+
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            server = await nursery.start(
+                trio_websocket.serve_websocket, slow_reader, "127.0.0.1", 0, None
+            )
+            async with trio_websocket.open_websocket(
+                "127.0.0.1", server.port, "/", use_ssl=False
+            ) as ws:
+                assert _ws_wire.can_write_now(ws)
+                outcomes = []
+                sent = 0
+                for frame in frames:
+                    written, rest = _ws_wire.write_now(ws, frame)
+                    outcomes.append(written)
+                    if written is _ws_wire.Written.NOTHING:
+                        break
+                    sent += 1
+                    if written is _ws_wire.Written.PART:
+                        assert rest
+                        assert ws._stream_lock.locked()  # held until the rest is out
+                        reading.set()
+                        await _ws_wire.finish_write(ws, rest)
+                        assert not ws._stream_lock.locked()
+                        break
+                assert _ws_wire.Written.ALL in outcomes
+                # Linux loopback buffers take some frames whole, then part of one
+                assert outcomes[-1] is _ws_wire.Written.PART
+                reading.set()
+                await _ws_wire.send_frames(ws, frames[sent:])  # the rest, the usual way
+                await done.wait()
+            nursery.cancel_scope.cancel()
+    assert received == frames  # every message intact, in order

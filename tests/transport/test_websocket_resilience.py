@@ -17,7 +17,7 @@ import pytest
 import trio
 import trio.testing
 
-from corral.transport._base import Frame
+from corral.transport._base import Frame, PeerLost
 from corral.transport._errors import PeerBusy, PeerUnavailable
 from corral.transport._websocket import (
     PeerState,
@@ -315,3 +315,140 @@ async def test_removing_a_peer_stops_redialing_it(autojump_clock: trio.testing.M
         await trio.sleep(60)
         assert len(network.dials) == dials
         assert state(a, "node-b") is PeerState.UNREACHABLE
+
+
+def record_losses(node: WebSocketTransport) -> list[PeerLost]:
+    seen: list[PeerLost] = []
+    node.on_peer_lost(seen.append)
+    return seen
+
+
+async def test_a_lost_connection_is_reported_once_until_the_peer_is_back(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    network = MemoryStreamNetwork()
+    async with (
+        cluster(network, "node-a") as nodes,
+        cluster(network, "node-b") as others,  # b does not know a's address: only a dials
+    ):
+        a, b = nodes["node-a"], others["node-b"]
+        assert b.address is not None
+        a.add_peer("node-b", b.address)
+        seen = record_losses(a)
+        await connect(a, b)
+        network.blackhole(b.address)
+        took = await _lost(a)
+        assert took <= CONFIG.heartbeat_interval + CONFIG.heartbeat_timeout + 0.01
+        assert [event.peer for event in seen] == ["node-b"]
+        assert "no pong within 2.0s" in seen[0].reason
+        await trio.sleep(20)  # redials hang and time out: no new reports
+        assert state(a, "node-b") is not PeerState.CONNECTED
+        assert len(seen) == 1
+        network.heal(b.address)
+        await wait_for_state(a, "node-b", PeerState.CONNECTED)
+        network.sever(b.address)  # connected in between: this loss is reported again
+        await _lost(a)
+        assert len(seen) == 2
+        assert "closed by the peer" in seen[1].reason
+
+
+async def test_a_failed_dial_is_reported_once(autojump_clock: trio.testing.MockClock) -> None:
+    network = RecordingNetwork()
+    async with cluster(network, "node-a") as nodes:
+        a = nodes["node-a"]
+        seen = record_losses(a)
+        a.add_peer("node-b", "10.0.0.9:45002")
+        with pytest.raises(PeerUnavailable):
+            await a.send("node-b", b"nobody there")
+        await trio.sleep(30)
+        assert len(network.dials) > 3  # it kept redialing...
+        assert [event.peer for event in seen] == ["node-b"]  # ...and said so once
+        assert "dialing 10.0.0.9:45002 failed" in seen[0].reason
+
+
+async def test_a_refused_handshake_is_reported(autojump_clock: trio.testing.MockClock) -> None:
+    network = MemoryStreamNetwork()
+    async with cluster(network, "node-a") as nodes:
+        a = nodes["node-a"]
+        seen = record_losses(a)
+        async with open_websocket_transport(
+            "node-b", ("10.0.0.3", 0), secret=b"another secret", config=CONFIG, network=network
+        ) as b:
+            assert b.address is not None
+            a.add_peer("node-b", b.address)
+            with pytest.raises(PeerUnavailable, match="4001"):
+                await a.send("node-b", b"let me in")
+        assert len(seen) == 1
+        assert "4001" in seen[0].reason
+
+
+async def test_frames_go_to_a_handler_in_order_backlog_first(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    network = MemoryStreamNetwork()
+    async with cluster(network, "node-a", "node-b") as nodes:
+        a, b = nodes["node-a"], nodes["node-b"]
+        for i in range(5):
+            await a.send("node-b", b"early %d" % i)
+        await trio.sleep(0.1)  # they wait in b's inbound queue
+        got: list[Frame] = []
+
+        async def handler(frame: Frame) -> None:
+            if frame.data == b"boom":
+                raise RuntimeError("a handler bug")
+            await trio.sleep(0.01)  # a handler may wait; the next frame waits for it
+            got.append(frame)
+
+        assert b.deliver_frames_to(handler)
+        with pytest.raises(RuntimeError, match="already"):
+            b.deliver_frames_to(handler)
+        for data in (b"late 0", b"boom", b"late 1"):
+            await a.send("node-b", data)
+        await trio.sleep(1)
+        assert [f.data for f in got] == [b"early %d" % i for i in range(5)] + [b"late 0", b"late 1"]
+        assert all(f.sender == "node-a" for f in got)
+        assert any("frame handler failed" in r.getMessage() for r in caplog.records)
+        with trio.move_on_after(1):
+            await b.receive()  # nothing is left for receive
+            pytest.fail("a frame reached receive() after deliver_frames_to")
+
+
+async def test_a_flood_of_oversized_frames_logs_a_few_lines_and_a_count(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="corral.transport.websocket")
+    network = MemoryStreamNetwork()
+    small = WebSocketConfig(max_frame_size=100, close_timeout=1.0)
+    async with cluster(network, "node-a") as nodes, cluster(network, "node-b", config=small) as big:
+        a, b = nodes["node-a"], big["node-b"]
+        assert b.address is not None
+        a.add_peer("node-b", b.address)
+        await a.send("node-b", b"hello")
+        assert (await b.receive()).data == b"hello"
+        conn = a._links["node-b"].conn
+        assert conn is not None
+        for _ in range(40):  # a sender that ignores the limit it was told
+            await conn.ws.send_message(b"x" * 200)
+        await trio.sleep(1)
+        status = b.peer_status("node-a")
+        assert status is not None
+        assert status.frames_refused_from_peer == 40
+        refused = [
+            r.getMessage()
+            for r in caplog.records
+            if "refused a 200-byte frame from" in r.getMessage()
+        ]
+        assert len(refused) == 5
+        assert "only counted" in refused[-1]
+        told = [r.getMessage() for r in caplog.records if "peer 'node-b' refused" in r.getMessage()]
+        assert len(told) == 5  # the sender's side of the same flood
+        await trio.sleep(60)  # a new window: the next line says how many went unlogged
+        await conn.ws.send_message(b"x" * 200)
+        await trio.sleep(1)
+        refused = [
+            r.getMessage()
+            for r in caplog.records
+            if "refused a 200-byte frame from" in r.getMessage()
+        ]
+        assert len(refused) == 6
+        assert "35 more refusals of frames from 'node-a' were not logged" in refused[-1]
