@@ -4,8 +4,9 @@ Run: ``.venv/bin/python examples/two_systems.py``
 
 It starts node-a and node-b on one MemoryNetwork, has a "counter" actor on
 node-b answer asks from node-a, crashes the counter and watches its supervisor
-restart it, cuts the network to show what a partition looks like, and shuts both
-systems down cleanly. Every step is printed in plain words.
+restart it, cuts the network to show what a partition looks like (also to an
+ask already on its way, which fails at once rather than at its deadline), and
+shuts both systems down cleanly. Every step is printed in plain words.
 """
 
 from __future__ import annotations
@@ -149,6 +150,24 @@ async def main() -> None:
             say(f"node-a: the ask failed at once: {exc}")
         except AskTimeout as exc:
             say(f"node-a: the ask timed out: {exc}")
+        network.heal()
+
+        say("network: 0.5 s of delay; the link is cut while an ask is on its way")
+        network.set_delay(0.5)
+        asked_at = trio.current_time()
+        async with trio.open_nursery() as nursery:
+
+            async def cut_soon() -> None:
+                await trio.sleep(0.2)
+                network.partition({"node-a"}, {"node-b"})
+
+            nursery.start_soon(cut_soon)
+            try:
+                await counter.ask(GetTotal(), timeout=30.0)
+            except PeerUnavailable as exc:
+                waited = trio.current_time() - asked_at
+                say(f"node-a: the ask failed after {waited:.1f} s, not its 30 s deadline: {exc}")
+        network.set_delay(0.0)
         network.heal()
         total = await counter.ask(Add(1))
         say(f"network healed; node-a adds 1 and node-b answers {total}")
