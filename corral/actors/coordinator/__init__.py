@@ -5,12 +5,14 @@ around three pure pieces, public so they can be tested and reused:
 
 * :func:`view_from_kvs` / :func:`plan_input_from_view` — registry records to the
   planner's input (node states with the operator's intent applied);
-* :func:`inputs_digest` / :func:`needs_time` — when a pass can be skipped;
+* :func:`inputs_digest` / :func:`needs_time` — when a pass can be skipped (a pass
+  runs each tick and, through a watch of the input prefixes, promptly after a change);
 * :func:`plan_writes` — decisions to fenced, ordered transaction batches.
 """
 
 from corral.actors.coordinator._actor import (
     DEFAULT_LEASE_TTL,
+    DEFAULT_WATCH_DEBOUNCE,
     Coordinator,
     GetCoordinatorState,
     KickCoordinator,
@@ -45,6 +47,7 @@ from corral.actors.coordinator._writes import (
 __all__ = [
     "DEFAULT_LEASE_TTL",
     "DEFAULT_MAX_WRITES",
+    "DEFAULT_WATCH_DEBOUNCE",
     "INPUT_PREFIXES",
     "Coordinator",
     "CoordinatorError",

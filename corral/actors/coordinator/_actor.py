@@ -16,7 +16,15 @@ renewal was sent, the moment the registry would let the lease lapse.
 
 A pass
 ------
-Each tick the holder reads ``apps/``, ``nodes/``, ``intent/`` and
+A pass runs on every tick, and promptly whenever what it decides from
+changes: while it holds the lease the coordinator watches ``apps/``,
+``nodes/``, ``intent/`` and ``placement/``, gathers the changes of a burst for
+``debounce`` seconds after the first one, and then looks once. Changes it has
+already read, and its own placement writes, are not news and trigger
+nothing. (The node service may still send :class:`KickCoordinator`; the
+watch makes it unnecessary.)
+
+A pass reads ``apps/``, ``nodes/``, ``intent/`` and
 ``placement/`` in one read-only transaction (one consistent revision), builds
 the planner's input (:mod:`._inputs`) and digests it. When the digest has not
 moved since the last completed pass, and nothing in that pass was waiting on
@@ -25,6 +33,21 @@ would decide what is already decided. Otherwise the planner decides and the
 write plan (:mod:`._writes`) says what to write; each batch is one transaction
 guarded by "the lease key still carries my fence" and by the ``mod_revision``
 of every record it writes. A failed fence guard drops the role.
+
+Reports
+-------
+Each pass that runs emits ``placement.pending`` for every app it could not
+place (fully), and a pass over new inputs emits ``placement.deferred``,
+``placement.stranded`` and ``placement.refused`` for what it held back. A
+pass over the same inputs as the last one that decided — a skipped tick, or
+a pass run again only because it waits on time (a cooldown, a grace period)
+— repeats a report only when it says something new (a pending app's message,
+a deferral's kind — cooldown or disruption budget —, a stranded reason or a
+refusal changed) or when the policy's ``cooldown_s`` has passed since that
+report was last made: at most one repeat per app (and node) per cooldown,
+so ``corral events`` stays readable while an operator is still reminded.
+The state (:class:`GetCoordinatorState`) always carries the current lists,
+the deferred moves with the time each may go (``until``), and the policy.
 
 Hand-back
 ---------
@@ -38,7 +61,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -93,6 +116,7 @@ from corral.transport import message
 
 __all__ = [
     "DEFAULT_LEASE_TTL",
+    "DEFAULT_WATCH_DEBOUNCE",
     "Coordinator",
     "GetCoordinatorState",
     "KickCoordinator",
@@ -101,16 +125,21 @@ __all__ = [
 
 #: ``leaseTtlMs`` in seconds (45 000 ms).
 DEFAULT_LEASE_TTL = 45.0
+#: How long a burst of registry changes is gathered before one pass looks at them.
+DEFAULT_WATCH_DEBOUNCE = 0.25
 #: Pause before a broken lease watch is opened again.
 _WATCH_RETRY = 1.0
+#: Revision standing for "changes were missed" (a compacted watch): always news.
+_MISSED = 0
 
 
 @message("coordinator.state")
 @dataclass(frozen=True)
 class GetCoordinatorState:
-    """Ask for the coordinator's state: holder, fence, last pass, and what the last
-    deciding pass reported (``unplaced`` apps, ``stranded`` instances, ``refused``
-    relocations or drains, ``paused`` on undecodable keys)."""
+    """Ask for the coordinator's state: holder, fence, last pass, the ``policy`` it plans
+    with, and what the last deciding pass reported (``unplaced`` apps, ``deferred`` moves
+    with the wall-clock time each may go, ``stranded`` instances, ``refused`` relocations or
+    drains, ``paused`` on undecodable keys)."""
 
 
 @message("coordinator.kick")
@@ -129,6 +158,14 @@ class _Tick:
 @dataclass(frozen=True)
 class _LeaseVacated:
     """The lease key was deleted (revoked, or expired)."""
+
+
+@dataclass(frozen=True)
+class _InputsChanged:
+    """A burst of changes under the input prefixes, seen by the watch of ``fence``."""
+
+    fence: int
+    revisions: tuple[int, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,6 +190,8 @@ class Coordinator(Actor):
         max_writes: most writes per transaction.
         membership: returns node id -> state as membership (SWIM) sees it,
             overriding the node records' states; None until SWIM is wired in.
+        debounce: how long changes under the input prefixes are gathered before
+            the one pass that looks at them (seconds).
     """
 
     def __init__(
@@ -165,10 +204,13 @@ class Coordinator(Actor):
         *,
         max_writes: int = DEFAULT_MAX_WRITES,
         membership: Callable[[], Mapping[str, NodeState]] | None = None,
+        debounce: float = DEFAULT_WATCH_DEBOUNCE,
     ) -> None:
         super().__init__()
         if not lease_ttl > 0 or not math.isfinite(lease_ttl):
             raise ValueError(f"lease_ttl must be a positive number of seconds, got {lease_ttl!r}")
+        if not debounce >= 0 or not math.isfinite(debounce):
+            raise ValueError(f"debounce must be a number of seconds >= 0, got {debounce!r}")
         self._node_id = node_id
         self._registry = registry
         self._policy = policy if policy is not None else Policy()
@@ -177,7 +219,15 @@ class Coordinator(Actor):
         self._wall_clock = wall_clock
         self._max_writes = max_writes
         self._membership = membership
+        self._debounce = debounce
         self._holding: _Holding | None = None
+        # The watch of the input prefixes (while coordinating) and what is not news to it:
+        # revisions a pass already read, and the revisions of our own writes.
+        self._input_watch: trio.CancelScope | None = None
+        self._read_revision = 0
+        self._own_revisions: set[int] = set()
+        # Last report per (event kind, app, node): what it said, and when (trio time).
+        self._reported: dict[tuple[str, str, str], tuple[str, float]] = {}
         self._cache = ScoreCache()
         self._holder: str | None = None
         self._holder_fence: int | None = None
@@ -187,6 +237,7 @@ class Coordinator(Actor):
         self._unplaced: tuple[dict[str, str], ...] = ()
         # What the last deciding pass reported besides unplaced apps (for the state).
         self._stranded: tuple[dict[str, str], ...] = ()
+        self._deferred: tuple[dict[str, Any], ...] = ()
         self._refused: dict[str, Any] | None = None
         self._paused: dict[str, Any] | None = None
         self._last_pass: dict[str, Any] | None = None
@@ -210,6 +261,16 @@ class Coordinator(Actor):
             case KickCoordinator():
                 if self._coordinating():
                     await self._run_pass(trigger=message.reason or "kick")
+                return None
+            case _InputsChanged():
+                holding = self._holding
+                if (
+                    self._coordinating()
+                    and holding is not None
+                    and holding.fence == message.fence
+                    and self._is_news(message.revisions)
+                ):
+                    await self._run_pass(trigger="watch")
                 return None
             case GetCoordinatorState():
                 return self._state()
@@ -246,6 +307,7 @@ class Coordinator(Actor):
         self._stale_leases.add(holding.lease)
         self._counts["lost"] += 1
         self._last_digest = None
+        self._stop_input_watch()
         if self._holder == self._node_id:
             self._holder = None
             self._holder_fence = None
@@ -352,6 +414,8 @@ class Coordinator(Actor):
         self._holding = _Holding(lease.id, fence, sent_at + self._lease_ttl)
         self._holder, self._holder_fence = self._node_id, fence
         self._last_digest = None
+        # Everything after the acquisition is news; the first pass reads it anyway.
+        self._start_input_watch(fence, result.revision + 1)
         self._counts["acquired"] += 1
         self.ctx.emit("coordinator.acquired", node=self._node_id, fence=fence, lease=lease.id)
         self.ctx.log.info("coordinating under fence %s", fence)
@@ -401,6 +465,68 @@ class Coordinator(Actor):
                 if event.kv.key == COORDINATOR_LEASE_KEY and event.type is EventType.DELETE:
                     await self.ctx.ref.tell(_LeaseVacated())
 
+    # ------------------------------------------------------------------ the inputs watch
+
+    def _start_input_watch(self, fence: int, start: int) -> None:
+        self._stop_input_watch()
+        scope = trio.CancelScope()
+        self._input_watch = scope
+        self.ctx.start_task(self._watch_inputs, scope, fence, start)
+
+    def _stop_input_watch(self) -> None:
+        scope, self._input_watch = self._input_watch, None
+        if scope is not None:
+            scope.cancel()
+
+    def _is_news(self, revisions: Iterable[int]) -> bool:
+        """Whether a change at any of ``revisions`` is one no pass has read yet and is
+        not one of our own writes."""
+        return any(
+            revision == _MISSED
+            or (revision > self._read_revision and revision not in self._own_revisions)
+            for revision in revisions
+        )
+
+    async def _watch_inputs(self, scope: trio.CancelScope, fence: int, start: int) -> None:
+        """While coordinating under ``fence``: tell the actor about each burst of changes
+        under the input prefixes, ``debounce`` seconds after its first change."""
+        with scope:
+            send, receive = trio.open_memory_channel[int](256)
+            async with trio.open_nursery() as nursery:
+                for prefix in INPUT_PREFIXES:
+                    nursery.start_soon(self._forward_changes, prefix, start, send.clone())
+                send.close()
+                async with receive:
+                    async for first in receive:
+                        revisions = {first}
+                        with trio.move_on_after(self._debounce):
+                            async for revision in receive:
+                                revisions.add(revision)
+                        await self.ctx.ref.tell(_InputsChanged(fence, tuple(sorted(revisions))))
+
+    async def _forward_changes(
+        self, prefix: str, start: int, send: trio.MemorySendChannel[int]
+    ) -> None:
+        """Send the revision of every change under ``prefix`` from ``start`` on; a broken
+        watch is opened again where it left off (a compacted one from now, saying so)."""
+        next_revision: int | None = start
+        async with send:
+            while True:
+                try:
+                    async with self._registry.watch(prefix, next_revision) as events:
+                        async for event in events:
+                            next_revision = event.kv.mod_revision + 1
+                            await send.send(event.kv.mod_revision)
+                except RevisionCompacted as exc:
+                    self.ctx.log.info("watch of %s lost changes (%s); looking now", prefix, exc)
+                    next_revision = None
+                    await send.send(_MISSED)
+                except RegistryError as exc:
+                    self.ctx.log.debug("watch of %s broke (%s); watching again", prefix, exc)
+                except trio.ClosedResourceError:
+                    return  # the registry was closed under us: nothing more to watch
+                await trio.sleep(_WATCH_RETRY)
+
     # ------------------------------------------------------------------ a pass
 
     async def _run_pass(self, *, trigger: str) -> None:
@@ -423,6 +549,9 @@ class Coordinator(Actor):
     async def _read_view(self) -> RegistryView:
         reads = [Get(prefix, prefix=True) for prefix in INPUT_PREFIXES]
         result = await self._registry.txn([], reads)
+        if result.revision > self._read_revision:
+            self._read_revision = result.revision
+            self._own_revisions = {r for r in self._own_revisions if r > result.revision}
         kvs: list[KeyValue] = []
         for response in result.responses:
             assert isinstance(response, list)
@@ -443,6 +572,9 @@ class Coordinator(Actor):
             self._record_pass(started, trigger, "skipped", digest=digest)
             self._emit_pending(skipped=True)
             return
+        # Run again over the same inputs only because it waits on time: its reports
+        # repeat the last ones and are rate-limited like a skipped tick's.
+        same_inputs = digest == self._last_digest
         try:
             decisions = plan(
                 inputs.apps,
@@ -457,6 +589,7 @@ class Coordinator(Actor):
             self._last_digest = digest
             self._waiting_on_time = False
             self._stranded, self._refused, self._paused = (), None, None
+            self._deferred = ()
             self._unplaced = tuple(
                 {"app": app.name, "reason": PlacementUnavailable.code, "message": str(exc)}
                 for app in inputs.apps
@@ -492,6 +625,10 @@ class Coordinator(Actor):
         self._stranded = tuple(
             {"app": s.app, "node": s.node, "reason": s.reason} for s in decisions.stranded
         )
+        self._deferred = tuple(
+            {"app": d.app, "node": d.node, "reason": d.reason, "until": d.until}
+            for d in decisions.deferred
+        )
         self._refused = _refusal(decisions)
         self._paused = None
         self._counts["applied"] += 1
@@ -499,13 +636,13 @@ class Coordinator(Actor):
             started, trigger, "applied", digest=self._last_digest, decisions=decisions,
             written=written_plan,
         )
-        self._emit_outcomes(decisions)
+        self._emit_outcomes(decisions, repeat=same_inputs)
 
     def _plan_writes(self, view: RegistryView, decisions: Decisions, now: float) -> WritePlan:
         holding = self._holding
         if holding is None:
             raise LeaseExpired("the lease was dropped during the pass")
-        apps = set(decisions.placements) | set(view.placements)
+        apps = set(decisions.placements) | set(view.placements) | set(decisions.stopped)
         targets = {app: decisions.placements.get(app) for app in sorted(apps)}
         written = plan_writes(
             targets,
@@ -513,6 +650,7 @@ class Coordinator(Actor):
             fence=holding.fence,
             decided_at=now,
             max_writes=self._max_writes,
+            stopped=decisions.stopped,
         )
         if written.superseded:
             newest = max(view.placements[app].record.fence for app in written.superseded)
@@ -539,6 +677,7 @@ class Coordinator(Actor):
                     )
                 # Still ours: a record changed since it was read. Read again next tick.
                 raise _Conflict()
+            self._own_revisions.add(result.revision)
             for write in batch.writes:
                 record = write.record
                 written[write.app] = (
@@ -548,23 +687,58 @@ class Coordinator(Actor):
 
     # ------------------------------------------------------------------ reporting
 
-    def _emit_pending(self, *, skipped: bool) -> None:
-        for entry in self._unplaced:
-            self.ctx.emit("placement.pending", skipped=skipped, **entry)
+    def _report(
+        self, kind: str, subject: tuple[str, str], says: str, fields: Mapping[str, Any], *,
+        repeat: bool,
+    ) -> None:
+        """Emit ``kind`` with ``fields`` about ``subject`` (app, node); when ``repeat``
+        (same inputs as the last report), only if it ``says`` something new or a cooldown
+        has passed since it was last emitted."""
+        key = (kind, *subject)
+        now = trio.current_time()
+        last = self._reported.get(key)
+        if (
+            repeat
+            and last is not None
+            and last[0] == says
+            and now - last[1] < self._policy.cooldown_s
+        ):
+            return
+        self._reported[key] = (says, now)
+        self.ctx.emit(kind, **fields)
 
-    def _emit_outcomes(self, decisions: Decisions) -> None:
+    def _forget_reports(self, kind: str, current: set[tuple[str, str]]) -> None:
+        """Drop the memory of ``kind`` reports no longer current: if one comes back, it
+        is reported at once."""
+        for key in [k for k in self._reported if k[0] == kind and (k[1], k[2]) not in current]:
+            del self._reported[key]
+
+    def _emit_pending(self, *, skipped: bool) -> None:
+        kind = "placement.pending"
+        self._forget_reports(kind, {(e["app"], "") for e in self._unplaced})
+        for entry in self._unplaced:
+            fields = {"skipped": skipped, **entry}
+            self._report(kind, (entry["app"], ""), entry["message"], fields, repeat=skipped)
+
+    def _emit_outcomes(self, decisions: Decisions, *, repeat: bool) -> None:
         self._emit_pending(skipped=False)
-        for deferred in decisions.deferred:
-            self.ctx.emit(
-                "placement.deferred", app=deferred.app, node=deferred.node, reason=deferred.reason
-            )
-        for stranded in decisions.stranded:
-            self.ctx.emit(
-                "placement.stranded", app=stranded.app, node=stranded.node, reason=stranded.reason
-            )
+        kind = "placement.deferred"
+        self._forget_reports(kind, {(d.app, d.node) for d in decisions.deferred})
+        for d in decisions.deferred:
+            fields = {"app": d.app, "node": d.node, "reason": d.reason, "until": d.until}
+            # What it says is its kind (cooldown, disruption budget): the text counts seconds.
+            says = d.reason.partition(":")[0]
+            self._report(kind, (d.app, d.node), says, fields, repeat=repeat)
+        kind = "placement.stranded"
+        self._forget_reports(kind, {(s.app, s.node) for s in decisions.stranded})
+        for s in decisions.stranded:
+            fields = {"app": s.app, "node": s.node, "reason": s.reason}
+            self._report(kind, (s.app, s.node), s.reason, fields, repeat=repeat)
+        kind = "placement.refused"
         refused = _refusal(decisions)
+        self._forget_reports(kind, set() if refused is None else {("", "")})
         if refused is not None:
-            self.ctx.emit("placement.refused", **refused)
+            self._report(kind, ("", ""), refused["message"], refused, repeat=repeat)
 
     def _record_pass(
         self,
@@ -624,9 +798,16 @@ class Coordinator(Actor):
             "holder": self._holder,
             "fence": holding.fence if holding is not None else self._holder_fence,
             "lease_ttl": self._lease_ttl,
+            "policy": {
+                "cooldown_s": self._policy.cooldown_s,
+                "grace_period_s": self._policy.grace_period_s,
+                "disruption_budget": self._policy.disruption_budget,
+                "min_usable_fraction": self._policy.min_usable_fraction,
+            },
             "last_pass": None if self._last_pass is None else dict(self._last_pass),
             "passes": dict(self._counts),
             "unplaced": [dict(entry) for entry in self._unplaced],
+            "deferred": [dict(entry) for entry in self._deferred],
             "stranded": [dict(entry) for entry in self._stranded],
             "refused": None if self._refused is None else dict(self._refused),
             "paused": None if self._paused is None else dict(self._paused),
@@ -663,6 +844,7 @@ def coordinator_child_spec(
     *,
     max_writes: int = DEFAULT_MAX_WRITES,
     membership: Callable[[], Mapping[str, NodeState]] | None = None,
+    debounce: float = DEFAULT_WATCH_DEBOUNCE,
     name: str = "coordinator",
     shutdown_grace: float = 5.0,
 ) -> ChildSpec:
@@ -680,6 +862,7 @@ def coordinator_child_spec(
             wall_clock,
             max_writes=max_writes,
             membership=membership,
+            debounce=debounce,
         )
 
     return ChildSpec(

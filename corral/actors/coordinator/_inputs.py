@@ -14,10 +14,14 @@ planner's frozen :class:`~corral.actors.planner.PlanInput`:
 * a node is one whose leased record exists (a node that stops renewing
   vanishes), with the state the membership gives it (the record's own state
   until SWIM feeds one), then the operator's intent on top: draining makes it
-  ``left`` (a drain is a decision), cordoning makes an ``alive`` or
-  ``suspect`` node ``cordoned`` — a node already ``down`` or ``left`` stays
-  so, or cordoning a dead node would pin its work to it for ever;
-* a placement is its sorted nodes and when each was placed;
+  ``left`` (a drain is a decision) and a forced drain (``intent.force``) sets
+  ``drain_forced`` too, so the planner stops pinned work there instead of
+  refusing the drain; cordoning makes an ``alive`` or ``suspect`` node
+  ``cordoned`` — a node already ``down`` or ``left`` stays so, or cordoning a
+  dead node would pin its work to it for ever;
+* a placement is its sorted nodes and when each was placed, plus the nodes
+  where a forced drain stopped a pinned instance: the record keeps those in
+  ``placed_at`` but not in ``nodes`` (see :mod:`._writes`);
 * an undecodable key of any of the four kinds is passed on by name, and the
   planner pauses the pass.
 
@@ -191,9 +195,11 @@ def _app(record: AppRecord) -> AppSpec:
 def _node(
     record: NodeRecord, intent: NodeIntent | None, membership: NodeState | None
 ) -> NodeInfo:
+    state = effective_state(record.state, intent, membership)
     return NodeInfo(
         id=record.id,
-        state=effective_state(record.state, intent, membership),
+        state=state,
+        drain_forced=state == "left" and intent is not None and intent.draining and intent.force,
         labels=record.labels,
         rack=record.rack,
         datacenter=record.datacenter,
@@ -203,7 +209,12 @@ def _node(
 
 
 def _placement(record: PlacementRecord) -> Placement:
-    return Placement(nodes=tuple(record.nodes), placed_at=record.placed_at)
+    serving = set(record.nodes)
+    return Placement(
+        nodes=tuple(record.nodes),
+        placed_at={node: when for node, when in record.placed_at.items() if node in serving},
+        stopped=tuple(sorted(node for node in record.placed_at if node not in serving)),
+    )
 
 
 def plan_input_from_view(

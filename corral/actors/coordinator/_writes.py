@@ -27,6 +27,14 @@ coordinator sends one after the other.
 * **A missing record is pending.** A planner answer of "no nodes" for an app
   deletes its record rather than writing an empty one, and an app the
   planner could not place is simply not in ``targets``.
+* **Stopped pinned instances are remembered in the record.** A node where a
+  forced drain stopped a pinned app's instance (``stopped``) stays a key of
+  the record's ``placed_at`` (with the time it was placed) but leaves
+  ``nodes``: no node runs it, and the next pass knows it belongs to that
+  node and is not to be started elsewhere. The record is kept for that even
+  when ``nodes`` is empty. (The record schema has no field of its own for
+  this; ``placed_at`` keys outside ``nodes`` mean exactly this and nothing
+  else, and only the coordinator writes placement records.)
 * **Batches stay small.** At most ``max_writes`` writes per transaction, well
   under etcd's default limit of 128 operations per txn.
 
@@ -156,6 +164,7 @@ def plan_writes(
     fence: int,
     decided_at: float,
     max_writes: int = DEFAULT_MAX_WRITES,
+    stopped: Mapping[str, tuple[str, ...]] | None = None,
 ) -> WritePlan:
     """Plan the transactions that make the placement records match ``targets``.
 
@@ -164,6 +173,9 @@ def plan_writes(
             duplicates), or None for "remove its placement record". Apps not
             named here are not touched.
         current: app -> the record and its mod revision, as read this pass.
+        stopped: app -> nodes where a forced drain stopped its pinned instance
+            (the planner's ``Decisions.stopped``); kept in the record's
+            ``placed_at`` only. An app named here should be in ``targets``.
         fence: the writer's lease fence (create revision of the lease key).
         decided_at: wall-clock time stamped on every record written.
         max_writes: most writes in one transaction (>= 1).
@@ -190,7 +202,8 @@ def plan_writes(
         if existing is not None and existing.record.fence > fence:
             superseded.append(app)
             continue
-        write = _write_for(app, wanted, existing, fence=fence, decided_at=decided_at)
+        held = (stopped or {}).get(app, ())
+        write = _write_for(app, wanted, held, existing, fence=fence, decided_at=decided_at)
         if write is None:
             unchanged.append(app)
         elif write.is_removal:
@@ -216,32 +229,37 @@ def plan_writes(
 def _write_for(
     app: str,
     wanted: tuple[str, ...] | None,
+    stopped: tuple[str, ...],
     existing: CurrentPlacement | None,
     *,
     fence: int,
     decided_at: float,
 ) -> PlacementWrite | None:
-    nodes = None if wanted is None else tuple(sorted(set(wanted)))
-    if not nodes:
+    nodes = () if wanted is None else tuple(sorted(set(wanted)))
+    held = tuple(sorted(set(stopped) - set(nodes)))
+    if not nodes and not held:
         if existing is None:
             return None
         return PlacementWrite(app, None, tuple(existing.record.nodes), existing.mod_revision)
     if existing is None:
-        placed_at = dict.fromkeys(nodes, decided_at)
+        placed_at = dict.fromkeys((*nodes, *held), decided_at)
         record = PlacementRecord(
             nodes=list(nodes), decided_at=decided_at, fence=fence, placed_at=placed_at
         )
         return PlacementWrite(app, record, None, 0)
     previous = tuple(existing.record.nodes)
-    if tuple(sorted(previous)) == nodes:
+    old_placed = existing.record.placed_at
+    previously_held = tuple(sorted(node for node in old_placed if node not in previous))
+    if tuple(sorted(previous)) == nodes and previously_held == held:
         return None
     # Kept instances keep their placement time (absent means "long ago", as
-    # the planner reads it); added ones are stamped now.
-    old_placed = existing.record.placed_at
+    # the planner reads it); added ones are stamped now. A stopped instance
+    # keeps the time it had, or is stamped now when it had none.
     placed_at = {node: decided_at for node in nodes if node not in previous}
     placed_at.update(
         {node: old_placed[node] for node in nodes if node in previous and node in old_placed}
     )
+    placed_at.update({node: old_placed.get(node, decided_at) for node in held})
     record = PlacementRecord(
         nodes=list(nodes), decided_at=decided_at, fence=fence, placed_at=placed_at
     )

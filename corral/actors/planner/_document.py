@@ -12,11 +12,17 @@ Input (every field but ``now``, ``nodes[].id`` and ``apps[].name`` may be left o
      "apps": [{"name": "shop", "replicas": "all", "selector": {"region": "eu"},
                "memory_mb": 0, "disk_mb": 0, "pinned": false, "retired": false,
                "blocked": false}],
-     "placements": {"shop": {"nodes": ["n1"], "placed_at": {"n1": 900.0}}},
+     "placements": {"shop": {"nodes": ["n1"], "placed_at": {"n1": 900.0}, "stopped": []}},
      "undecodable": []}
 
 ``capacity`` left out means the node has not reported any; ``state`` left out is
-``alive``; ``replicas`` left out is ``"all"``. Parsing is strict: a field of the wrong
+``alive``; ``replicas`` left out is ``"all"``.
+
+A node being drained is ``"state": "left"``; a drain forced with ``--force`` adds
+``"drain": "forced"`` (``state`` may then be left out: it can only be ``left``), and its
+pinned instances are stopped instead of the drain being refused. A placement's
+``stopped`` lists the nodes where a forced drain stopped an instance of that pinned app
+(see ``Placement.stopped``). Parsing is strict: a field of the wrong
 type, an unknown field, a replica count below one, an unknown node state or a duplicate
 id raises :class:`InvalidPlanInput` naming the field (``apps[1].replicas``).
 
@@ -49,10 +55,11 @@ _T = TypeVar("_T")
 
 _TOP = ("now", "policy", "nodes", "apps", "placements", "undecodable")
 _POLICY = ("grace_period_s", "cooldown_s", "disruption_budget", "min_usable_fraction")
-_NODE = ("id", "state", "labels", "rack", "datacenter", "down_since", "capacity")
+_NODE = ("id", "state", "labels", "rack", "datacenter", "down_since", "capacity", "drain")
 _CAPACITY = ("memory_mb", "memory_free_mb", "disk_mb", "disk_free_mb")
 _APP = ("name", "replicas", "selector", "memory_mb", "disk_mb", "pinned", "retired", "blocked")
-_PLACEMENT = ("nodes", "placed_at")
+_PLACEMENT = ("nodes", "placed_at", "stopped")
+_DRAIN_FORCED = "forced"
 
 
 def _object(value: object, where: str, allowed: tuple[str, ...]) -> Mapping[str, Any]:
@@ -177,11 +184,22 @@ def _node(value: object, where: str) -> NodeInfo:
         raise InvalidPlanInput(f"{where}.id", "required")
     node_id = _string(obj["id"], f"{where}.id")
     assert node_id is not None
-    state = obj.get("state", "alive")
+    drain = obj.get("drain")
+    if drain is not None and drain != _DRAIN_FORCED:
+        raise InvalidPlanInput(
+            f"{where}.drain", f'must be "{_DRAIN_FORCED}" or null, got {_kind(drain)}'
+        )
+    forced = drain == _DRAIN_FORCED
+    state = obj.get("state", "left" if forced else "alive")
     if state not in NODE_STATES:
         raise InvalidPlanInput(
             f"{where}.state",
             f"unknown node state {_kind(state)} (expected one of {', '.join(NODE_STATES)})",
+        )
+    if forced and state != "left":
+        raise InvalidPlanInput(
+            f"{where}.drain",
+            f'a drained node has left: its state must be "left" (or left out), got {state!r}',
         )
     down_since = obj.get("down_since")
     return NodeInfo(
@@ -192,6 +210,7 @@ def _node(value: object, where: str) -> NodeInfo:
         datacenter=_string(obj.get("datacenter"), f"{where}.datacenter", nullable=True),
         down_since=None if down_since is None else _number(down_since, f"{where}.down_since"),
         capacity=_capacity(obj.get("capacity"), f"{where}.capacity"),
+        drain_forced=forced,
     )
 
 
@@ -240,7 +259,18 @@ def _placement(value: object, where: str) -> Placement:
                     f"{where}.placed_at.{node}", "names a node this placement does not list"
                 )
             placed_at[node] = _number(when, f"{where}.placed_at.{node}")
-    return Placement(nodes=tuple(nodes), placed_at=placed_at)
+    stopped: list[str] = []
+    for i, item in enumerate(_array(obj.get("stopped", []), f"{where}.stopped")):
+        node = _string(item, f"{where}.stopped[{i}]")
+        assert node is not None
+        if node in seen:
+            raise InvalidPlanInput(
+                f"{where}.stopped[{i}]",
+                f"node {node!r} is listed twice (a stopped instance is not running anywhere)",
+            )
+        seen.add(node)
+        stopped.append(node)
+    return Placement(nodes=tuple(nodes), placed_at=placed_at, stopped=tuple(stopped))
 
 
 def _unique(items: list[_T], where: str, problem: str, *, key: Callable[[_T], str]) -> list[_T]:
@@ -320,11 +350,14 @@ def decisions_to_json(decisions: Decisions) -> dict[str, Any]:
 
         {"placements": {"shop": ["n1"]},
          "removals": [["app", "node"]], "additions": [["app", "node"]],
-         "deferred": [{"app": ..., "node": ..., "reason": ...}],
+         "deferred": [{"app": ..., "node": ..., "reason": ..., "until": null or time}],
          "unplaced": [{"app": ..., "reason": "placement-unavailable", "message": ...}],
          "stranded": [{"app": ..., "node": ..., "reason": ...}],
          "refused": null or {"reason": ..., "message": ..., "drains": [{"node", "apps"}]},
-         "paused": null or {"keys": [...], "message": ...}}
+         "paused": null or {"keys": [...], "message": ...},
+         "stopped": {"db": ["n2"]}}
+
+    ``stopped``: per pinned app, the nodes where a forced drain stopped its instance.
     """
     refused = decisions.refused
     paused = decisions.paused
@@ -333,7 +366,8 @@ def decisions_to_json(decisions: Decisions) -> dict[str, Any]:
         "removals": [[app, node] for app, node in decisions.removals],
         "additions": [[app, node] for app, node in decisions.additions],
         "deferred": [
-            {"app": d.app, "node": d.node, "reason": d.reason} for d in decisions.deferred
+            {"app": d.app, "node": d.node, "reason": d.reason, "until": d.until}
+            for d in decisions.deferred
         ],
         "unplaced": [
             {"app": u.app, "reason": u.reason, "message": u.message} for u in decisions.unplaced
@@ -351,4 +385,5 @@ def decisions_to_json(decisions: Decisions) -> dict[str, Any]:
         "paused": None
         if paused is None
         else {"keys": list(paused.keys), "message": paused.message},
+        "stopped": {app: list(nodes) for app, nodes in sorted(decisions.stopped.items())},
     }

@@ -15,8 +15,9 @@ node is live (``alive``, ``suspect`` or ``cordoned``), the pass raises
 none; ``down`` keeps until ``grace_period_s`` after ``down_since`` has passed, then loses
 it; ``left`` keeps nothing. A node that left while running a pinned app is a drain that
 would interrupt pinned work: that drain is refused, and for this pass the node counts as
-cordoned (it keeps everything, takes nothing). A node named by a placement but absent from
-the input is gone.
+cordoned (it keeps everything, takes nothing) — unless the drain is forced
+(``NodeInfo.drain_forced``): then the node is emptied, its pinned instances included (see
+below). A node named by a placement but absent from the input is gone.
 
 **Usable nodes.** ``alive``, ``suspect`` and ``cordoned`` nodes are usable; every node of
 the input but one that left is known, and so is every node absent from the input that the
@@ -62,15 +63,22 @@ that later apps see it. Instances already placed reserve nothing: the node's rep
 memory and disk already account for them.
 
 **Pinned, retired, blocked, deleted.** A pinned app never loses an instance to the planner;
-its instances on gone nodes are reported stranded. Retired and blocked apps have no
-placement: all their instances are removed. A placement of an app not in the input (a
-deleted app) is removed.
+its instances on gone nodes are reported stranded. The one exception is the operator's: a
+forced drain stops the pinned instances on its node. Such an instance is removed from the
+node but not started elsewhere (its state lives on that node): it is listed in
+``Decisions.stopped`` (the next pass's ``Placement.stopped``), still counts towards the
+replica count, is reported stranded with a reason naming the forced drain, and starts on
+its node again once that node takes work and has room for it. Unpinning the app forgets
+those instances, and its missing replicas are placed as usual. Retired and blocked apps
+have no placement: all their instances are removed. A placement of an app not in the input
+(a deleted app) is removed.
 
 **Unplaced.** An app that ends with no node, or fewer than its replica count, is reported
 with reason ``placement-unavailable`` and a message naming the cause with counts.
 
 **Output.** Per app the sorted target nodes; removals and additions (removals are applied
-first); deferred moves; unplaced apps; stranded instances; the pass's refusal or pause.
+first); deferred moves (a cooldown says until when); unplaced apps; stranded instances;
+pinned instances stopped by forced drains; the pass's refusal or pause.
 Applying the output and planning again with nothing else changed changes nothing.
 
 **Memo.** :class:`ScoreCache` is an optional memo carried from one pass to the next. It
@@ -120,6 +128,7 @@ _FULL_RANKING_KEPT: Final = 64
 _MAX_DELTA: Final = 32
 _EMPTY_SET: Final[frozenset[str]] = frozenset()
 _FLOOR: Final = "10% of the disk, at most 10 GiB"
+_COOLDOWN: Final = "cooldown"
 
 Selector = tuple[tuple[str, str], ...]
 Signature = tuple[object, ...]
@@ -137,6 +146,7 @@ class _Node:
     __slots__ = (
         "cap",
         "dc",
+        "forced",
         "gone",
         "group",
         "id",
@@ -155,6 +165,7 @@ class _Node:
         self.id_b = info.id.encode()
         self.state = state
         self.gone = gone
+        self.forced = info.drain_forced
         self.keeps = gone is None
         self.takes = state == "alive"
         self.cap: Capacity | None = info.capacity
@@ -316,9 +327,11 @@ class _Result:
         "deferred",
         "displaced_moves",
         "entry",
+        "held",
         "hosts",
         "keep",
         "lost_moves",
+        "stopped",
         "stranded",
         "target",
         "unplaced",
@@ -333,6 +346,10 @@ class _Result:
         self.displaced_moves: list[str] = []
         self.deferred: list[tuple[str, str]] = []
         self.stranded: list[tuple[str, str]] = []
+        # Pinned apps: nodes where a forced drain stopped an instance, as the pass was
+        # given them (``held``) and as it leaves them (``stopped``).
+        self.held: tuple[str, ...] = ()
+        self.stopped: list[str] = []
         self.unplaced: str | None = None
         self.entry: _Entry | None = None
         # Set when the target is known to be ``hosts`` plus ``adds`` (sorted).
@@ -431,11 +448,16 @@ _id_of: Final[Callable[[NodeInfo], str]] = attrgetter("id")
 
 def _paused(placements: Mapping[str, Placement], keys: tuple[str, ...]) -> Decisions:
     echoed = {app: placements[app].nodes for app in sorted(placements) if placements[app].nodes}
+    stopped = {
+        app: placements[app].stopped for app in sorted(placements) if placements[app].stopped
+    }
     message = (
         f"paused: {len(keys)} registry key(s) could not be decoded ({', '.join(keys)}); "
         "nothing is decided until every key can be read (upgrade this node or fix the records)"
     )
-    return Decisions(placements=echoed, paused=Pause(keys=keys, message=message))
+    return Decisions(
+        placements=echoed, stopped=stopped, paused=Pause(keys=keys, message=message)
+    )
 
 
 def _fmt(value: float) -> str:
@@ -469,7 +491,7 @@ class _Pass:
 
         # Drains that would interrupt pinned work are refused: the node keeps its work.
         pinned_on: dict[str, list[str]] = {}
-        left = {n.id for n in node_list if n.state == "left"}
+        left = {n.id for n in node_list if n.state == "left" and not n.drain_forced}
         if left:
             for app in apps:
                 if app.pinned and not app.retired and not app.blocked:
@@ -491,6 +513,8 @@ class _Pass:
             if state == "left":
                 if info.id in pinned_on:
                     state = "cordoned"
+                elif info.drain_forced:
+                    gone = f"node {info.id} is being drained with --force"
                 else:
                     gone = f"node {info.id} has left the cluster"
             elif (
@@ -617,11 +641,71 @@ class _Pass:
         age = self.now - when
         return age if age < self.policy.cooldown_s else None
 
-    def hold(self, result: _Result, lost: Sequence[str]) -> None:
+    def hold(self, result: _Result, lost: Sequence[str]) -> list[str]:
         """Keep every instance where it stands (a pinned app, or relocations refused);
-        those on nodes that are gone are reported stranded, with the reason."""
-        result.keep = list(result.hosts)
-        result.stranded = [(h, self.stranded_reason(result.app, h)) for h in lost]
+        those on nodes that are gone are reported stranded, with the reason.
+
+        A pinned app's instances on force-drained nodes are stopped instead (removed, not
+        replaced); instances stopped earlier stay stopped, or start again on their own
+        node once it can take them. Returns those starting again (not yet in ``adds``).
+        """
+        app = result.app
+        lost_set = set(lost)
+        keep: list[str] = []
+        for host in result.hosts:
+            node = self.nodes.get(host)
+            if app.pinned and node is not None and node.forced:
+                result.stopped.append(host)
+                result.stranded.append((host, self.forced_stop_reason(app, host)))
+                continue
+            keep.append(host)
+            if host in lost_set:
+                result.stranded.append((host, self.stranded_reason(app, host)))
+        result.keep = keep
+        restarted: list[str] = []
+        if app.pinned:
+            for host in result.held:
+                if self.can_take(app, host):
+                    restarted.append(host)
+                else:
+                    result.stopped.append(host)
+                    result.stranded.append((host, self.forced_stop_reason(app, host)))
+        result.stopped.sort()
+        return restarted
+
+    def can_take(self, app: AppSpec, node_id: str) -> bool:
+        """Whether the node could take an instance of ``app`` now (selector, state, room)."""
+        node = self.nodes.get(node_id)
+        if node is None or not node.takes or not _matches(tuple(app.selector.items()), node.labels):
+            return False
+        if not app.declares_resources:
+            return node.plain
+        return (
+            node_id in self.avail_mem
+            and self.avail_mem[node_id] >= app.memory_mb
+            and self.avail_disk10[node_id] >= 10 * app.disk_mb
+        )
+
+    def forced_stop_reason(self, app: AppSpec, node_id: str) -> str:
+        text = (
+            f"the forced drain of {node_id} stopped it; {app.name} is pinned, "
+            "so it is not started elsewhere"
+        )
+        node = self.nodes.get(node_id)
+        if node is not None and node.forced:
+            return text + (
+                f" (end the drain to start it on {node_id} again, or unpin {app.name} "
+                "to have it placed elsewhere)"
+            )
+        if node is None:
+            status = f"{node_id} is absent from the nodes this pass sees"
+        elif not node.takes:
+            status = f"{node_id} is {node.state} and takes no work"
+        elif not _matches(tuple(app.selector.items()), node.labels):
+            status = f"{node_id} no longer carries the labels {app.name} requires"
+        else:
+            status = f"{node_id} lacks the room {app.name} needs"
+        return text + f"; it starts there again once it can, but {status}"
 
     def stranded_reason(self, app: AppSpec, node_id: str) -> str:
         gone = self.gone_reason(node_id) or f"node {node_id} is gone"
@@ -807,6 +891,8 @@ class _Pass:
             return result
         result = _Result(app, hosts)
         result.entry = entry
+        if app.pinned and placement is not None:
+            result.held = placement.stopped
         entry.clean = False
         selector = entry.selector
         view = self.view(selector)
@@ -827,10 +913,12 @@ class _Pass:
         hosts_set = set(hosts)
         result.adds = [n for n in view.plain(self.nodes) if n not in hosts_set]
         if holding:
-            self.hold(result, lost)
+            restarted = self.hold(result, lost)
+            if restarted:  # each is also a node that takes it, so already in adds
+                result.adds = sorted(set(result.adds).union(restarted))
         else:
             result.keep = keepable
-        if not result.keep and not result.adds:
+        if not result.keep and not result.adds and not result.stopped:
             result.unplaced = self.diagnose(app, view, set(), 0)
         elif not holding and result.entry is not None:
             result.entry.settle(_RENDEZVOUS_ALL, result.keep + result.adds)
@@ -849,18 +937,18 @@ class _Pass:
         assert isinstance(want, int)
         keepable, lost, excluded = self.classify(hosts, selector)
         if holding:
-            self.hold(result, lost)
-            need = want - len(hosts)
+            result.adds = self.hold(result, lost)
+            need = want - len(result.keep) - len(result.adds) - len(result.stopped)
             if need > 0:
                 chosen, _ = self.ranked_select(
                     entry,
                     view,
                     extra=_EMPTY_SET,
-                    preselected=[h for h in hosts if h in self.nodes],
+                    preselected=[h for h in (*result.keep, *result.adds) if h in self.nodes],
                     want=need,
                 )
-                result.adds = chosen
-            placed = len(result.keep) + len(result.adds)
+                result.adds.extend(chosen)
+            placed = len(result.keep) + len(result.adds) + len(result.stopped)
             if placed < want:
                 result.unplaced = self.diagnose(app, view, set(result.keep), want - placed)
             return
@@ -891,7 +979,7 @@ class _Pass:
             result.deferred.append(
                 (
                     host,
-                    f"cooldown: placed {_fmt(age)} s ago, less than the "
+                    f"{_COOLDOWN}: placed {_fmt(age)} s ago, less than the "
                     f"{_fmt(self.policy.cooldown_s)} s cooldown; it stays for now",
                 )
             )
@@ -959,6 +1047,8 @@ class _Pass:
                 self.new_entries[app.name] = old
                 return None
         result = _Result(app, hosts)
+        if app.pinned and placement is not None:
+            result.held = placement.stopped
         selector: Selector = tuple(app.selector.items())
         view = self.view(selector)
         keepable, lost, excluded = self.classify(hosts, selector)
@@ -967,17 +1057,20 @@ class _Pass:
             result.adds = [n for n in self.best_fit_order(app, view, hosts_set)]
             result.adds.sort()
             if holding:
-                self.hold(result, lost)
+                back = self.hold(result, lost)
+                if back:  # each is also a node that takes it, so already in adds
+                    result.adds = sorted(set(result.adds).union(back))
             else:
                 result.keep = keepable
-            if not result.keep and not result.adds:
+            if not result.keep and not result.adds and not result.stopped:
                 result.unplaced = self.diagnose(app, view, set(), 0)
             self.reserve(app, result.adds)
             return result
 
         want = app.replicas
+        restarted: list[str] = []
         if holding:
-            self.hold(result, lost)
+            restarted = self.hold(result, lost)
             lost_and_excluded: list[str] = []
         elif len(keepable) > want:
             # Scale down: keep the best spread by rendezvous score; the rest are removed.
@@ -999,24 +1092,26 @@ class _Pass:
         else:
             result.keep = keepable
             lost_and_excluded = lost + excluded
-        need = want - len(result.keep)
+        need = want - len(result.keep) - len(restarted) - len(result.stopped)
         if need > 0:
-            order = self.best_fit_order(app, view, hosts_set)
+            order = self.best_fit_order(app, view, hosts_set.union(restarted))
             chosen = spread_select(
                 order,
                 complete=True,
                 candidates=set(order),
                 extra=_EMPTY_SET,
                 group_of=self.group_of,
-                preselected=[h for h in result.keep if h in self.nodes],
+                preselected=[h for h in (*result.keep, *restarted) if h in self.nodes],
                 want=need,
                 groups=None,
             )
             assert chosen is not None
-            result.adds = chosen[0]
+            result.adds = restarted + chosen[0]
+        else:
+            result.adds = restarted
         paired = min(len(lost_and_excluded), len(result.adds))
         self.spend(result, lost_and_excluded[:paired])
-        placed = len(result.keep) + len(result.adds)
+        placed = len(result.keep) + len(result.adds) + len(result.stopped)
         if placed < want:
             result.unplaced = self.diagnose(app, view, set(result.keep), want - placed)
         self.reserve(app, result.adds)
@@ -1150,6 +1245,7 @@ class _Pass:
         deferred: list[Deferred] = []
         unplaced: list[Unplaced] = []
         stranded: list[Stranded] = []
+        stopped_of: dict[str, tuple[str, ...]] = {}
         for result in results:
             name = result.app.name
             if result.target is not None:
@@ -1168,7 +1264,10 @@ class _Pass:
             if entry is not None and entry.clean and (result.deferred or entry.target != target):
                 entry.clean = False
             for node, reason in result.deferred:
-                deferred.append(Deferred(app=name, node=node, reason=reason))
+                until = self.cooldown_until(placements.get(name), node, reason)
+                deferred.append(Deferred(app=name, node=node, reason=reason, until=until))
+            if result.stopped:
+                stopped_of[name] = tuple(result.stopped)
             for node, reason in result.stranded:
                 stranded.append(Stranded(app=name, node=node, reason=reason))
             if result.unplaced is not None:
@@ -1193,7 +1292,15 @@ class _Pass:
             unplaced=tuple(unplaced),
             stranded=tuple(sorted(stranded, key=lambda s: (s.app, s.node))),
             refused=self.refusal(),
+            stopped=dict(sorted(stopped_of.items())),
         )
+
+    def cooldown_until(self, placement: Placement | None, node: str, reason: str) -> float | None:
+        """When a move deferred by the cooldown may go; None for the disruption budget."""
+        if placement is None or not reason.startswith(_COOLDOWN):
+            return None
+        when = placement.placed_at.get(node)
+        return None if when is None else when + self.policy.cooldown_s
 
     def refusal(self) -> Refusal | None:
         drains = self.refused_drains

@@ -129,6 +129,9 @@ class NodeInfo:
             lapses in this pass).
         capacity: ``None`` when the node has not reported any; such a node takes only
             applications that declare no resources.
+        drain_forced: the node is being drained with ``--force`` (only a ``left`` node can
+            be): its pinned instances are stopped rather than the drain refused, and are
+            not started elsewhere (see :class:`Placement`, ``stopped``).
     """
 
     id: str
@@ -138,6 +141,7 @@ class NodeInfo:
     datacenter: str | None = None
     down_since: float | None = None
     capacity: Capacity | None = None
+    drain_forced: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.id, str) or not self.id:
@@ -159,6 +163,13 @@ class NodeInfo:
             _check_finite(self.down_since, f"{where}.down_since")
         if self.capacity is not None and not isinstance(self.capacity, Capacity):
             raise InvalidPlanInput(f"{where}.capacity", "must be a Capacity or None")
+        if not isinstance(self.drain_forced, bool):
+            raise InvalidPlanInput(f"{where}.drain_forced", "must be true or false")
+        if self.drain_forced and self.state != "left":
+            raise InvalidPlanInput(
+                f"{where}.drain_forced",
+                f'a drained node has left: its state must be "left", got {self.state!r}',
+            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,7 +184,8 @@ class AppSpec:
         memory_mb, disk_mb: what one instance needs (0 = not declared). An app declaring
             either is ranked by best fit; one declaring neither by rendezvous score.
         pinned: never moved by the planner; its instances on nodes that are gone are
-            reported ``stranded``, and a drain that would interrupt it is refused.
+            reported ``stranded``, and a drain that would interrupt it is refused unless
+            forced (a forced drain stops it, and it is not started elsewhere).
         retired, blocked: the app has no placement at all.
     """
 
@@ -212,10 +224,17 @@ class Placement:
     ``nodes`` is kept sorted; a node listed twice is refused (one instance per node).
     ``placed_at`` maps a node to when the instance there was placed; it drives the cooldown.
     A node missing from ``placed_at`` counts as placed long ago.
+
+    ``stopped`` (sorted, none of them in ``nodes``) lists the nodes where a forced drain
+    stopped an instance of this pinned app. The instance belongs to that node (pinned work
+    is never started elsewhere): it counts towards the replica count, is reported
+    stranded, and starts there again once the node takes work. An app no longer pinned
+    forgets them (its missing replicas are then placed as usual).
     """
 
     nodes: tuple[str, ...] = ()
     placed_at: Mapping[str, float] = field(default_factory=dict, hash=False)
+    stopped: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         nodes = tuple(sorted(self.nodes))
@@ -233,6 +252,17 @@ class Placement:
             _check_finite(when, f"placement.placed_at.{node}")
         placed_at = MappingProxyType(dict(sorted(self.placed_at.items())))
         object.__setattr__(self, "placed_at", placed_at)
+        for node in self.stopped:
+            if not isinstance(node, str) or not node:
+                raise InvalidPlanInput("placement.stopped", f"node ids are strings, got {node!r}")
+        stopped = tuple(sorted(self.stopped))
+        if len(set(stopped)) != len(stopped) or set(stopped) & set(nodes):
+            raise InvalidPlanInput(
+                "placement.stopped",
+                f"lists a node twice or one that also serves ({', '.join(stopped)}): "
+                "a stopped instance is not running anywhere",
+            )
+        object.__setattr__(self, "stopped", stopped)
 
 
 @dataclass(frozen=True, slots=True)
@@ -281,11 +311,14 @@ class Deferred:
     """A relocation the pass wanted and held back (cooldown or disruption budget).
 
     ``node`` is where the instance stays for now. Deferred moves are not failures.
+    ``until`` is when a cooldown ends (the clock of ``now``), or ``None`` for a move held
+    by the disruption budget (it goes on a later pass).
     """
 
     app: str
     node: str
     reason: str
+    until: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -304,7 +337,8 @@ class Unplaced:
 
 @dataclass(frozen=True, slots=True)
 class Stranded:
-    """An instance kept on a node that is gone (pinned app, or relocations refused)."""
+    """An instance kept on a node that is gone (pinned app, or relocations refused), or a
+    pinned instance a forced drain stopped (not started elsewhere)."""
 
     app: str
     node: str
@@ -352,10 +386,15 @@ class Decisions:
         additions: ``(app, node)`` instances to start.
         deferred: moves held back this pass (the instance stays on ``node``).
         unplaced: apps placed nowhere or short of their replica count.
-        stranded: instances kept on nodes that are gone.
+        stranded: instances kept on nodes that are gone, and pinned instances a forced
+            drain stopped.
         refused: relocations refused for the pass, and/or drains refused.
         paused: set when undecodable keys paused the pass; then nothing else is decided
             and ``placements`` repeats the input placements unchanged.
+        stopped: per pinned application (sorted by name), the sorted nodes where a forced
+            drain stopped its instance (:attr:`Placement.stopped` of the next pass). An app
+            whose every instance is stopped is absent from ``placements`` but its record
+            should still exist, to remember them.
     """
 
     placements: Mapping[str, tuple[str, ...]]
@@ -366,6 +405,7 @@ class Decisions:
     stranded: tuple[Stranded, ...] = ()
     refused: Refusal | None = None
     paused: Pause | None = None
+    stopped: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     @property
     def changed(self) -> bool:
@@ -385,8 +425,8 @@ def next_placements(
     """The placements after applying ``decisions``: what the next pass should be given.
 
     Kept instances keep their ``placed_at``; added ones are stamped ``now``. Apps absent
-    from ``decisions.placements`` have no placement any more. A paused pass changes
-    nothing, so ``previous`` comes back as it was.
+    from ``decisions.placements`` and ``decisions.stopped`` have no placement any more. A
+    paused pass changes nothing, so ``previous`` comes back as it was.
 
     Args:
         previous: the placements the pass was given.
@@ -399,7 +439,8 @@ def next_placements(
     if decisions.paused is not None:
         return dict(sorted(previous.items()))
     result: dict[str, Placement] = {}
-    for app, nodes in decisions.placements.items():
+    for app in sorted(set(decisions.placements) | set(decisions.stopped)):
+        nodes = decisions.placements.get(app, ())
         before = previous.get(app)
         kept_since: Mapping[str, float] = before.placed_at if before is not None else _EMPTY
         was = set(before.nodes) if before is not None else set()
@@ -409,5 +450,7 @@ def next_placements(
                 placed_at[node] = now
             elif node in kept_since:
                 placed_at[node] = kept_since[node]
-        result[app] = Placement(nodes=nodes, placed_at=placed_at)
+        result[app] = Placement(
+            nodes=nodes, placed_at=placed_at, stopped=decisions.stopped.get(app, ())
+        )
     return result

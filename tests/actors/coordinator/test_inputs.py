@@ -359,3 +359,36 @@ def test_needs_time() -> None:
     assert not needs_time(unknown, quiet)  # no down_since: its grace never lapses
     deferred = Decisions(placements={}, deferred=(Deferred("shop", "n1", "cooldown"),))
     assert needs_time(dataclasses.replace(inputs, placements={}), deferred)
+
+
+# ------------------------------------------------------------- forced drains
+
+
+def test_a_forced_drain_reaches_the_planner_and_stopped_instances_come_back() -> None:
+    placement = PlacementRecord(
+        nodes=["n2"], decided_at=1.0, fence=3, placed_at={"n1": 1.0, "n2": 2.0}
+    )
+    view = RegistryView(
+        apps={"db": AppRecord("db", replicas=2, pinned=True)},
+        nodes={n: NodeRecord(n) for n in ("n1", "n2", "n3")},
+        intents={
+            "n1": NodeIntent(cordoned=True, draining=True, force=True),
+            "n2": NodeIntent(cordoned=True, draining=True),
+            "n3": NodeIntent(cordoned=True, force=True),  # force without a drain means nothing
+        },
+        placements={"db": CurrentPlacement(placement, 4)},
+    )
+    inputs = plan_input_from_view(view, policy=POLICY, now=5.0)
+    assert inputs.nodes == (
+        NodeInfo("n1", state="left", drain_forced=True),
+        NodeInfo("n2", state="left"),
+        NodeInfo("n3", state="cordoned"),
+    )
+    assert inputs.placements == {
+        "db": Placement(nodes=("n2",), placed_at={"n2": 2.0}, stopped=("n1",))
+    }
+    forced = dataclasses.replace(view, intents={"n1": NodeIntent(draining=True, force=True)})
+    plain = dataclasses.replace(view, intents={"n1": NodeIntent(draining=True)})
+    assert inputs_digest(plan_input_from_view(forced, policy=POLICY, now=5.0)) != inputs_digest(
+        plan_input_from_view(plain, policy=POLICY, now=5.0)
+    )

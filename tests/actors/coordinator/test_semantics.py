@@ -218,3 +218,50 @@ async def test_refused_relocations_keep_and_strand_what_ran_on_vanished_nodes(
         assert state is not None
         assert {(e["app"], e["node"]) for e in state["stranded"]} == {("web", n) for n in others}
         assert state["refused"]["reason"] == "too-few-usable-nodes"
+
+
+async def test_a_forced_drain_stops_pinned_work_and_never_starts_it_elsewhere(
+    autojump_clock: object,
+) -> None:
+    async with open_cluster(3, lease_ttl=TTL, children=agent_node_children) as cluster:
+        holder = await cluster.wait_for_coordinator()
+        await put_app(cluster, "db", **deployed(replicas=1, pinned=True))
+        await put_app(cluster, "logs", **deployed(replicas="all"))
+        await until(lambda: "db" in cluster.instances() and "logs" in cluster.instances())
+        (where,) = cluster.instances()["db"]
+        forced = NodeIntent(cordoned=True, draining=True, force=True)
+        await cluster.registry.put(intent_key(where), forced.encode())
+
+        await until(lambda: "db" not in cluster.instances())
+        await until(lambda: where not in cluster.instances().get("logs", [where]))
+        await trio.sleep(3 * TICK)  # later passes start it nowhere else either
+        assert "db" not in cluster.instances()
+        assert sorted(cluster.instances()["logs"]) == sorted(set(cluster.running) - {where})
+        db_starts = {n for n, e in cluster.launch_timeline() if e.app == "db" and e.kind == "start"}
+        assert db_starts == {where}
+        record = await cluster.placement("db")
+        assert record is not None
+        assert record.nodes == []
+        assert where in record.placed_at  # what remembers that the instance is its node's
+
+        state = await cluster.coordinator_state(holder)
+        assert state is not None
+        assert state["refused"] is None
+        (stranded,) = state["stranded"]
+        assert (stranded["app"], stranded["node"]) == ("db", where)
+        assert stranded["reason"].startswith(
+            f"the forced drain of {where} stopped it; db is pinned, so it is not started elsewhere"
+        )
+        assert state["unplaced"] == []
+        events = holder_events(cluster, holder, "placement.stranded")
+        assert [(e["app"], e["node"]) for e in events] == [("db", where)]  # said once
+
+        # Ending the drain starts it on its own node again.
+        await cluster.registry.delete(intent_key(where))
+        await until(lambda: cluster.instances().get("db") == [where])
+        record = await cluster.placement("db")
+        assert record is not None
+        assert record.nodes == [where]
+        state = await cluster.coordinator_state(holder)
+        assert state is not None
+        assert state["stranded"] == []

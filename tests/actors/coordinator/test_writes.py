@@ -182,3 +182,36 @@ def test_removals_come_before_placements_across_batches() -> None:
 def test_bad_arguments_are_refused(fence: int, max_writes: int) -> None:
     with pytest.raises(ValueError, match="must"):
         plan_writes({}, {}, fence=fence, decided_at=0.0, max_writes=max_writes)
+
+
+# -------------------------------------------- pinned instances a forced drain stopped
+
+
+def test_a_stopped_instance_is_remembered_in_placed_at_only() -> None:
+    record = PlacementRecord(nodes=["n1"], decided_at=1.0, fence=3, placed_at={"n1": 1.0})
+    current = {"db": CurrentPlacement(record, 7)}
+    plan = plan_writes({"db": None}, current, fence=5, decided_at=9.0, stopped={"db": ("n1",)})
+    (write,) = plan.writes
+    assert write.record == PlacementRecord(nodes=[], decided_at=9.0, fence=5, placed_at={"n1": 1.0})
+    assert write.is_removal  # n1 stops running it
+    after = {"db": CurrentPlacement(write.record, 8)}
+    # The same decision again writes nothing; forgetting it (unpinned) deletes the record.
+    same = plan_writes({"db": None}, after, fence=5, decided_at=10.0, stopped={"db": ("n1",)})
+    assert same.batches == ()
+    assert same.unchanged == ("db",)
+    (gone,) = plan_writes({"db": None}, after, fence=5, decided_at=10.0).writes
+    assert gone.record is None
+    # Started on its node again: a placement stamped now, no marker left.
+    (back,) = plan_writes({"db": ("n1",)}, after, fence=5, decided_at=11.0).writes
+    assert back.record == PlacementRecord(
+        nodes=["n1"], decided_at=11.0, fence=5, placed_at={"n1": 11.0}
+    )
+
+
+def test_a_new_record_may_carry_only_stopped_instances() -> None:
+    (write,) = plan_writes(
+        {"db": ("n2",)}, {}, fence=5, decided_at=9.0, stopped={"db": ("n1",)}
+    ).writes
+    assert write.record == PlacementRecord(
+        nodes=["n2"], decided_at=9.0, fence=5, placed_at={"n1": 9.0, "n2": 9.0}
+    )

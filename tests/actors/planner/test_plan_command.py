@@ -182,6 +182,7 @@ def test_command_prints_the_decisions(tmp_path: Path) -> None:
         "stranded": [],
         "refused": None,
         "paused": None,
+        "stopped": {},
     }
 
 

@@ -150,6 +150,7 @@ def test_documented_example_output() -> None:
         "stranded": [],
         "refused": None,
         "paused": None,
+        "stopped": {},
     }
     assert decisions_to_json(d) == d.to_json()
 

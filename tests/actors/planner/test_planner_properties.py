@@ -56,18 +56,22 @@ def nodes_strategy(
     ids = draw(st.lists(st.sampled_from(pool), min_size=1, max_size=most, unique=True))
     if plain:
         return [NodeInfo(i) for i in ids]
-    return [
-        NodeInfo(
-            i,
-            state=draw(st.sampled_from(NODE_STATES)),
-            labels=draw(labels),
-            rack=draw(st.sampled_from([None, "r1", "r2", "r3"])),
-            datacenter=draw(st.sampled_from([None, "d1", "d2"])),
-            down_since=draw(st.sampled_from([None, 0.0, NOW - 100])),
-            capacity=draw(capacities),
+    nodes = []
+    for i in ids:
+        state = draw(st.sampled_from(NODE_STATES))
+        nodes.append(
+            NodeInfo(
+                i,
+                state=state,
+                labels=draw(labels),
+                rack=draw(st.sampled_from([None, "r1", "r2", "r3"])),
+                datacenter=draw(st.sampled_from([None, "d1", "d2"])),
+                down_since=draw(st.sampled_from([None, 0.0, NOW - 100])),
+                capacity=draw(capacities),
+                drain_forced=state == "left" and draw(st.booleans()),
+            )
         )
-        for i in ids
-    ]
+    return nodes
 
 
 @st.composite
@@ -100,7 +104,10 @@ def placements_strategy(
         if draw(st.booleans()):
             hosts = draw(st.lists(st.sampled_from(pool), max_size=4, unique=True))
             stamps = {h: draw(st.sampled_from([NOW - 10, NOW - 10_000])) for h in hosts}
-            result[name] = Placement(nodes=tuple(hosts), placed_at=stamps)
+            # Instances a forced drain stopped earlier (meaningful for pinned apps only).
+            rest = [n for n in pool if n not in hosts]
+            stopped = draw(st.lists(st.sampled_from(rest), max_size=2, unique=True)) if rest else []
+            result[name] = Placement(nodes=tuple(hosts), placed_at=stamps, stopped=tuple(stopped))
     return result
 
 
@@ -199,6 +206,7 @@ def test_planning_the_applied_output_again_changes_nothing(
     assert second.removals == ()
     assert second.additions == ()
     assert second.placements == first.placements
+    assert second.stopped == first.stopped
     assert second.refused == first.refused
 
 
