@@ -32,7 +32,16 @@ How to call it
 
 ``plan`` raises :class:`PlacementUnavailable` when no node is live at all. A paused pass
 (``decisions.paused`` set) decided nothing: write nothing. Apps absent from
-``decisions.placements`` (retired, blocked, deleted, unplaced) have no placement record.
+``decisions.placements`` (retired, blocked, deleted, unplaced) have no placement record,
+unless ``decisions.stopped`` names them.
+
+Drains: a node being drained is ``NodeInfo(state="left")``. One that runs a pinned app is
+refused (``decisions.refused`` names the apps) and keeps all its work, unless the drain is
+forced, ``NodeInfo(state="left", drain_forced=True)`` (``"drain": "forced"`` in a
+``corral plan`` document): then the node is emptied and its pinned instances are stopped,
+not started elsewhere. ``decisions.stopped`` lists them per app; hand them back as
+``Placement(stopped=...)`` (``"stopped": [...]`` in the document) so later passes keep them
+stopped, report them stranded, and start them on their node again when it takes work.
 ``parse_plan_document`` turns a ``corral plan`` JSON document into a :class:`PlanInput`
 (run it with ``plan_input``); ``decisions_to_json`` is the inverse for the output.
 """
