@@ -11,7 +11,8 @@ Routes::
     GET    /v1/state                      this node, lease, processes, placements, unplaced
     GET    /v1/actors                     the actor tree
     GET    /v1/events[?follow=1]          recent events; follow streams them (NDJSON)
-    GET    /v1/ps                         app instances across the cluster
+    GET    /v1/ps                         app instances across the cluster, and the
+                                          coordinator's cooldown RELOC judged them by
     GET    /v1/nodes                      nodes, with the operator's intent and the coordinator
     GET    /v1/apps, /v1/apps/{name}      app records
     POST   /v1/apps/{name}/deploy         {"artifact": base64, "replicas", "selector", ...}
@@ -40,7 +41,6 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from corral.actors.planner import Policy
 from corral.node import _operations as ops
 from corral.node._artifact_store import ArtifactStore, artifact_capability
 from corral.node._artifacts import MAX_ARTIFACT_BYTES
@@ -58,7 +58,7 @@ from corral.node._requests import (
     parse_pairs,
     parse_replicas,
 )
-from corral.node._views import node_rows, ps_rows
+from corral.node._views import CoordinatorView, node_rows, ps_rows
 from corral.registry import (
     COORDINATOR_LEASE_KEY,
     AppRecord,
@@ -76,8 +76,6 @@ from corral.registry import (
 # base64 of the largest artifact plus room for the other fields.
 MAX_BODY_BYTES = MAX_ARTIFACT_BYTES * 4 // 3 + 64 * 1024
 EVENT_POLL_INTERVAL = 0.25
-#: The coordinator runs with the planner's default policy.
-DEFAULT_COOLDOWN_S = Policy().cooldown_s
 
 JSONDict = dict[str, Any]
 
@@ -99,8 +97,10 @@ class ApiServices:
     wall_clock: Callable[[], float]
     #: called after a write changed what the coordinator decides from (best effort).
     changed: Callable[[str], Awaitable[None]] | None = None
-    #: the coordinator's cooldown after a placement (ps tells instances still in it).
-    cooldown_s: float = DEFAULT_COOLDOWN_S
+    #: the lease holder's coordinator state (its policy and deferred moves: ps tells
+    #: instances still in their cooldown), or ``{"holder": ..., "error": ...}`` saying
+    #: why it cannot be had; None: there is no coordinator to ask.
+    coordinator: Callable[[], Awaitable[JSONDict]] | None = None
 
 
 def record_json(record: AppRecord | NodeRecord | PlacementRecord | NodeIntent) -> JSONDict:
@@ -232,15 +232,21 @@ def build_api(services: ApiServices) -> ASGIApp:
         }
 
     async def ps(request: Request) -> Response:
-        rows = ps_rows(
-            await read_by_name("apps/", AppRecord),
-            await read_by_name("placement/", PlacementRecord),
-            await read_by_name("nodes/", NodeRecord),
-            await read_by_name("intent/", NodeIntent),
-            now=services.wall_clock(),
-            cooldown_s=services.cooldown_s,
+        apps = await read_by_name("apps/", AppRecord)
+        placements = await read_by_name("placement/", PlacementRecord)
+        nodes = await read_by_name("nodes/", NodeRecord)
+        intents = await read_by_name("intent/", NodeIntent)
+        coordinator = CoordinatorView.from_state(
+            await services.coordinator()
+            if services.coordinator is not None
+            else {"holder": None, "error": "this node has no coordinator to ask"}
         )
-        return JSONResponse({"rows": [row.to_json() for row in rows]})
+        rows = ps_rows(
+            apps, placements, nodes, intents, now=services.wall_clock(), coordinator=coordinator
+        )
+        return JSONResponse(
+            {"rows": [row.to_json() for row in rows], "coordinator": coordinator.to_json()}
+        )
 
     async def nodes(request: Request) -> Response:
         lease_kv = await registry.get(COORDINATOR_LEASE_KEY)

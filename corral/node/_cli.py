@@ -122,7 +122,9 @@ def _build_parser() -> argparse.ArgumentParser:
         sub.add_argument("node_id", metavar="NODE", help="the node's id (see corral node ls)")
         if verb == "drain":
             sub.add_argument(
-                "--force", action="store_true", help="drain even though pinned apps would stop"
+                "--force",
+                action="store_true",
+                help="drain even though pinned apps run there: they are stopped, not moved",
             )
 
     deploy = _verb(
@@ -215,9 +217,15 @@ def _build_parser() -> argparse.ArgumentParser:
         "the decisions the planner would make, as JSON. Nothing is written anywhere.",
         epilog='The smallest document: {"now": 0, "nodes": [{"id": "a"}], "apps": '
         '[{"name": "web", "replicas": 1}]}. Nodes take state, labels, rack, datacenter, '
-        "down_since and capacity; apps take replicas, selector, memory_mb, disk_mb, pinned, "
-        "retired, blocked; placements map an app to its nodes and placed_at; policy holds "
-        "grace_period_s, cooldown_s, disruption_budget and min_usable_fraction.",
+        'down_since, capacity and "drain": "forced" (a drain forced with --force: the node '
+        "is emptied, its pinned instances stopped rather than the drain refused); apps take "
+        "replicas, selector, memory_mb, disk_mb, pinned, retired, blocked; placements map an "
+        'app to its nodes, placed_at and "stopped" (nodes where a forced drain stopped an '
+        "instance of that pinned app); policy holds grace_period_s, cooldown_s, "
+        "disruption_budget and min_usable_fraction. The answer holds placements, additions, "
+        "removals, deferred (each with until: when a cooldown ends, null for the disruption "
+        'budget), unplaced, stranded, refused, paused and "stopped" (per pinned app, the '
+        "nodes where a forced drain stopped it: the next document's placements[app].stopped).",
     )
     plan.add_argument("file", help="path of the JSON document, or - for standard input")
     return parser
@@ -380,15 +388,28 @@ def _node_verb(args: argparse.Namespace, stdout: TextIO) -> int:
     if args.json:
         _print_json(stdout, answer)
         return 0
-    text = {
-        "cordon": f"{node}: cordoned; it keeps its work and takes none",
-        "uncordon": f"{node}: takes work again",
-        "drain": f"{node}: draining; its work moves to other nodes",
-    }[args.verb]
-    if answer.get("interrupted"):
-        text += f" (pinned, stopped: {', '.join(answer['interrupted'])})"
+    if args.verb == "drain":
+        text = drain_message(node, answer.get("interrupted") or [], forced=args.force)
+    elif args.verb == "cordon":
+        text = f"{node}: cordoned; it keeps its work and takes none"
+    else:
+        text = f"{node}: takes work again"
     print(text, file=stdout)
     return 0
+
+
+def drain_message(node: str, pinned: Sequence[str], *, forced: bool) -> str:
+    """What ``corral node drain`` prints: where the work goes, and (forced) which pinned
+    apps stop on the node and stay stopped."""
+    if not forced:
+        return f"{node}: draining; its work moves to other nodes"
+    if not pinned:
+        return f"{node}: draining (forced); its work moves to other nodes (no pinned app there)"
+    return (
+        f"{node}: draining (forced); its unpinned work moves to other nodes; pinned app(s) "
+        f"{', '.join(pinned)} are stopped there and not started elsewhere "
+        f"(`corral node uncordon {node}` starts them there again)"
+    )
 
 
 def _read_command(args: argparse.Namespace, stdout: TextIO) -> int:
@@ -396,8 +417,11 @@ def _read_command(args: argparse.Namespace, stdout: TextIO) -> int:
 
     with _client(args) as client:
         if args.command == "ps":
-            rows = client.ps()
-            print(json.dumps(rows, indent=2) if args.json else ps_table(rows), file=stdout)
+            answer = client.ps_answer()
+            if args.json:
+                print(json.dumps(answer["rows"], indent=2), file=stdout)
+            else:
+                print(ps_table(answer["rows"], answer.get("coordinator")), file=stdout)
         elif args.command == "state":
             state = client.state()
             print(

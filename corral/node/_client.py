@@ -154,8 +154,12 @@ class NodeClient:
             raise NodeUnreachable(self.api_url, _reason(exc)) from exc
 
     def ps(self) -> list[JSONDict]:
-        rows: list[JSONDict] = self.request("GET", "/v1/ps")["rows"]
+        rows: list[JSONDict] = self.ps_answer()["rows"]
         return rows
+
+    def ps_answer(self) -> JSONDict:
+        """``{"rows": [...], "coordinator": {"holder", "cooldown_s"} or {"holder", "error"}}``."""
+        return self.request("GET", "/v1/ps")
 
     def nodes(self) -> JSONDict:
         """``{"nodes": [...], "coordinator": id or None, "fence": int or None}``."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -23,10 +24,13 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
 PS_HEADERS = ("APP", "NODE", "STATE", "PUBLIC", "INTERNAL", "RESTARTS", "RELOC")
 
 
-def ps_table(rows: Sequence[Mapping[str, Any]]) -> str:
+def ps_table(rows: Sequence[Mapping[str, Any]], coordinator: object = None) -> str:
+    """``corral ps``; ``coordinator`` is what ``GET /v1/ps`` says of the coordinator
+    RELOC asked: when it could not be asked, a last line says why the cooldowns are
+    unknown."""
     if not rows:
         return "no apps; deploy one with: corral deploy DIR --name NAME"
-    return table(
+    text = table(
         PS_HEADERS,
         [
             (
@@ -41,6 +45,9 @@ def ps_table(rows: Sequence[Mapping[str, Any]]) -> str:
             for r in rows
         ],
     )
+    if isinstance(coordinator, Mapping) and coordinator.get("error"):
+        text += f"\nRELOC cannot tell cooldowns: {coordinator['error']}"
+    return text
 
 
 def _pairs(mapping: Mapping[str, Any] | None) -> str:
@@ -68,6 +75,106 @@ def _coordinator_line(coordinator: Mapping[str, Any], now: float) -> str | None:
     if last.get("error"):
         text += f": {last['error']}"
     return text
+
+
+def _placed_on(placement: Mapping[str, Any]) -> str:
+    """The nodes of a placement record, then those where a forced drain stopped a
+    pinned instance (in ``placed_at`` but not in ``nodes``)."""
+    nodes = list(placement.get("nodes") or [])
+    stopped = sorted(set(placement.get("placed_at") or {}) - set(nodes))
+    text = ", ".join(nodes + [f"{node} (stopped by a forced drain)" for node in stopped])
+    return text or "-"
+
+
+def duration(seconds: float) -> str:
+    """``9m 12s``, ``45s``, ``2h 5m``: a short human duration (whole seconds, rounded up)."""
+    whole = max(1, math.ceil(seconds))
+    minutes, secs = divmod(whole, 60)
+    hours, minutes = divmod(minutes, 60)
+    if hours:
+        return f"{hours}h {minutes}m"
+    return f"{minutes}m {secs}s" if minutes else f"{secs}s"
+
+
+def _deferred_line(item: Mapping[str, Any], now: float) -> str:
+    where = f"{item.get('app')} on {item.get('node')}"
+    until = item.get("until")
+    reason = str(item.get("reason") or "")
+    if isinstance(until, int | float):
+        left = float(until) - now
+        when = f"may move in {duration(left)}" if left > 0 else "may move on the next pass"
+        return f"deferred    {where}: cooldown, {when}"
+    return f"deferred    {where}: {reason or 'held back'}"
+
+
+def _holder_state(state: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The lease holder's coordinator state, when the node could have it."""
+    coordination = state.get("coordination")
+    if isinstance(coordination, Mapping) and "error" not in coordination:
+        return coordination
+    return None
+
+
+def _coordination_lines(state: Mapping[str, Any], now: float) -> list[str]:
+    """The lease holder's last pass and policy (this node's own last pass while it
+    coordinates, when the holder's state cannot be had)."""
+    holder = _holder_state(state)
+    local = state.get("coordinator")
+    if holder is None:
+        line = (
+            _coordinator_line(local, now)
+            if state.get("coordinating") and isinstance(local, Mapping)
+            else None
+        )
+        return [line] if line else []
+    lines: list[str] = []
+    line = _coordinator_line(holder, now)
+    if line:
+        lines.append(line)
+    policy = holder.get("policy")
+    if isinstance(policy, Mapping):
+        fraction = policy.get("min_usable_fraction")
+        usable = f"{fraction:.0%}" if isinstance(fraction, int | float) else fraction
+        lines.append(
+            f"policy      cooldown {_number(policy.get('cooldown_s'))} s, grace "
+            f"{_number(policy.get('grace_period_s'))} s, disruption budget "
+            f"{policy.get('disruption_budget')} per pass, relocations need {usable} "
+            "of the nodes usable"
+        )
+    return lines
+
+
+def _held_back_lines(state: Mapping[str, Any], now: float) -> list[str]:
+    """What the coordinator holds back: deferred moves, stranded instances, a refusal,
+    a pause; or why that cannot be known."""
+    coordination = state.get("coordination")
+    holder = _holder_state(state)
+    if holder is None:
+        if isinstance(coordination, Mapping) and coordination.get("holder"):
+            return [f"decisions   unknown: {coordination.get('error')}"]
+        return []
+    lines: list[str] = []
+    for item in holder.get("deferred") or []:
+        if isinstance(item, Mapping):
+            lines.append(_deferred_line(item, now))
+    for item in holder.get("stranded") or []:
+        if isinstance(item, Mapping):
+            where = f"{item.get('app')} on {item.get('node')}"
+            lines.append(f"stranded    {where}: {item.get('reason')}")
+    refused = holder.get("refused")
+    if isinstance(refused, Mapping):
+        lines.append(f"refused     {refused.get('message') or refused.get('reason')}")
+    paused = holder.get("paused")
+    if isinstance(paused, Mapping):
+        lines.append(f"paused      {paused.get('message')}")
+    return lines
+
+
+def _number(value: object) -> object:
+    """``600`` for 600.0: a whole float without its ``.0``."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
 
 
 def _reconcile_line(reconcile: Mapping[str, Any], now: float) -> str:
@@ -113,11 +220,7 @@ def state_summary(state: Mapping[str, Any], now: float | None = None) -> str:
         lines.append(f"coordinator {lease['holder']}{me}, fence {lease.get('fence')}")
     else:
         lines.append("coordinator none holds the lease right now")
-    coordinator = state.get("coordinator")
-    if state.get("coordinating") and isinstance(coordinator, Mapping):
-        line = _coordinator_line(coordinator, now)
-        if line:
-            lines.append(line)
+    lines += _coordination_lines(state, now)
     reconcile = state.get("reconcile")
     if isinstance(reconcile, Mapping) and "token" in reconcile:
         lines.append(_reconcile_line(reconcile, now))
@@ -154,18 +257,18 @@ def state_summary(state: Mapping[str, Any], now: float | None = None) -> str:
         lines.append(
             table(
                 ("APP", "PLACED ON", "FENCE"),
-                [
-                    (app, ", ".join(p.get("nodes", [])) or "-", p.get("fence"))
-                    for app, p in sorted(placements.items())
-                ],
+                [(app, _placed_on(p), p.get("fence")) for app, p in sorted(placements.items())],
             )
         )
     unplaced = state.get("unplaced") or []
     if isinstance(unplaced, Mapping):
-        lines.append(f"unplaced    unknown: {unplaced.get('error')}")
+        # Said once, by the "decisions" line, when the holder's state is reported.
+        if "coordination" not in state:
+            lines.append(f"unplaced    unknown: {unplaced.get('error')}")
     else:
         for item in unplaced:
             lines.append(f"unplaced    {item.get('message') or item.get('reason')}")
+    lines += _held_back_lines(state, now)
     return "\n".join(lines)
 
 

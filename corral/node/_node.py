@@ -25,7 +25,7 @@ import os
 import signal
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -203,8 +203,20 @@ class NodeServices:
         views: dict[str, Any] = {}
         for name, view in ACTOR_VIEWS.items():
             views[name] = await view(self, {**state, **views})
-        views["unplaced"] = await unplaced_view(self, {**state, **views})
+        views["coordination"] = await coordination_view(self, {**state, **views})
+        views["unplaced"] = unplaced_view(views["coordination"])
         return views
+
+    async def coordination(self) -> dict[str, Any]:
+        """The lease holder's coordinator state (policy, deferred moves, stranded
+        instances...), or ``{"holder": ..., "error": ...}`` saying why it cannot be had."""
+        try:
+            kv = await self.registry.get(COORDINATOR_LEASE_KEY)
+        except RegistryError as exc:
+            return {"holder": None, "error": f"the registry is unavailable: {exc}"}
+        lease = None if kv is None else decode_record(kv.key, kv.value)
+        holder = lease.holder if isinstance(lease, CoordinatorLease) else None
+        return await ask_holder(self, holder)
 
     async def kick_coordinator(self, reason: str) -> None:
         """Tell the coordinator (here or on the lease holder's node) to look now rather
@@ -281,6 +293,7 @@ def root_spec(
                 events=services.recent_events,
                 wall_clock=time.time,
                 changed=services.kick_coordinator,
+                coordinator=services.coordination,
             )
         )
 
@@ -352,21 +365,42 @@ async def coordinator_view(services: NodeServices, state: dict[str, Any]) -> Any
     return await services.ask(f"/{COORDINATOR}", GetCoordinatorState())
 
 
-async def unplaced_view(services: NodeServices, state: dict[str, Any]) -> Any:
-    """The coordinator's unplaced apps: from this node's Coordinator when it holds the
-    lease, else asked of the holder over the peer transport."""
-    lease = state.get("lease") or {}
-    holder = lease.get("holder")
+async def ask_holder(
+    services: NodeServices, holder: str | None, local: Any = None
+) -> dict[str, Any]:
+    """Ask the coordinator of ``holder`` (the lease holder) for its state: this node's
+    own (``local``, when already asked) when it holds the lease, else over the peer
+    transport. Never raises: ``{"holder": ..., "error": ...}`` says why it failed."""
     if not holder:
+        return {"holder": None, "error": "no coordinator holds the lease right now"}
+    if holder == services.runtime.node_id:
+        answer = (
+            local
+            if local is not None
+            else await services.ask(f"/{COORDINATOR}", GetCoordinatorState())
+        )
+    else:
+        answer = await services.ask(f"/{COORDINATOR}", GetCoordinatorState(), node=holder)
+    if isinstance(answer, dict) and "error" not in answer:
+        return answer
+    why = answer.get("error") if isinstance(answer, dict) else answer
+    return {"holder": holder, "error": f"cannot ask coordinator {holder}: {why}"}
+
+
+async def coordination_view(services: NodeServices, state: dict[str, Any]) -> Any:
+    """The lease holder's coordinator state (see :meth:`NodeServices.coordination`)."""
+    lease = state.get("lease") or {}
+    return await ask_holder(services, lease.get("holder"), state.get("coordinator"))
+
+
+def unplaced_view(coordination: Mapping[str, Any]) -> Any:
+    """The coordinator's unplaced apps, or ``{"error": ...}`` when its state cannot be
+    had; none while no node holds the lease."""
+    if "error" not in coordination:
+        return coordination.get("unplaced", [])
+    if coordination.get("holder") is None:
         return []
-    local = state.get("coordinator")
-    if holder == services.runtime.node_id and isinstance(local, dict):
-        return local.get("unplaced", [])
-    remote = await services.ask(f"/{COORDINATOR}", GetCoordinatorState(), node=holder)
-    if isinstance(remote, dict) and "unplaced" in remote:
-        return remote["unplaced"]
-    why = remote.get("error") if isinstance(remote, dict) else remote
-    return {"error": f"cannot ask coordinator {holder}: {why}"}
+    return {"error": coordination["error"]}
 
 
 ACTOR_VIEWS.update(

@@ -7,22 +7,33 @@ each node (``intent/``). A row is an (app, node) pair that is placed there or
 served there; its state is the serving state, or ``pending`` (no placement yet:
 the coordinator has not decided, or cannot place it — ``corral state`` says
 why), ``starting`` (placed, not serving yet), ``stopping`` (serving, no longer
-placed) or ``node-gone`` (placed on a node with no live record). The RELOC
-column says whether the instance could be moved elsewhere, or why not: it is
-pinned, it runs everywhere it may (``replicas all``), or no other node could
-take it. An instance placed less than the coordinator's cooldown ago moves
-only if its node is lost (drained, stopped, dead), never to rebalance, and
-RELOC says how long that lasts. :func:`node_rows` is the node list
-(``corral node ls``): each node's record with the operator's intent on top.
-Pure: no I/O, no clock (``now`` is given).
+placed), ``node-gone`` (placed on a node with no live record) or ``stopped``:
+a pinned app's instance that a forced drain stopped. The coordinator keeps
+such a node in the placement record's ``placed_at`` but not in its ``nodes``
+(so a pinned app whose only instance was stopped has ``nodes == []``); the
+instance is not started elsewhere, and starts on its node again once the
+drain ends.
+
+The RELOC column says whether the instance could be moved elsewhere, or why
+not: it is pinned, it runs everywhere it may (``replicas all``), or no other
+node could take it. An instance placed less than the coordinator's cooldown
+ago moves only if its node is lost (drained, stopped, dead), never to
+rebalance, and RELOC says how long that lasts. The cooldown is the
+coordinator's own (:class:`CoordinatorView`, from the lease holder's state:
+its policy, and the ``until`` of each move it deferred); when that state
+cannot be had RELOC says the cooldown is unknown rather than guessing.
+
+:func:`node_rows` is the node list (``corral node ls``): each node's record
+with the operator's intent on top. Pure: no I/O, no clock (``now`` is given).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
+from corral.node._format import duration
 from corral.registry import AppRecord, NodeIntent, NodeRecord, PlacementRecord
 
 
@@ -36,19 +47,71 @@ class PsRow:
     restarts: int
     revision: str | None
     reloc: str
+    #: why the instance is in this state, when the state alone does not say (``stopped``).
+    reason: str | None = None
 
     def to_json(self) -> dict[str, object]:
         return asdict(self)
 
 
-def _duration(seconds: float) -> str:
-    """``9m 12s``, ``45s``: a short human duration (whole seconds, rounded up)."""
-    whole = max(1, math.ceil(seconds))
-    minutes, secs = divmod(whole, 60)
-    hours, minutes = divmod(minutes, 60)
-    if hours:
-        return f"{hours}h {minutes}m"
-    return f"{minutes}m {secs}s" if minutes else f"{secs}s"
+@dataclass(frozen=True)
+class CoordinatorView:
+    """What RELOC knows of the coordinator: its cooldown and the moves it deferred.
+
+    Attributes:
+        cooldown_s: the policy's cooldown after a placement; None when unknown.
+        deferred: (app, node) -> when a move the coordinator deferred may go
+            (wall-clock), or None for a move held back by the disruption budget.
+        holder: the node whose coordinator answered (or was asked).
+        error: why the coordinator's state could not be had (then ``cooldown_s``
+            is None).
+    """
+
+    cooldown_s: float | None = None
+    deferred: Mapping[tuple[str, str], float | None] = field(default_factory=dict)
+    holder: str | None = None
+    error: str | None = None
+
+    @classmethod
+    def from_state(cls, state: object) -> CoordinatorView:
+        """From the lease holder's coordinator state (``GetCoordinatorState``'s answer,
+        whose ``node`` is the holder), or the ``{"holder": ..., "error": ...}`` a node
+        gives in its place. Never raises: a state without a usable ``policy.cooldown_s``
+        is an unknown cooldown, with the reason."""
+        if not isinstance(state, Mapping):
+            return cls(error="no coordinator holds the lease right now")
+        named = state.get("holder" if "error" in state else "node")
+        holder = named if isinstance(named, str) else None
+        if "error" in state:
+            return cls(holder=holder, error=str(state["error"]))
+        policy = state.get("policy")
+        cooldown = policy.get("cooldown_s") if isinstance(policy, Mapping) else None
+        if not isinstance(cooldown, int | float) or isinstance(cooldown, bool):
+            who = f"coordinator {holder}" if holder else "the coordinator"
+            return cls(holder=holder, error=f"{who} does not report its cooldown")
+        deferred: dict[tuple[str, str], float | None] = {}
+        for item in state.get("deferred") or ():
+            if not isinstance(item, Mapping):
+                continue
+            app, where, until = item.get("app"), item.get("node"), item.get("until")
+            if isinstance(app, str) and isinstance(where, str):
+                deferred[(app, where)] = (
+                    float(until)
+                    if isinstance(until, int | float) and not isinstance(until, bool)
+                    else None
+                )
+        return cls(cooldown_s=float(cooldown), deferred=deferred, holder=holder)
+
+    def to_json(self) -> dict[str, Any]:
+        """What ``GET /v1/ps`` says of the coordinator next to the rows."""
+        if self.error is not None:
+            return {"holder": self.holder, "error": self.error}
+        return {"holder": self.holder, "cooldown_s": self.cooldown_s}
+
+
+def stopped_reason(node: str) -> str:
+    """Why a pinned instance a forced drain stopped stays stopped (``PsRow.reason``)."""
+    return f"forced drain of {node}; pinned, not started elsewhere"
 
 
 def _takes_work(node: NodeRecord, intent: NodeIntent | None) -> bool:
@@ -66,7 +129,7 @@ def relocation(
     *,
     placed_at: float | None = None,
     now: float | None = None,
-    cooldown_s: float = 0.0,
+    coordinator: CoordinatorView | None = None,
 ) -> str:
     """``yes``, ``yes (<limit>)`` or ``no (<why>)``: could this instance move off ``node``?
 
@@ -75,8 +138,10 @@ def relocation(
         placed_on: every node the app is placed on.
         nodes, intents: node records and operator intents, by node id.
         placed_at: when the coordinator placed this instance (wall-clock), if known.
-        now: the wall-clock time to judge the cooldown at.
-        cooldown_s: the coordinator's cooldown after a placement.
+        now: the wall-clock time to judge the cooldown at; without it (or without
+            ``coordinator``) the cooldown is not judged.
+        coordinator: the coordinator's cooldown and deferred moves, or why they are
+            unknown.
     """
     if app.pinned:
         return "no (pinned)"
@@ -93,10 +158,30 @@ def relocation(
     if not others:
         why = "no other node matches the selector" if app.selector else "no other node takes work"
         return f"no ({why})"
-    if placed_at is not None and now is not None and now - placed_at < cooldown_s:
-        left = _duration(cooldown_s - (now - placed_at))
-        return f"yes (only if its node is lost: cooldown, {left} left)"
+    if now is None or coordinator is None:
+        return "yes"
+    key = (app.name, node)
+    if key in coordinator.deferred:
+        until = coordinator.deferred[key]
+        if until is None:
+            return "yes (deferred by the disruption budget: moves on a later pass)"
+    elif coordinator.cooldown_s is not None:
+        until = None if placed_at is None else placed_at + coordinator.cooldown_s
+    elif placed_at is not None:
+        return "yes (cooldown unknown: the coordinator's state is unavailable)"
+    else:
+        until = None
+    if until is not None and now < until:
+        return f"yes (only if its node is lost: cooldown, {duration(until - now)} left)"
     return "yes"
+
+
+def _stopped_on(app: AppRecord, placement: PlacementRecord | None) -> frozenset[str]:
+    """Nodes where a forced drain stopped this pinned app's instance: kept in the
+    record's ``placed_at`` but not in its ``nodes`` (an unpinned app forgets them)."""
+    if placement is None or not app.pinned or app.retired or app.blocked:
+        return frozenset()
+    return frozenset(placement.placed_at) - frozenset(placement.nodes)
 
 
 def ps_rows(
@@ -106,20 +191,21 @@ def ps_rows(
     intents: Mapping[str, NodeIntent],
     *,
     now: float | None = None,
-    cooldown_s: float = 0.0,
+    coordinator: CoordinatorView | None = None,
 ) -> list[PsRow]:
     """Rows sorted by app then node. Keys of every mapping are names (not registry keys).
 
-    ``now`` (wall-clock) and ``cooldown_s`` let RELOC tell an instance still in its
-    cooldown; without ``now`` the cooldown is not shown.
+    ``now`` (wall-clock) and ``coordinator`` let RELOC tell an instance still in its
+    cooldown; without them the cooldown is not shown.
     """
     rows: list[PsRow] = []
     for name in sorted(apps):
         app = apps[name]
         placement = placements.get(name)
         placed_on = frozenset(placement.nodes if placement else ())
+        stopped_on = _stopped_on(app, placement)
         serving_on = {node_id for node_id, record in nodes.items() if name in record.serving}
-        if not placed_on and not serving_on:
+        if not placed_on and not serving_on and not stopped_on:
             state = (
                 "retired"
                 if app.retired
@@ -127,15 +213,32 @@ def ps_rows(
             )
             rows.append(PsRow(name, "-", state, None, None, 0, None, "-"))
             continue
-        for node_id in sorted(placed_on | serving_on):
+        for node_id in sorted(placed_on | serving_on | stopped_on):
             record = nodes.get(node_id)
             entry = record.serving.get(name) if record else None
+            reason = stopped_reason(node_id) if node_id in stopped_on else None
             if entry is not None:
                 state = entry.state if node_id in placed_on else "stopping"
+            elif reason is not None:
+                state = "stopped"
             elif record is None:
                 state = "node-gone"
             else:
                 state = "starting"
+            reloc = (
+                f"no ({reason})"
+                if reason is not None
+                else relocation(
+                    app,
+                    node_id,
+                    placed_on,
+                    nodes,
+                    intents,
+                    placed_at=placement.placed_at.get(node_id) if placement else None,
+                    now=now,
+                    coordinator=coordinator,
+                )
+            )
             rows.append(
                 PsRow(
                     app=name,
@@ -145,16 +248,8 @@ def ps_rows(
                     internal_port=entry.internal_port if entry else None,
                     restarts=entry.restarts if entry else 0,
                     revision=entry.revision if entry else None,
-                    reloc=relocation(
-                        app,
-                        node_id,
-                        placed_on,
-                        nodes,
-                        intents,
-                        placed_at=placement.placed_at.get(node_id) if placement else None,
-                        now=now,
-                        cooldown_s=cooldown_s,
-                    ),
+                    reloc=reloc,
+                    reason=reason,
                 )
             )
     return rows

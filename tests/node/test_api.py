@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +51,16 @@ class Fixture:
         async def state() -> dict[str, Any]:
             return {"node": {"id": "n1"}}
 
+        #: What the lease holder's coordinator answers (GetCoordinatorState's shape).
+        self.coordinator_state: dict[str, Any] = {
+            "node": "n1",
+            "policy": {"cooldown_s": 600.0, "grace_period_s": 300.0},
+            "deferred": [],
+        }
+
+        async def coordinator() -> dict[str, Any]:
+            return self.coordinator_state
+
         services = ApiServices(
             token=TOKEN,
             secret=SECRET,
@@ -63,6 +72,7 @@ class Fixture:
             events=lambda: list(self.events),
             wall_clock=lambda: 1_700_000_000.0,
             changed=self.record_change,
+            coordinator=coordinator,
         )
         self.app = build_api(services)
 
@@ -87,7 +97,7 @@ class Fixture:
 
 
 @pytest.fixture
-async def fx(tmp_path: Path) -> AsyncIterator[Fixture]:
+async def fx(tmp_path: Path) -> Fixture:
     return Fixture(tmp_path)
 
 
@@ -288,8 +298,8 @@ async def test_ps_lists_instances_with_reloc(fx: Fixture) -> None:
         placement_key("web"), PlacementRecord(nodes=["n1"], decided_at=0.0, fence=1).encode()
     )
     async with fx.client() as client:
-        rows = (await client.get("/v1/ps")).json()["rows"]
-    assert rows == [
+        answer = (await client.get("/v1/ps")).json()
+    assert answer["rows"] == [
         {
             "app": "web",
             "node": "n1",
@@ -299,8 +309,10 @@ async def test_ps_lists_instances_with_reloc(fx: Fixture) -> None:
             "restarts": 0,
             "revision": "a" * 64,
             "reloc": "yes",
+            "reason": None,
         }
     ]
+    assert answer["coordinator"] == {"holder": "n1", "cooldown_s": 600.0}
 
 
 async def test_artifacts_are_served_to_peers_with_the_capability(tmp_path: Path) -> None:
@@ -330,18 +342,86 @@ async def test_events_recent_and_follow(fx: Fixture) -> None:
     assert all('"test.event"' in line for line in lines)
 
 
-async def test_ps_tells_an_instance_still_in_its_cooldown(fx: Fixture) -> None:
-    # The fixture's wall clock reads 1_700_000_000; the default cooldown is 600 s.
+async def put_web_placed(fx: Fixture, ago: float) -> None:
+    """web placed on n1 (serving it) ``ago`` seconds before the fixture's wall clock."""
     now = 1_700_000_000.0
     entry = ServingEntry(revision="a" * 64, public_port=24001, internal_port=24500, state="running")
     await put_node(fx, "n1", serving={"web": entry})
     await put_node(fx, "n2")
     await fx.registry.put(app_key("web"), AppRecord(name="web", replicas=1).encode())
-    placed = PlacementRecord(nodes=["n1"], decided_at=now - 30, fence=1, placed_at={"n1": now - 30})
+    placed = PlacementRecord(
+        nodes=["n1"], decided_at=now - ago, fence=1, placed_at={"n1": now - ago}
+    )
     await fx.registry.put(placement_key("web"), placed.encode())
+
+
+async def ps_answer(fx: Fixture) -> dict[str, Any]:
     async with fx.client() as client:
-        rows = (await client.get("/v1/ps")).json()["rows"]
-    assert rows[0]["reloc"] == "yes (only if its node is lost: cooldown, 9m 30s left)"
+        response = await client.get("/v1/ps")
+    assert response.status_code == 200
+    answer: dict[str, Any] = response.json()
+    return answer
+
+
+async def test_ps_takes_the_cooldown_from_the_coordinators_policy(fx: Fixture) -> None:
+    # The fixture's wall clock reads 1_700_000_000; web was placed 30 s before.
+    await put_web_placed(fx, ago=30)
+    assert (await ps_answer(fx))["rows"][0]["reloc"] == (
+        "yes (only if its node is lost: cooldown, 9m 30s left)"
+    )
+    # Not the planner's default: the coordinator's own cooldown.
+    fx.coordinator_state["policy"]["cooldown_s"] = 60.0
+    answer = await ps_answer(fx)
+    assert answer["rows"][0]["reloc"] == "yes (only if its node is lost: cooldown, 30s left)"
+    assert answer["coordinator"] == {"holder": "n1", "cooldown_s": 60.0}
+    fx.coordinator_state["policy"]["cooldown_s"] = 20.0
+    assert (await ps_answer(fx))["rows"][0]["reloc"] == "yes"
+
+
+async def test_ps_takes_a_deferred_moves_until_from_the_coordinator(fx: Fixture) -> None:
+    await put_web_placed(fx, ago=30)
+    fx.coordinator_state["deferred"] = [
+        {"app": "web", "node": "n1", "reason": "cooldown: ...", "until": 1_700_000_045.0}
+    ]
+    assert (await ps_answer(fx))["rows"][0]["reloc"] == (
+        "yes (only if its node is lost: cooldown, 45s left)"
+    )
+    fx.coordinator_state["deferred"] = [
+        {"app": "web", "node": "n1", "reason": "disruption budget: ...", "until": None}
+    ]
+    assert (await ps_answer(fx))["rows"][0]["reloc"] == (
+        "yes (deferred by the disruption budget: moves on a later pass)"
+    )
+
+
+async def test_ps_says_the_cooldown_is_unknown_when_the_coordinator_cannot_be_asked(
+    fx: Fixture,
+) -> None:
+    await put_web_placed(fx, ago=30)
+    why = "cannot ask coordinator n2: peer 'n2' is unreachable"
+    fx.coordinator_state = {"holder": "n2", "error": why}
+    answer = await ps_answer(fx)
+    assert answer["rows"][0]["reloc"] == (
+        "yes (cooldown unknown: the coordinator's state is unavailable)"
+    )
+    assert answer["coordinator"] == {"holder": "n2", "error": why}
+
+
+async def test_ps_shows_a_pinned_instance_a_forced_drain_stopped(fx: Fixture) -> None:
+    await put_node(fx, "n1")
+    await put_node(fx, "n2")
+    await fx.registry.put(
+        intent_key("n2"), NodeIntent(cordoned=True, draining=True, force=True).encode()
+    )
+    await fx.registry.put(app_key("db"), AppRecord(name="db", pinned=True).encode())
+    # The coordinator keeps the stopped node in placed_at, not in nodes.
+    stopped = PlacementRecord(nodes=[], decided_at=5.0, fence=1, placed_at={"n2": 1.0})
+    await fx.registry.put(placement_key("db"), stopped.encode())
+    rows = (await ps_answer(fx))["rows"]
+    assert [(r["app"], r["node"], r["state"], r["reason"]) for r in rows] == [
+        ("db", "n2", "stopped", "forced drain of n2; pinned, not started elsewhere")
+    ]
+    assert rows[0]["reloc"] == "no (forced drain of n2; pinned, not started elsewhere)"
 
 
 async def test_nodes_lists_intents_and_the_coordinator(fx: Fixture) -> None:

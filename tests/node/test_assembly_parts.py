@@ -148,6 +148,52 @@ async def test_state_reports_an_unreachable_coordinator_instead_of_failing(
         "error": "peer 'c' at 127.0.0.1:9 is unreachable: handshake refused"
     }
     assert state["unplaced"]["error"].startswith("cannot ask coordinator c: peer 'c'")
+    assert state["coordination"] == {"holder": "c", "error": state["unplaced"]["error"]}
+    # What ps judges RELOC's cooldown by says the same.
+    assert await services.coordination() == state["coordination"]
+
+
+class _AnsweringRef:
+    def __init__(self, node: str | None) -> None:
+        self.node = node
+
+    async def ask(self, message: object, timeout: float) -> object:
+        return {"node": self.node or "n1", "policy": {"cooldown_s": 60.0}, "unplaced": []}
+
+
+class _AnsweringSystem:
+    def __init__(self) -> None:
+        self.asked: list[str | None] = []
+
+    def ref(self, path: str, node: str | None = None) -> _AnsweringRef:
+        self.asked.append(node)
+        return _AnsweringRef(node)
+
+
+async def test_coordination_asks_the_lease_holder_once(tmp_path: Path) -> None:
+    registry = MemoryRegistry()
+    config = resolve_node_config({"data-dir": "d", "node-id": "n1"}, {}, cwd=tmp_path)
+    services = NodeServices(prepare_runtime(config), registry, EventLog())
+    system = _AnsweringSystem()
+    services.system = system  # type: ignore[assignment]
+    assert await services.coordination() == {
+        "holder": None,
+        "error": "no coordinator holds the lease right now",
+    }
+    assert (await services.state())["unplaced"] == []
+    await registry.put(COORDINATOR_LEASE_KEY, CoordinatorLease(holder="c", acquired_at=0).encode())
+    system.asked.clear()
+    state = await services.state()
+    assert state["coordination"]["node"] == "c"
+    assert state["coordination"]["policy"] == {"cooldown_s": 60.0}
+    assert system.asked.count("c") == 1
+    assert (await services.coordination())["node"] == "c"
+    # This node holds the lease: its own coordinator's answer is used, not asked again.
+    await registry.put(COORDINATOR_LEASE_KEY, CoordinatorLease(holder="n1", acquired_at=0).encode())
+    system.asked.clear()
+    state = await services.state()
+    assert state["coordination"] == state["coordinator"]
+    assert "c" not in system.asked
 
 
 class _Book:

@@ -242,8 +242,11 @@ def test_usage_errors_point_at_the_sub_commands_help(
         (["deploy", "--help"], "Deploy an app directory"),
         (["app", "selector", "--help"], "replaces the whole selector"),
         (["node", "ls", "--help"], "List the nodes"),
-        (["node", "drain", "--help"], "pinned apps would stop"),
+        (["node", "drain", "--help"], "pinned apps run there: they are stopped, not moved"),
         (["plan", "--help"], "The smallest document"),
+        (["plan", "--help"], '"drain": "forced" (a drain forced with --force'),
+        (["plan", "--help"], 'placed_at and "stopped" (nodes where a forced drain stopped'),
+        (["plan", "--help"], 'paused and "stopped" (per pinned app'),
         (["--help"], "corral COMMAND --help"),
     ],
 )
@@ -304,3 +307,47 @@ def test_node_ls_and_inspect_json(
     code, out, _ = run(["inspect", "--json", *AUTH], capsys)
     assert code == 0
     assert json.loads(out) == answers["/v1/actors"]
+
+
+def test_forced_drain_names_the_pinned_apps_it_stops_and_ps_says_why_reloc_cannot_tell(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen: list[tuple[str, bytes]] = []
+    row = {
+        "app": "db",
+        "node": "n2",
+        "state": "stopped",
+        "public_port": None,
+        "internal_port": None,
+        "restarts": 0,
+        "revision": None,
+        "reloc": "no (forced drain of n2; pinned, not started elsewhere)",
+        "reason": "forced drain of n2; pinned, not started elsewhere",
+    }
+    why = "cannot ask coordinator n1: peer 'n1' is unreachable"
+    answers: dict[str, Any] = {
+        "/v1/nodes/n2/drain": {"node": "n2", "intent": {}, "interrupted": ["db", "queue"]},
+        "/v1/ps": {"rows": [row], "coordinator": {"holder": "n1", "error": why}},
+    }
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append((request.url.path, request.content))
+        return httpx.Response(200, json=answers[request.url.path])
+
+    monkeypatch.setattr(client_module, "client_transport", lambda: httpx.MockTransport(handler))
+    code, out, _ = run(["node", "drain", "n2", "--force", *AUTH], capsys)
+    assert code == 0
+    assert json.loads(seen[-1][1]) == {"force": True}
+    assert out.strip() == (
+        "n2: draining (forced); its unpinned work moves to other nodes; pinned app(s) db, "
+        "queue are stopped there and not started elsewhere (`corral node uncordon n2` starts "
+        "them there again)"
+    )
+    code, out, _ = run(["ps", *AUTH], capsys)
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[1].split()[:3] == ["db", "n2", "stopped"]
+    assert lines[1].endswith("no (forced drain of n2; pinned, not started elsewhere)")
+    assert lines[-1] == f"RELOC cannot tell cooldowns: {why}"
+    code, out, _ = run(["ps", "--json", *AUTH], capsys)
+    assert json.loads(out) == [row]  # --json keeps printing the rows

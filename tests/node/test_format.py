@@ -5,7 +5,15 @@ from __future__ import annotations
 from typing import Any
 
 import corral.node
-from corral.node._format import event_line, nodes_table, ps_table, state_summary, table
+from corral.node._cli import drain_message
+from corral.node._format import (
+    duration,
+    event_line,
+    nodes_table,
+    ps_table,
+    state_summary,
+    table,
+)
 
 STATE: dict[str, Any] = {
     "node_id": "n1",
@@ -173,3 +181,133 @@ def test_nodes_table_without_a_coordinator_and_without_nodes() -> None:
     text = nodes_table({"nodes": [row], "coordinator": None, "fence": None})
     assert text.splitlines()[-1] == "coordinator: none holds the lease right now"
     assert "corral node run" in nodes_table({"nodes": []})
+
+
+#: The lease holder's coordinator state, as GET /v1/state carries it in ``coordination``.
+COORDINATION: dict[str, Any] = {
+    "node": "c",
+    "holder": "c",
+    "last_pass": {
+        "outcome": "applied",
+        "wall_time": 995.0,
+        "trigger": "watch",
+        "counts": {"writes": 1},
+        "error": None,
+    },
+    "policy": {
+        "cooldown_s": 600.0,
+        "grace_period_s": 300.0,
+        "disruption_budget": 5,
+        "min_usable_fraction": 0.5,
+    },
+    "unplaced": [],
+    "deferred": [
+        {
+            "app": "web",
+            "node": "n1",
+            "reason": "cooldown: placed 48 s ago, less than the 600 s cooldown; it stays for now",
+            "until": 1552.0,
+        },
+        {"app": "api", "node": "n1", "reason": "cooldown: ...", "until": 990.0},
+        {
+            "app": "shop",
+            "node": "n3",
+            "reason": "disruption budget: the 5 relocation(s) allowed per pass are used; "
+            "it moves on a later pass",
+            "until": None,
+        },
+    ],
+    "stranded": [
+        {
+            "app": "db",
+            "node": "n2",
+            "reason": "the forced drain of n2 stopped it; db is pinned, so it is not started "
+            "elsewhere (end the drain to start it on n2 again, or unpin db to have it placed "
+            "elsewhere)",
+        }
+    ],
+    "refused": None,
+    "paused": None,
+}
+
+
+def test_state_summary_shows_the_holders_deferred_moves_and_stranded_work() -> None:
+    state = {
+        "node_id": "n1",
+        "lease": {"holder": "c", "fence": 9},
+        "coordinating": False,
+        "coordination": COORDINATION,
+        "placements": {
+            "db": {"nodes": [], "fence": 9, "placed_at": {"n2": 1.0}},
+            "web": {"nodes": ["n1"], "fence": 9, "placed_at": {"n1": 952.0}},
+        },
+        "unplaced": [],
+    }
+    lines = state_summary(state, now=1000.0).splitlines()
+    assert "last pass   applied 5 s ago (trigger watch, 1 write(s))" in lines
+    assert (
+        "policy      cooldown 600 s, grace 300 s, disruption budget 5 per pass, relocations "
+        "need 50% of the nodes usable"
+    ) in lines
+    assert "deferred    web on n1: cooldown, may move in 9m 12s" in lines
+    assert "deferred    api on n1: cooldown, may move on the next pass" in lines
+    assert (
+        "deferred    shop on n3: disruption budget: the 5 relocation(s) allowed per pass are "
+        "used; it moves on a later pass"
+    ) in lines
+    assert any(
+        line.startswith("stranded    db on n2: the forced drain of n2 stopped it") for line in lines
+    )
+    assert ["db", "n2", "(stopped", "by", "a", "forced", "drain)", "9"] in [
+        line.split() for line in lines
+    ]
+    # What is held back comes last, after the tables.
+    assert lines.index("deferred    web on n1: cooldown, may move in 9m 12s") > lines.index(
+        "processes   none on this node"
+    )
+
+
+def test_state_summary_says_when_the_holders_decisions_cannot_be_had() -> None:
+    why = "cannot ask coordinator c: peer 'c' at 127.0.0.1:9 is unreachable"
+    state = {
+        "node_id": "n1",
+        "lease": {"holder": "c", "fence": 9},
+        "coordination": {"holder": "c", "error": why},
+        "unplaced": {"error": why},
+    }
+    lines = state_summary(state, now=0.0).splitlines()
+    assert f"decisions   unknown: {why}" in lines
+    assert not any(line.startswith("unplaced") for line in lines)  # said once, not twice
+    assert not any(line.startswith(("deferred", "policy")) for line in lines)
+    # No holder at all: nothing to say beyond "none holds the lease".
+    alone = state_summary(
+        {"node_id": "n1", "lease": None, "coordination": {"holder": None, "error": "none"}},
+        now=0.0,
+    )
+    assert "decisions" not in alone
+
+
+def test_ps_table_says_why_reloc_cannot_tell_cooldowns() -> None:
+    row = {
+        "app": "web",
+        "node": "n1",
+        "state": "running",
+        "public_port": 1,
+        "internal_port": 2,
+        "restarts": 0,
+        "reloc": "yes (cooldown unknown: the coordinator's state is unavailable)",
+    }
+    text = ps_table([row], {"holder": "c", "error": "cannot ask coordinator c: timed out"})
+    assert (
+        text.splitlines()[-1] == "RELOC cannot tell cooldowns: cannot ask coordinator c: timed out"
+    )
+    assert len(ps_table([row], {"holder": "c", "cooldown_s": 600.0}).splitlines()) == 2
+
+
+def test_duration_and_drain_messages() -> None:
+    assert [duration(s) for s in (0.2, 45, 61, 3600 * 2 + 301)] == ["1s", "45s", "1m 1s", "2h 5m"]
+    assert drain_message("n2", [], forced=False) == "n2: draining; its work moves to other nodes"
+    assert drain_message("n2", [], forced=True) == (
+        "n2: draining (forced); its work moves to other nodes (no pinned app there)"
+    )
+    assert "pinned app(s) db are stopped there" in drain_message("n2", ["db"], forced=True)

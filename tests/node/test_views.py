@@ -5,8 +5,22 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from corral.node._views import node_rows, node_state, ps_rows, relocation
-from corral.registry import AppRecord, NodeIntent, NodeRecord, PlacementRecord, ServingEntry
+from corral.node._views import (
+    CoordinatorView,
+    node_rows,
+    node_state,
+    ps_rows,
+    relocation,
+    stopped_reason,
+)
+from corral.registry import (
+    AppRecord,
+    Deployment,
+    NodeIntent,
+    NodeRecord,
+    PlacementRecord,
+    ServingEntry,
+)
 
 REV = "b" * 64
 
@@ -80,8 +94,10 @@ def test_reloc_tells_the_cooldown_left() -> None:
     record = PlacementRecord(nodes=["n1"], decided_at=0.0, fence=1, placed_at={"n1": 100.0})
     placed = {"web": record}
 
+    coordinator = CoordinatorView(cooldown_s=600.0)
+
     def reloc(now: float | None) -> str:
-        return ps_rows(apps, placed, nodes, {}, now=now, cooldown_s=600.0)[0].reloc
+        return ps_rows(apps, placed, nodes, {}, now=now, coordinator=coordinator)[0].reloc
 
     assert reloc(160.0) == "yes (only if its node is lost: cooldown, 9m 0s left)"
     assert reloc(699.5) == "yes (only if its node is lost: cooldown, 1s left)"
@@ -89,9 +105,91 @@ def test_reloc_tells_the_cooldown_left() -> None:
     assert reloc(None) == "yes"  # no clock given: the cooldown is not judged
     # A pinned app or one that cannot move says so first.
     pinned = {"web": AppRecord(name="web", replicas=1, pinned=True)}
-    assert ps_rows(pinned, placed, nodes, {}, now=160.0, cooldown_s=600.0)[0].reloc == (
+    assert ps_rows(pinned, placed, nodes, {}, now=160.0, coordinator=coordinator)[0].reloc == (
         "no (pinned)"
     )
+    # Without the coordinator's view the cooldown is not judged either.
+    assert ps_rows(apps, placed, nodes, {}, now=160.0)[0].reloc == "yes"
+
+
+def test_reloc_prefers_the_coordinators_deferred_until() -> None:
+    nodes = {"n1": NodeRecord(id="n1", serving=serving()), "n2": NodeRecord(id="n2")}
+    apps = {"web": AppRecord(name="web", replicas=1)}
+    placed = {
+        "web": PlacementRecord(nodes=["n1"], decided_at=0.0, fence=1, placed_at={"n1": 100.0})
+    }
+
+    def reloc(coordinator: CoordinatorView, now: float = 160.0) -> str:
+        return ps_rows(apps, placed, nodes, {}, now=now, coordinator=coordinator)[0].reloc
+
+    until = CoordinatorView(cooldown_s=600.0, deferred={("web", "n1"): 220.0})
+    assert reloc(until) == "yes (only if its node is lost: cooldown, 1m 0s left)"
+    assert reloc(until, now=220.0) == "yes"  # the cooldown is over: it moves next pass
+    budget = CoordinatorView(cooldown_s=600.0, deferred={("web", "n1"): None})
+    assert reloc(budget) == "yes (deferred by the disruption budget: moves on a later pass)"
+    unknown = CoordinatorView(error="cannot ask coordinator n2: timed out")
+    assert reloc(unknown) == "yes (cooldown unknown: the coordinator's state is unavailable)"
+    # An instance that cannot move says so whatever the coordinator's state.
+    all_apps = {"web": AppRecord(name="web", replicas="all")}
+    assert ps_rows(all_apps, placed, nodes, {}, now=160.0, coordinator=unknown)[0].reloc.startswith(
+        "no (replicas all"
+    )
+
+
+def test_coordinator_view_from_the_holders_state() -> None:
+    state = {
+        "node": "c",
+        "policy": {"cooldown_s": 120, "grace_period_s": 300.0},
+        "deferred": [
+            {"app": "web", "node": "n1", "reason": "cooldown: ...", "until": 500.0},
+            {"app": "api", "node": "n2", "reason": "disruption budget: ...", "until": None},
+            "junk",
+        ],
+    }
+    view = CoordinatorView.from_state(state)
+    assert view == CoordinatorView(
+        cooldown_s=120.0, deferred={("web", "n1"): 500.0, ("api", "n2"): None}, holder="c"
+    )
+    assert view.to_json() == {"holder": "c", "cooldown_s": 120.0}
+    failed = CoordinatorView.from_state({"holder": "c", "error": "cannot ask coordinator c: x"})
+    assert (failed.cooldown_s, failed.holder) == (None, "c")
+    assert failed.to_json() == {"holder": "c", "error": "cannot ask coordinator c: x"}
+    assert CoordinatorView.from_state(None).error == "no coordinator holds the lease right now"
+    older = CoordinatorView.from_state({"node": "c", "unplaced": []})
+    assert older.error == "coordinator c does not report its cooldown"
+    assert CoordinatorView.from_state({"node": "c", "policy": {"cooldown_s": True}}).error
+
+
+def test_a_pinned_instance_a_forced_drain_stopped_shows_as_stopped_not_pending() -> None:
+    nodes = {"n1": NodeRecord(id="n1"), "n2": NodeRecord(id="n2")}
+    forced = {"n2": NodeIntent(cordoned=True, draining=True, force=True)}
+    deployment = Deployment(revision=REV, command=["./run"])
+    db = {"web": AppRecord(name="web", replicas=1, pinned=True, deployment=deployment)}
+    only = {"web": PlacementRecord(nodes=[], decided_at=5.0, fence=1, placed_at={"n2": 1.0})}
+    (row,) = ps_rows(db, only, nodes, forced)
+    assert (row.node, row.state, row.reason) == ("n2", "stopped", stopped_reason("n2"))
+    assert row.reason == "forced drain of n2; pinned, not started elsewhere"
+    assert row.reloc == f"no ({row.reason})"
+    assert row.to_json()["reason"] == row.reason
+    # Two replicas: one runs on n1, the other was stopped on n2; while n2 still serves
+    # it, it is stopping (with the same reason).
+    two = {"web": AppRecord(name="web", replicas=2, pinned=True)}
+    both = {
+        "web": PlacementRecord(
+            nodes=["n1"], decided_at=5.0, fence=1, placed_at={"n1": 1.0, "n2": 1.0}
+        )
+    }
+    still = {
+        "n1": NodeRecord(id="n1", serving=serving()),
+        "n2": NodeRecord(id="n2", serving=serving()),
+    }
+    assert [(r.node, r.state, r.reason) for r in ps_rows(two, both, still, forced)] == [
+        ("n1", "running", None),
+        ("n2", "stopping", stopped_reason("n2")),
+    ]
+    # An app no longer pinned forgets its stopped instances: pending until placed again.
+    unpinned = {"web": AppRecord(name="web", replicas=1, deployment=deployment)}
+    assert [(r.node, r.state) for r in ps_rows(unpinned, only, nodes, forced)] == [("-", "pending")]
 
 
 @settings(max_examples=50)
@@ -99,8 +197,9 @@ def test_reloc_tells_the_cooldown_left() -> None:
 def test_reloc_cooldown_matches_the_planners_rule(age: float, cooldown: float) -> None:
     nodes = {"n1": NodeRecord(id="n1"), "n2": NodeRecord(id="n2")}
     app = AppRecord(name="web", replicas=1)
+    view = CoordinatorView(cooldown_s=cooldown)
     text = relocation(
-        app, "n1", frozenset({"n1"}), nodes, {}, placed_at=0.0, now=age, cooldown_s=cooldown
+        app, "n1", frozenset({"n1"}), nodes, {}, placed_at=0.0, now=age, coordinator=view
     )
     # The planner defers a rank move while age < cooldown_s.
     assert (text != "yes") == (age < cooldown)
