@@ -368,7 +368,10 @@ def histories(
             nodes.pop(draw(st.integers(0, len(nodes) - 1)))
         elif change == "state":
             i = draw(st.integers(0, len(nodes) - 1))
-            nodes[i] = replace(nodes[i], state=draw(st.sampled_from(NODE_STATES)))
+            state = draw(st.sampled_from(NODE_STATES))
+            # Only a node that has left can be under a forced drain.
+            forced = nodes[i].drain_forced and state == "left"
+            nodes[i] = replace(nodes[i], state=state, drain_forced=forced)
         elif change == "labels":
             i = draw(st.integers(0, len(nodes) - 1))
             nodes[i] = replace(nodes[i], labels=draw(labels))
