@@ -249,33 +249,48 @@ class SQLiteRegistry(Registry):
         threaded = sync != "NORMAL"
 
         def connect() -> tuple[sqlite3.Connection, sqlite3.Connection | None]:
+            """One attempt; every step is idempotent, so a busy attempt is redone whole."""
             directory = os.path.dirname(path)
             if directory:
                 os.makedirs(directory, exist_ok=True)
-            setup = _connect(path, sync, busy_timeout)
+            opened: list[sqlite3.Connection] = []
             try:
+                setup = _connect(path, sync, busy_timeout, opened)
+                # Switching a fresh file to WAL reads, then writes, the header: SQLite
+                # refuses it at once (no busy handler) when another process races it.
                 setup.execute("PRAGMA journal_mode=WAL")
                 setup.execute("BEGIN IMMEDIATE")
                 for statement in _SCHEMA.split(";"):
                     if statement.strip():
                         setup.execute(statement)
                 setup.execute("COMMIT")
-            finally:
                 setup.close()
-            # The loop's connection never waits on a lock inside SQLite: a busy
-            # database is retried with trio.sleep instead.
-            conn = _connect(path, sync, 0.0)
-            conn.execute("PRAGMA wal_autocheckpoint=0")
-            write_conn = _connect(path, sync, busy_timeout) if threaded else None
+                # The loop's connection never waits on a lock inside SQLite: a busy
+                # database is retried with trio.sleep instead. Its pragmas read the
+                # schema, so they run while it still waits like the others.
+                conn = _connect(path, sync, busy_timeout, opened)
+                conn.execute("PRAGMA wal_autocheckpoint=0")
+                conn.execute("PRAGMA busy_timeout=0")
+                write_conn = _connect(path, sync, busy_timeout, opened) if threaded else None
+            except BaseException:
+                for each in opened:
+                    each.close()
+                raise
             return conn, write_conn
 
-        try:
-            conn, write_conn = await trio.to_thread.run_sync(connect)
-        except sqlite3.Error as exc:
-            raise RegistryUnavailable(
-                f"cannot open the SQLite registry at {path}: {exc}; check the path and that "
-                "the file is a corral registry"
-            ) from exc
+        # SQLite's busy handler waits inside an attempt; this covers what it does not.
+        patience = _Patience(busy_timeout, started=trio.current_time())
+        while True:
+            try:
+                conn, write_conn = await trio.to_thread.run_sync(connect)
+                break
+            except sqlite3.Error as exc:
+                if not await patience.wait(exc):
+                    raise RegistryUnavailable(
+                        f"cannot open the SQLite registry at {path}: {exc}; check the path and "
+                        "that the file is a corral registry (if the database stayed locked, "
+                        "find the process holding it)"
+                    ) from exc
         return cls(
             conn,
             path,
@@ -448,10 +463,17 @@ class SQLiteRegistry(Registry):
             return
         self._closed = True
         self._changed.unpark_all()
-        async with self._write_lock:  # let an in-flight threaded commit finish
-            self._conn.close()
-            if self._write_conn is not None:
-                self._write_conn.close()
+        connections = [self._conn] if self._write_conn is None else [self._conn, self._write_conn]
+
+        def close() -> None:
+            for conn in connections:
+                conn.close()
+
+        # Shielded, so a cancelled close still closes. Closing the last connection
+        # to the file checkpoints the WAL, which syncs: that runs in a thread.
+        with trio.CancelScope(shield=True):
+            async with self._write_lock:  # let an in-flight threaded commit finish
+                await trio.to_thread.run_sync(close)
 
     # ------------------------------------------------------------------ internals
 
@@ -483,6 +505,7 @@ class SQLiteRegistry(Registry):
         """
         if not checkpointed:
             await self._pass_checkpoint()
+        patience: _Patience | None = None
         while True:
             self._check_open()
             try:
@@ -493,13 +516,13 @@ class SQLiteRegistry(Registry):
                     self._probe_valid_until = now + PROBE_WINDOW
                 if now < self._earliest_expiry:
                     return read(self._conn)
-            except sqlite3.OperationalError as exc:
-                if not _is_busy(exc):
-                    raise _unavailable(self._path, exc) from exc
-                await trio.sleep(0.001)  # WAL recovery by another process; brief
-                continue
             except sqlite3.Error as exc:
-                raise _unavailable(self._path, exc) from exc
+                # WAL readers wait only while another process recovers the WAL
+                # index or (a fresh file) switches it to WAL.
+                patience = patience or _Patience(self._busy_timeout)
+                if not await patience.wait(exc):
+                    raise _unavailable(self._path, exc) from exc
+                continue
             await self._write(_nothing)  # every write expires due leases first
             self._probe_valid_until = -math.inf
 
@@ -581,51 +604,67 @@ class SQLiteRegistry(Registry):
 
     async def _on_loop(self, transaction: Callable[..., T]) -> T:
         """Run ``transaction(conn, now=, history=)`` on the loop's connection,
-        retrying while another process holds the write lock (up to busy_timeout)."""
-        delay = 0.001
-        deadline: float | None = None
+        retrying while another process holds the write lock (up to busy_timeout).
+        Once it has committed, nothing here is a cancel point: a write that
+        raises Cancelled did not happen."""
+        patience: _Patience | None = None
         while True:
             self._check_open()
             try:
                 value = transaction(self._conn, now=self._clock(), history=self._history)
                 break
-            except sqlite3.OperationalError as exc:
-                if not _is_busy(exc):
-                    raise _unavailable(self._path, exc) from exc
-                now = trio.current_time()
-                deadline = now + self._busy_timeout if deadline is None else deadline
-                if now >= deadline:
-                    raise _unavailable(self._path, exc) from exc
             except sqlite3.Error as exc:
-                raise _unavailable(self._path, exc) from exc
-            await trio.sleep(delay)  # another process holds the write lock
-            delay = min(delay * 2, 0.05)
+                patience = patience or _Patience(self._busy_timeout)
+                if not await patience.wait(exc):  # another process holds the write lock
+                    raise _unavailable(self._path, exc) from exc
         self._changed.unpark_all()
         self._commits_since_checkpoint += 1
         if (
             self._commits_since_checkpoint >= self._checkpoint_every
             and self._checkpoint_done is None
         ):
-            await self._checkpoint()
+            with trio.CancelScope(shield=True):
+                await self._checkpoint()
         return value
 
     async def _commit_in_thread(self, batch: list[_Slot[Any]]) -> None:
+        """Commit ``batch`` on the syncing connection in a worker thread, retrying
+        while another process holds the write lock. Every slot is finished however
+        this ends; a batch holding other tasks' writes is seen through even if this
+        task is cancelled (a lone write may be cancelled before it starts)."""
         conn = self._write_conn
         assert conn is not None
+        patience = _Patience(self._busy_timeout, started=trio.current_time())
         try:
-            await trio.to_thread.run_sync(
-                functools.partial(
-                    _run_batch, conn, batch=batch, now=self._clock(), history=self._history
-                )
-            )
-        except sqlite3.Error as exc:
-            error = _unavailable(self._path, exc)
+            with trio.CancelScope(shield=len(batch) > 1):
+                while True:
+                    try:
+                        await trio.to_thread.run_sync(
+                            functools.partial(
+                                _run_batch,
+                                conn,
+                                batch=batch,
+                                now=self._clock(),
+                                history=self._history,
+                            )
+                        )
+                        break
+                    except sqlite3.Error as exc:
+                        # SQLite's busy handler waited already; this catches what it
+                        # does not cover.
+                        if not await patience.wait(exc):
+                            error = _unavailable(self._path, exc)
+                            for slot in batch:
+                                slot.error = error
+                            break
+        except Exception as exc:  # a bug: fail the batch rather than strand it
             for slot in batch:
-                slot.error = error
-        for slot in batch:
-            slot.done = True
-            slot.finished.set()
-        self._changed.unpark_all()
+                slot.error = exc
+        finally:
+            for slot in batch:
+                slot.done = True
+                slot.finished.set()
+            self._changed.unpark_all()
 
     async def _checkpoint(self) -> None:
         """Move the WAL into the database file in a worker thread: this is where
@@ -636,11 +675,14 @@ class SQLiteRegistry(Registry):
         path, sync = self._path, self._synchronous
 
         def checkpoint() -> None:
-            conn = _connect(path, sync, self._busy_timeout)
+            opened: list[sqlite3.Connection] = []
             try:
-                conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+                _connect(path, sync, self._busy_timeout, opened).execute(
+                    "PRAGMA wal_checkpoint(PASSIVE)"
+                )
             finally:
-                conn.close()
+                for conn in opened:
+                    conn.close()
 
         try:
             await trio.to_thread.run_sync(checkpoint)
@@ -654,18 +696,54 @@ class SQLiteRegistry(Registry):
 # ---------------------------------------------------------------------- SQL
 
 
-def _connect(path: str, synchronous: str, busy_timeout: float) -> sqlite3.Connection:
+def _connect(
+    path: str, synchronous: str, busy_timeout: float, opened: list[sqlite3.Connection]
+) -> sqlite3.Connection:
     conn = sqlite3.connect(
         path, timeout=busy_timeout, isolation_level=None, check_same_thread=False
     )
+    opened.append(conn)
     conn.execute(f"PRAGMA synchronous={synchronous}")
     conn.execute("PRAGMA journal_size_limit=67108864")
     return conn
 
 
-def _is_busy(exc: sqlite3.OperationalError) -> bool:
-    message = str(exc)
-    return "locked" in message or "busy" in message
+_RETRIED: Final = frozenset({sqlite3.SQLITE_BUSY, sqlite3.SQLITE_PROTOCOL})
+
+
+def _is_busy(exc: sqlite3.Error) -> bool:
+    """Another process holds a lock (SQLITE_BUSY and its extended codes: RECOVERY,
+    SNAPSHOT, TIMEOUT), or WAL readers raced past SQLite's own retries (PROTOCOL)."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is None:
+        return "locked" in str(exc)
+    return code & 0xFF in _RETRIED
+
+
+class _Patience:
+    """Waits out a busy database: sleeps 1 ms, doubling up to 50 ms, until
+    ``timeout`` seconds have passed since ``started`` (default: the first refusal)."""
+
+    __slots__ = ("_deadline", "_delay", "_timeout")
+
+    def __init__(self, timeout: float, started: float | None = None) -> None:
+        self._timeout = timeout
+        self._delay = 0.001
+        self._deadline = None if started is None else started + timeout
+
+    async def wait(self, exc: sqlite3.Error) -> bool:
+        """Sleep before the next try; False (no sleep) when ``exc`` is not a busy
+        database or the time is up."""
+        if not _is_busy(exc):
+            return False
+        now = trio.current_time()
+        if self._deadline is None:
+            self._deadline = now + self._timeout
+        if now >= self._deadline:
+            return False
+        await trio.sleep(min(self._delay, self._deadline - now))
+        self._delay = min(self._delay * 2, 0.05)
+        return True
 
 
 def _unavailable(path: str, exc: sqlite3.Error) -> RegistryUnavailable:
@@ -702,7 +780,18 @@ def _changes_since(
     conn: sqlite3.Connection, *, prefix: str, next_revision: int
 ) -> tuple[list[WatchEvent], int]:
     """Events under ``prefix`` from ``next_revision`` on, and the revision to ask
-    for next."""
+    for next. One read transaction, so another process's compaction cannot remove
+    rows between reading the revision and reading the rows."""
+    conn.execute("BEGIN")
+    try:
+        return _changes_in_snapshot(conn, prefix=prefix, next_revision=next_revision)
+    finally:
+        conn.execute("COMMIT")
+
+
+def _changes_in_snapshot(
+    conn: sqlite3.Connection, *, prefix: str, next_revision: int
+) -> tuple[list[WatchEvent], int]:
     revision, compacted = _meta(conn)
     if next_revision <= compacted:
         raise RevisionCompacted(next_revision, compacted)
