@@ -46,7 +46,7 @@ async def etcd_registry() -> AsyncIterator[Registry]:
         yield registry
 
 
-async def contention(registry: Registry, *, ttl: float, slack: float) -> None:
+async def check_contention(registry: Registry, *, ttl: float, slack: float) -> None:
     """Three nodes: one coordinator at any instant, across a clean stop and a crash."""
     tick = ttl / 3
     async with open_cluster(3, registry=registry, lease_ttl=ttl) as cluster:
@@ -82,7 +82,7 @@ async def contention(registry: Registry, *, ttl: float, slack: float) -> None:
         assert [i.node for i in intervals] == [first, second, third]
 
 
-async def fencing(registry: Registry, *, ttl: float, slack: float) -> None:
+async def check_fencing(registry: Registry, *, ttl: float, slack: float) -> None:
     """A holder whose write hangs past its lease writes nothing when it lands."""
     async with open_cluster(3, registry=registry, lease_ttl=ttl) as cluster:
         old = await cluster.wait_for_coordinator()
@@ -116,30 +116,30 @@ async def fencing(registry: Registry, *, ttl: float, slack: float) -> None:
 
 
 async def test_contention_memory(autojump_clock: object) -> None:
-    await contention(MemoryRegistry(), ttl=45.0, slack=0.05)
+    await check_contention(MemoryRegistry(), ttl=45.0, slack=0.05)
 
 
 async def test_fencing_memory(autojump_clock: object) -> None:
-    await fencing(MemoryRegistry(), ttl=45.0, slack=1.0)
+    await check_fencing(MemoryRegistry(), ttl=45.0, slack=1.0)
 
 
 async def test_contention_sqlite(autojump_clock: object, tmp_path: Path) -> None:
     async with sqlite_registry(tmp_path) as registry:
-        await contention(registry, ttl=45.0, slack=0.2)
+        await check_contention(registry, ttl=45.0, slack=0.2)
 
 
 async def test_fencing_sqlite(autojump_clock: object, tmp_path: Path) -> None:
     async with sqlite_registry(tmp_path) as registry:
-        await fencing(registry, ttl=45.0, slack=1.0)
+        await check_fencing(registry, ttl=45.0, slack=1.0)
 
 
 @pytest.mark.etcd
 async def test_contention_etcd() -> None:
     async with etcd_registry() as registry:
-        await contention(registry, ttl=3.0, slack=0.9)
+        await check_contention(registry, ttl=3.0, slack=0.9)
 
 
 @pytest.mark.etcd
 async def test_fencing_etcd() -> None:
     async with etcd_registry() as registry:
-        await fencing(registry, ttl=3.0, slack=0.5)
+        await check_fencing(registry, ttl=3.0, slack=0.5)
