@@ -552,12 +552,15 @@ class SQLiteRegistry(Registry):
         await trio.lowlevel.checkpoint_if_cancelled()
         slot: _Slot[T] = _Slot(job)
         if self._gather is not None:  # someone is gathering: join the batch
-            self._gather.append(slot)
+            joined = self._gather
+            joined.append(slot)
             try:
                 await slot.finished.wait()
             except BaseException:
                 if not slot.taken:
-                    self._gather.remove(slot)
+                    # By now another batch may be gathering: leave the one joined.
+                    if slot in joined:
+                        joined.remove(slot)
                     raise
                 with trio.CancelScope(shield=True):  # in flight: see it out
                     await slot.finished.wait()
@@ -578,7 +581,10 @@ class SQLiteRegistry(Registry):
                     for queued in batch:
                         queued.error = exc
         finally:
-            self._gather = None
+            # While this batch committed, a later writer may have started gathering
+            # the next one: that batch is not ours to close.
+            if self._gather is batch:
+                self._gather = None
             for queued in batch:
                 queued.done = True
                 queued.finished.set()
