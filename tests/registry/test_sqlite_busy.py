@@ -289,47 +289,60 @@ async def test_processes_sharing_fresh_files_never_see_a_locked_database(
     path = tmp_path / "data" / "registry.db"
     roles = ["checkpoint", "full", "plain", "plain", "plain", "plain"]
     results: list[dict[str, int]] = []
-    with trio.fail_after(60):
-        async with trio.open_nursery() as nursery:
-            processes: list[trio.Process] = []
-            for i, role in enumerate(roles):
-                process = await trio.lowlevel.open_process(
-                    [sys.executable, str(WORKER), str(path), f"p{i}", role, "2", "8"],
-                    stdin=subprocess.PIPE,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE,
-                )
-                processes.append(process)
-            try:
-                for process in processes:
-                    assert process.stdout is not None
-                    assert await _read_line(process.stdout) == "ready"
-                for process in processes:  # go, all at once
-                    assert process.stdin is not None
-                    await process.stdin.send_all(b"go\n")
+    processes: list[trio.Process] = []
+    try:
+        with trio.fail_after(60):
+            async with trio.open_nursery() as nursery:
+                for i, role in enumerate(roles):
+                    process = await trio.lowlevel.open_process(
+                        [sys.executable, str(WORKER), str(path), f"p{i}", role, "2", "8"],
+                        stdin=subprocess.PIPE,
+                        stdout=subprocess.PIPE,
+                        stderr=subprocess.PIPE,
+                    )
+                    processes.append(process)
+                try:
+                    for process in processes:
+                        assert process.stdout is not None
+                        assert await _read_line(process.stdout) == "ready"
+                    for process in processes:  # go, all at once
+                        assert process.stdin is not None
+                        await process.stdin.send_all(b"go\n")
 
-                async def collect(process: trio.Process) -> None:
-                    assert process.stdout is not None
-                    assert process.stderr is not None
-                    out, err = bytearray(), bytearray()
+                    async def collect(process: trio.Process) -> None:
+                        assert process.stdout is not None
+                        assert process.stderr is not None
+                        out, err = bytearray(), bytearray()
 
-                    async def drain(stream: trio.abc.ReceiveStream, into: bytearray) -> None:
-                        async for chunk in stream:
-                            into += chunk
+                        async def drain(stream: trio.abc.ReceiveStream, into: bytearray) -> None:
+                            async for chunk in stream:
+                                into += chunk
 
-                    async with trio.open_nursery() as drains:
-                        drains.start_soon(drain, process.stdout, out)
-                        drains.start_soon(drain, process.stderr, err)
-                    code = await process.wait()
-                    assert code == 0, err.decode()
-                    results.append(json.loads(out.decode().splitlines()[-1]))
+                        async with trio.open_nursery() as drains:
+                            drains.start_soon(drain, process.stdout, out)
+                            drains.start_soon(drain, process.stderr, err)
+                        code = await process.wait()
+                        assert code == 0, err.decode()
+                        results.append(json.loads(out.decode().splitlines()[-1]))
 
-                for process in processes:
-                    nursery.start_soon(collect, process)
-            except BaseException:
-                for process in processes:
+                    for process in processes:
+                        nursery.start_soon(collect, process)
+                except BaseException:
+                    for process in processes:
+                        process.kill()
+                    raise
+    finally:
+        # However the run ended, no worker outlives the test (a running child
+        # collected later would fail an unrelated test with a ResourceWarning).
+        with trio.CancelScope(shield=True):
+            for process in processes:
+                if process.returncode is None:
                     process.kill()
-                raise
+                await process.wait()
+                for pipe in (process.stdin, process.stdout, process.stderr):
+                    if pipe is not None:
+                        await pipe.aclose()
+
     assert len(results) == len(roles)
     assert all(r["increments"] > 0 and r["leases"] > 0 and r["reads"] > 0 for r in results)
     assert sum(r["events"] for r in results) > 0
