@@ -95,7 +95,8 @@ class ApiServices:
     events: Callable[[], list[JSONDict]]
     #: unix time, for deployed_at.
     wall_clock: Callable[[], float]
-    #: called after a write changed what the coordinator decides from (best effort).
+    #: optional: called after a write changed what the coordinator decides from (the
+    #: coordinator itself watches the registry, so it needs no such call).
     changed: Callable[[str], Awaitable[None]] | None = None
     #: the lease holder's coordinator state (its policy and deferred moves: ps tells
     #: instances still in their cooldown), or ``{"holder": ..., "error": ...}`` saying

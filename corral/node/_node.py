@@ -35,7 +35,6 @@ import trio
 
 from corral.actors.coordinator import (
     GetCoordinatorState,
-    KickCoordinator,
     coordinator_child_spec,
 )
 from corral.actors.node_record import NodeIdentity, node_registration_child_spec
@@ -218,35 +217,6 @@ class NodeServices:
         holder = lease.holder if isinstance(lease, CoordinatorLease) else None
         return await ask_holder(self, holder)
 
-    async def kick_coordinator(self, reason: str) -> None:
-        """Tell the coordinator (here or on the lease holder's node) to look now rather
-        than at its next tick. Best effort: the tick finds the change anyway."""
-        if self.system is None:
-            return
-        try:
-            kv = await self.registry.get(COORDINATOR_LEASE_KEY)
-        except RegistryError:
-            return
-        lease = None if kv is None else decode_record(kv.key, kv.value)
-        if not isinstance(lease, CoordinatorLease):
-            return
-        try:
-            self.system.ref(f"/{COORDINATOR}", node=lease.holder).tell_nowait(
-                KickCoordinator(reason=reason)
-            )
-        except (SupervisionError, TransportError) as exc:
-            log.debug("could not kick coordinator %s: %s", lease.holder, exc)
-
-    def kick_local(self, reason: str) -> None:
-        """Tell this node's coordinator to look now (it acts only while it holds the
-        lease). Best effort: its next tick finds the change anyway."""
-        if self.system is None:
-            return
-        try:
-            self.system.ref(f"/{COORDINATOR}").tell_nowait(KickCoordinator(reason=reason))
-        except SupervisionError as exc:
-            log.debug("could not kick the coordinator: %s", exc)
-
     def actors(self) -> dict[str, Any]:
         assert self.system is not None
         tree: dict[str, Any] = self.system.tree().to_dict()
@@ -292,7 +262,6 @@ def root_spec(
                 actors=services.actors,
                 events=services.recent_events,
                 wall_clock=time.time,
-                changed=services.kick_coordinator,
                 coordinator=services.coordination,
             )
         )
@@ -307,7 +276,7 @@ def root_spec(
         ),
         ChildSpec(
             name="peers",
-            factory=lambda: PeerDirectory(registry, transport, on_change=services.kick_local),
+            factory=lambda: PeerDirectory(registry, transport),
             shutdown_grace=1.0,
         ),
     ]
@@ -482,9 +451,6 @@ async def run_node(
                         config.data_dir,
                     )
                     system.emit("node.started", node=runtime.node_id, api=str(config.api))
-                    # The coordinator looks at the new node now, not at its next tick
-                    # (a third of the lease TTL: 15 s by default).
-                    await services.kick_coordinator(f"node {runtime.node_id} started")
                     task_status.started(runtime)
                     await stop.wait()
                     log.info("node %s stopping", runtime.node_id)

@@ -4,10 +4,8 @@ Every node publishes its peer address in ``nodes/<id>``. This actor reads the
 node records now and then and adds each other node's address to the
 WebSocket transport (and forgets nodes whose record is gone), so actors can
 ``ask`` an actor on another node by its id. When a node appears or goes, it
-also calls ``on_change``, which the node wires to a kick of its own
-coordinator: a joining node gets its work, and a departed node's work is
-placed elsewhere, within one refresh rather than at the coordinator's next
-tick (a third of the lease TTL).
+calls the optional ``on_change`` hook (for embedders that want to know); the
+coordinator needs no such nudge: it watches ``nodes/`` itself.
 """
 
 from __future__ import annotations

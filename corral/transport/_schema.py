@@ -260,6 +260,18 @@ def _accept_any(value: Any, where: str) -> Any:
     return value
 
 
+def _exact_type(tp: type) -> _Validator:
+    """A value of exactly ``tp``: CBOR keeps bool apart from int, so no subclasses."""
+    name = tp.__name__
+
+    def v_exact(value: Any, where: str) -> Any:
+        if type(value) is not tp:
+            raise _fail(where, name, value)
+        return value
+
+    return v_exact
+
+
 def _validator_of(tp: Any) -> _Validator:
     if _is_any(tp):
         return _accept_any
@@ -271,22 +283,8 @@ def _validator_of(tp: Any) -> _Validator:
             return None
 
         return v_none
-    if tp is bool:
-
-        def v_bool(value: Any, where: str) -> Any:
-            if type(value) is not bool:
-                raise _fail(where, "bool", value)
-            return value
-
-        return v_bool
-    if tp is int:
-
-        def v_int(value: Any, where: str) -> Any:
-            if type(value) is not int:
-                raise _fail(where, "int", value)
-            return value
-
-        return v_int
+    if tp in (bool, int, str, bytes):
+        return _exact_type(tp)
     if tp is float:
 
         def v_float(value: Any, where: str) -> Any:
@@ -298,22 +296,6 @@ def _validator_of(tp: Any) -> _Validator:
             raise _fail(where, "float", value)
 
         return v_float
-    if tp is str:
-
-        def v_str(value: Any, where: str) -> Any:
-            if type(value) is not str:
-                raise _fail(where, "str", value)
-            return value
-
-        return v_str
-    if tp is bytes:
-
-        def v_bytes(value: Any, where: str) -> Any:
-            if type(value) is not bytes:
-                raise _fail(where, "bytes", value)
-            return value
-
-        return v_bytes
     if isinstance(tp, type) and issubclass(tp, enum.Enum):
         enum_cls = tp
 
