@@ -58,7 +58,7 @@ RATIO_FLOOR_BYTES = 32 * 1024 * 1024
 MAX_PATH_BYTES = 1024
 MAX_NAME_BYTES = 255
 #: corral.toml and Procfile are read into memory: they are small by nature.
-MAX_MANIFEST_BYTES = 64 * 1024
+MAX_MANIFEST_BYTES = 1024 * 1024
 #: Linux refuses a single argv or environment string longer than this (MAX_ARG_STRLEN).
 MAX_ARG_BYTES = 128 * 1024
 COPY_CHUNK = 1024 * 1024
