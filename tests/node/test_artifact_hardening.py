@@ -506,11 +506,33 @@ def accepted(action: Callable[[], object]) -> bool:
     return True
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(members=_members(), split=st.booleans())
-def test_fuzzed_archives_are_refused_or_unpacked_entirely_inside(
-    members: list[Member], split: bool
-) -> None:
+@st.composite
+def _link_chains(draw: st.DrawFn) -> list[Member]:
+    """Links at several depths whose targets name each other and climb with '..':
+    where a lexical check alone lets an escape through."""
+    members = [entry("a", "dir"), entry("a/b", "dir")]
+    spots = ["x", "y", "a/x", "a/y", "a/b/x", "a/b/y"]
+    for spot in draw(st.lists(st.sampled_from(spots), min_size=1, max_size=4, unique=True)):
+        climb = "/.." * draw(st.integers(0, 3))
+        target = draw(
+            st.one_of(
+                st.lists(st.sampled_from(["x", "y", "a", "b", "..", "."]), max_size=4).map(
+                    "/".join
+                ),
+                st.sampled_from(spots).map(lambda other: other + climb),  # through another
+                st.just(climb.lstrip("/")),  # up to an ancestor
+            )
+        )
+        members.append(entry(spot, "symlink", link=target or "."))
+    if draw(st.booleans()):
+        members.append(entry(draw(st.sampled_from(spots)) + "/f"))
+    return members
+
+
+def refused_or_inside(members: list[Member], split: bool) -> None:
+    """The property: the archive is refused by the deploy check and by the unpacker
+    alike, or unpacked with every path (links resolved) inside the revision
+    directory; either way nothing outside it changed."""
     if split and len(members) > 1:
         data = gz(tar_bytes(members[:1], end=False), tar_bytes(members[1:]))
     else:
@@ -527,3 +549,17 @@ def test_fuzzed_archives_are_refused_or_unpacked_entirely_inside(
                 for name in dirs + files:
                     resolved = os.path.realpath(os.path.join(directory, name))
                     assert resolved == root or resolved.startswith(root + os.sep)
+
+
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(members=_members(), split=st.booleans())
+def test_fuzzed_archives_are_refused_or_unpacked_entirely_inside(
+    members: list[Member], split: bool
+) -> None:
+    refused_or_inside(members, split)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(members=_link_chains())
+def test_fuzzed_link_chains_are_refused_or_stay_inside(members: list[Member]) -> None:
+    refused_or_inside(members, split=False)
