@@ -519,7 +519,7 @@ def _link_chains(draw: st.DrawFn) -> list[Member]:
                 st.lists(st.sampled_from(["x", "y", "a", "b", "..", "."]), max_size=4).map(
                     "/".join
                 ),
-                st.sampled_from(spots).map(lambda other: other + climb),  # through another
+                st.sampled_from([other + climb for other in spots]),  # through another
                 st.just(climb.lstrip("/")),  # up to an ancestor
             )
         )
