@@ -45,6 +45,9 @@ def ps_table(rows: Sequence[Mapping[str, Any]], coordinator: object = None) -> s
             for r in rows
         ],
     )
+    for r in rows:
+        if r["state"] == "failed":
+            text += f"\n{r['app']} on {r['node']} failed: {r.get('reason')}"
     if isinstance(coordinator, Mapping) and coordinator.get("error"):
         text += f"\nRELOC cannot tell cooldowns: {coordinator['error']}"
     return text
@@ -190,6 +193,12 @@ def _reconcile_line(reconcile: Mapping[str, Any], now: float) -> str:
     errors = reconcile.get("errors") or []
     if errors:
         text += f"; errors: {'; '.join(str(e) for e in errors)}"
+    for item in reconcile.get("failed") or ():
+        text += (
+            f"\nfailed      {item.get('app')} revision {str(item.get('revision'))[:12]}: "
+            f"{item.get('reason')} (attempt {item.get('attempts')}, next try in "
+            f"{duration(float(item.get('retry_in') or 0))})"
+        )
     return text
 
 

@@ -192,12 +192,16 @@ def ps_rows(
     *,
     now: float | None = None,
     coordinator: CoordinatorView | None = None,
+    failed: Mapping[tuple[str, str], str] | None = None,
 ) -> list[PsRow]:
     """Rows sorted by app then node. Keys of every mapping are names (not registry keys).
 
     ``now`` (wall-clock) and ``coordinator`` let RELOC tell an instance still in its
-    cooldown; without them the cooldown is not shown.
+    cooldown; without them the cooldown is not shown. ``failed``: (app, node) -> why
+    that node cannot get the app's revision onto disk (as far as the answering node
+    knows: its own); such an instance not serving is ``failed`` with that reason.
     """
+    failed = failed or {}
     rows: list[PsRow] = []
     for name in sorted(apps):
         app = apps[name]
@@ -219,8 +223,11 @@ def ps_rows(
             reason = stopped_reason(node_id) if node_id in stopped_on else None
             if entry is not None:
                 state = entry.state if node_id in placed_on else "stopping"
+                reason = failed.get((name, node_id), reason)  # the new revision's failure
             elif reason is not None:
                 state = "stopped"
+            elif (name, node_id) in failed and record is not None:
+                state, reason = "failed", failed[(name, node_id)]
             elif record is None:
                 state = "node-gone"
             else:
