@@ -322,17 +322,21 @@ class ArtifactLimits:
         """Limits for ``--max-artifact-mb`` (MiB), the other bounds at their defaults."""
         return cls(max_unpacked_bytes=max_artifact_mb * 1024 * 1024)
 
-    def budget(self, compressed: int) -> tuple[int, str]:
-        """How many unpacked bytes ``compressed`` bytes may become, and the rule that
-        sets that bound (for the refusal message)."""
+    def budget(self, compressed: int) -> tuple[int, str, str]:
+        """How many unpacked bytes ``compressed`` bytes may become, the rule that sets
+        that bound, and the bound in words (both for the refusal message)."""
         by_ratio = max(self.ratio_floor_bytes, self.max_ratio * compressed)
         if by_ratio < self.max_unpacked_bytes:
-            return by_ratio, (
-                f"decompression bomb: more than {self.max_ratio} times its {compressed} "
-                f"compressed bytes (the ratio is judged past {self.ratio_floor_bytes} bytes)"
+            return (
+                by_ratio,
+                "decompression bomb",
+                f"more than {self.max_ratio} times its {compressed} compressed bytes "
+                f"(the ratio is judged past {self.ratio_floor_bytes} bytes)",
             )
-        return self.max_unpacked_bytes, (
-            f"more than the {self.max_unpacked_bytes} bytes --max-artifact-mb allows"
+        return (
+            self.max_unpacked_bytes,
+            "too large",
+            f"more than the {self.max_unpacked_bytes} bytes --max-artifact-mb allows",
         )
 
 
@@ -349,10 +353,11 @@ class _BoundedGzip:
     than ``budget`` of them: the bound holds while streaming, before anything is
     written or even buffered."""
 
-    def __init__(self, data: bytes, budget: int, rule: str) -> None:
+    def __init__(self, data: bytes, budget: int, rule: str, bound: str) -> None:
         self._gzip = gzip.GzipFile(fileobj=io.BytesIO(data), mode="rb")
         self._budget = budget
         self._rule = rule
+        self._bound = bound
         self.produced = 0
 
     def read(self, size: int = -1) -> bytes:
@@ -365,7 +370,7 @@ class _BoundedGzip:
             raise ArtifactInvalid("artifact", f"not a gzipped tar archive: {exc}") from exc
         self.produced += len(chunk)
         if self.produced > self._budget:
-            raise _refuse("too large", None, f"it unpacks to {self._rule}")
+            raise _refuse(self._rule, None, f"it unpacks to {self._bound}")
         return chunk
 
     def close(self) -> None:
@@ -470,15 +475,15 @@ class _Walk:
 def _walk_archive(data: bytes, limits: ArtifactLimits, writer: _Writer | None) -> _Walk:
     """Read every member of every gzip member once, check it, and (with a writer)
     write it. Validation and unpacking are this one loop, so they cannot disagree."""
-    budget, rule = limits.budget(len(data))
-    source = _BoundedGzip(data, budget, rule)
+    budget, rule, bound = limits.budget(len(data))
+    source = _BoundedGzip(data, budget, rule, bound)
     walk = _Walk()
     try:
         # Stream mode over our own multi-member gzip reader: forward only, no seeks
         # that could decompress past the budget in one call.
         with tarfile.open(fileobj=source, mode="r|") as tar:  # type: ignore[call-overload]
             for info in tar:
-                _take_member(tar, info, limits, budget, rule, walk, writer)
+                _take_member(tar, info, limits, (budget, rule, bound), walk, writer)
     except tarfile.TarError as exc:
         raise ArtifactInvalid("artifact", f"not a gzipped tar archive: {exc}") from exc
     finally:
@@ -497,8 +502,7 @@ def _take_member(
     tar: tarfile.TarFile,
     info: tarfile.TarInfo,
     limits: ArtifactLimits,
-    budget: int,
-    rule: str,
+    budget: tuple[int, str, str],
     walk: _Walk,
     writer: _Writer | None,
 ) -> None:
@@ -557,8 +561,8 @@ def _take_member(
             writer.symlink(parts, info.linkname)
         return
     walk.declared += info.size
-    if walk.declared > budget:
-        raise _refuse("too large", name, f"its members declare {rule}")
+    if walk.declared > budget[0]:
+        raise _refuse(budget[1], name, f"its files would unpack to {budget[2]}")
     keep = path in (MANIFEST_FILE, PROCFILE)
     if keep and info.size > MAX_MANIFEST_BYTES:
         raise _refuse("manifest too large", name, f"more than {MAX_MANIFEST_BYTES} bytes")

@@ -11,6 +11,7 @@ import shutil
 import sys
 import tarfile
 import tempfile
+import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -20,10 +21,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import corral.node._artifact_store as artifact_store_module
 from corral.node._api import ApiServices, build_api
 from corral.node._artifact_store import ArtifactStore, Materializer
 from corral.node._artifacts import (
     ArtifactLimits,
+    Manifest,
     digest_of,
     inspect_artifact,
     pack_directory,
@@ -308,7 +311,10 @@ def test_a_bomb_is_refused_by_its_ratio_below_the_absolute_cap(sandbox: Sandbox)
     data = archive([entry("zeros", data=bytes(40 * MIB))])
     limits = ArtifactLimits(max_ratio=200, ratio_floor_bytes=1 * MIB)
     message = refused(data, sandbox, limits)
-    assert "decompression bomb: more than 200 times its" in message
+    assert (
+        "refused: decompression bomb (member 'zeros'): its files would unpack to "
+        "more than 200 times its" in message
+    )
     assert sandbox.bytes_written() < 64 * 1024
 
 
@@ -563,3 +569,20 @@ def test_fuzzed_archives_are_refused_or_unpacked_entirely_inside(
 @given(members=_link_chains())
 def test_fuzzed_link_chains_are_refused_or_stay_inside(members: list[Member]) -> None:
     refused_or_inside(members, split=False)
+
+
+async def test_the_deploy_reads_the_archive_in_a_worker_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A large archive takes seconds to read: on the event loop it would stop the node
+    # (its lease, its API) for that long.
+    on_main_thread: list[bool] = []
+
+    def watched(data: bytes, limits: ArtifactLimits) -> Manifest:
+        on_main_thread.append(threading.current_thread() is threading.main_thread())
+        return inspect_artifact(data, limits)
+
+    monkeypatch.setattr(artifact_store_module, "inspect_artifact", watched)
+    api = Api(tmp_path)
+    assert (await api.deploy(packed_app(tmp_path).data)).status_code == 201
+    assert on_main_thread == [False]
