@@ -54,9 +54,10 @@ MAX_MEMBERS = 20_000
 #: Past RATIO_FLOOR_BYTES unpacked, more than MAX_RATIO times the compressed size is a bomb.
 MAX_RATIO = 200
 RATIO_FLOOR_BYTES = 32 * 1024 * 1024
-#: Lexical bounds on member names (a path, and one component of it).
+#: Lexical bounds on member names and link targets (a path, one component, the depth).
 MAX_PATH_BYTES = 1024
 MAX_NAME_BYTES = 255
+MAX_DEPTH = 48
 #: corral.toml and Procfile are read into memory: they are small by nature.
 MAX_MANIFEST_BYTES = 1024 * 1024
 #: Linux refuses a single argv or environment string longer than this (MAX_ARG_STRLEN).
@@ -390,11 +391,16 @@ def _member_parts(name: str) -> tuple[str, ...]:
     parts = tuple(part for part in name.split("/") if part not in ("", "."))
     if ".." in parts:
         raise _refuse("'..' component", name, "members must stay inside the app directory")
-    if len(encoded) > MAX_PATH_BYTES or any(len(p.encode()) > MAX_NAME_BYTES for p in parts):
+    if (
+        len(encoded) > MAX_PATH_BYTES
+        or len(parts) > MAX_DEPTH
+        or any(len(p.encode()) > MAX_NAME_BYTES for p in parts)
+    ):
         raise _refuse(
             "name too long",
             name[:80],
-            f"paths are limited to {MAX_PATH_BYTES} bytes and {MAX_NAME_BYTES} per component",
+            f"paths are limited to {MAX_PATH_BYTES} bytes, {MAX_DEPTH} levels and "
+            f"{MAX_NAME_BYTES} bytes per component",
         )
     return parts
 
@@ -407,6 +413,8 @@ def _link_walk(parent: tuple[str, ...], target: str, member: str) -> list[str]:
         raise _refuse("symlink with an empty or NUL target", member, "remove the link")
     if target.startswith("/"):
         raise _refuse("absolute symlink target", member, f"{target!r} points outside")
+    if len(target.encode("utf-8", "surrogateescape")) > MAX_PATH_BYTES:
+        raise _refuse("symlink target too long", member, f"more than {MAX_PATH_BYTES} bytes")
     stack = list(parent)
     used_as_directory: list[str] = []
     components = [c for c in target.split("/") if c not in ("", ".")]
@@ -525,8 +533,9 @@ def _take_member(
         if kind == "dir":
             return  # the root itself ("./")
         raise _refuse("non-directory at the root", name, "")
-    for depth in range(1, len(parts)):
-        prefix = "/".join(parts[:depth])
+    prefix = ""
+    for part in parts[:-1]:
+        prefix = f"{prefix}/{part}" if prefix else part
         seen = walk.kinds.get(prefix)
         if seen == "link":
             raise _refuse(
@@ -537,6 +546,10 @@ def _take_member(
         if seen == "file":
             raise _refuse("path passes through a file", name, f"{prefix!r} is a file member")
         walk.kinds[prefix] = "dir"
+    if len(walk.kinds) > 4 * limits.max_members:
+        raise _refuse(
+            "too many paths", name, f"more than {4 * limits.max_members} files and directories"
+        )
     seen = walk.kinds.get(path)
     if seen is not None:
         if seen == "dir" and kind == "dir":
@@ -609,12 +622,6 @@ def inspect_artifact(data: bytes, limits: ArtifactLimits = DEFAULT_LIMITS) -> Ma
     """
     walk = _walk_archive(data, limits, None)
     return parse_manifest(walk.manifest_files.get(MANIFEST_FILE), walk.manifest_files.get(PROCFILE))
-
-
-def read_artifact_manifest(data: bytes, limits: ArtifactLimits = DEFAULT_LIMITS) -> Manifest:
-    """The manifest of artifact bytes, after checking the whole archive (see
-    :func:`inspect_artifact`, which this is)."""
-    return inspect_artifact(data, limits)
 
 
 def unpack_artifact(

@@ -247,6 +247,8 @@ def test_a_symlink_target_through_another_symlink_is_refused(sandbox: Sandbox) -
         ([entry("f"), entry("f", data=b"again")], "duplicate member"),
         ([entry("f"), entry("f/g")], "path passes through a file"),
         ([entry("x" * 300)], "name too long"),
+        ([entry("/".join(["a"] * 49))], "name too long"),
+        ([entry("l", "symlink", link="a/" * 600)], "symlink target too long"),
     ],
 )
 def test_members_breaking_a_rule_are_refused_naming_it(
@@ -324,6 +326,13 @@ def test_a_bomb_in_a_pax_header_is_stopped_while_streaming(sandbox: Sandbox) -> 
     data = archive([(info, None)])
     message = refused(data, sandbox, ArtifactLimits(max_unpacked_bytes=1 * MIB))
     assert "too large: it unpacks to more than the 1048576 bytes" in message
+
+
+def test_too_many_implied_directories_are_refused(sandbox: Sandbox) -> None:
+    # each member implies 40 directories: the bookkeeping stays bounded too
+    data = archive([entry(f"{i}/" + "/".join("d" * 40) + "/f") for i in range(3)])
+    message = refused(data, sandbox, ArtifactLimits(max_members=20))
+    assert "too many paths (member '1/d/d" in message
 
 
 def test_too_many_members_are_refused(sandbox: Sandbox) -> None:
