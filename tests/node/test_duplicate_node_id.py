@@ -108,7 +108,7 @@ def test_a_newcomer_refuses_while_the_first_node_is_alive(tmp_path: Path) -> Non
         assert second.process is not None
         assert second.process.wait(timeout=10) == 2
         text = second.log_path.read_text()
-        assert f"node id 'n1' is in use by a live node (instance" in text
+        assert "node id 'n1' is in use by a live node (instance" in text
         assert f"pid {first.pid} on host" in text
         assert first.running()
         record = read_record(cluster.registry_url)
