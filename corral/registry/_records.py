@@ -37,6 +37,8 @@ SCHEMA_VERSION: Final = 1
 
 COORDINATOR_LEASE_KEY: Final = "lease/coordinator"
 ROUTING_KEY: Final = "routing"
+#: HMAC of the cluster secret, set by the first node (never the secret itself).
+SECRET_FINGERPRINT_KEY: Final = "cluster/secret-fingerprint"
 
 # Prefixes for range reads and watches.
 APPS_PREFIX: Final = "apps/"
@@ -62,6 +64,7 @@ class KeyKind(enum.StrEnum):
     ALIAS_PREVIOUS = "alias-previous"
     ROUTING = "routing"
     ARTIFACT = "artifacts"
+    SECRET_FINGERPRINT = "cluster"
 
 
 # --------------------------------------------------------------------------- names
@@ -185,7 +188,8 @@ def parse_key(key: str) -> tuple[KeyKind, tuple[str, ...]]:
 
 _KEY_SHAPES = (
     "accepted: apps/<app>, nodes/<node>, intent/<node>, placement/<app>, lease/coordinator, "
-    "ports/<node>/<port>, alias/<domain>, alias/<domain>/previous, routing, artifacts/<sha256>"
+    "ports/<node>/<port>, alias/<domain>, alias/<domain>/previous, routing, artifacts/<sha256>, "
+    "cluster/secret-fingerprint"
 )
 
 
@@ -194,6 +198,8 @@ def _parse_key(key: str) -> tuple[KeyKind, tuple[str, ...]]:
         return KeyKind.ROUTING, ()
     if key == COORDINATOR_LEASE_KEY:
         return KeyKind.COORDINATOR_LEASE, ("coordinator",)
+    if key == SECRET_FINGERPRINT_KEY:
+        return KeyKind.SECRET_FINGERPRINT, ("secret-fingerprint",)
     head, sep, rest = key.partition("/")
     if not sep:
         raise ValueError("no such key")
@@ -507,6 +513,11 @@ class NodeRecord:
     serving: dict[str, ServingEntry] = field(default_factory=dict)
     change_token: int = 0
     started_at: float = 0.0
+    #: The process holding the record: a random token per node process ("" when
+    #: written by a build without one), its pid and host name.
+    instance: str = ""
+    pid: int = 0
+    hostname: str = ""
 
     def __post_init__(self) -> None:
         validate_name("node", self.id)
@@ -532,6 +543,9 @@ class NodeRecord:
                 "serving": {app: entry.to_json() for app, entry in self.serving.items()},
                 "change_token": self.change_token,
                 "started_at": self.started_at,
+                "instance": self.instance,
+                "pid": self.pid,
+                "hostname": self.hostname,
             }
         )
 
@@ -556,6 +570,9 @@ class NodeRecord:
             },
             change_token=_int(_field(obj, "change_token", 0), "change_token"),
             started_at=_float(_field(obj, "started_at", 0.0), "started_at"),
+            instance=_str(_field(obj, "instance", ""), "instance"),
+            pid=_nonneg(_field(obj, "pid", 0), "pid"),
+            hostname=_str(_field(obj, "hostname", ""), "hostname"),
         )
 
 
@@ -630,6 +647,32 @@ class CoordinatorLease:
         return cls(
             holder=_str(_field(obj, "holder"), "holder"),
             acquired_at=_float(_field(obj, "acquired_at"), "acquired_at"),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class SecretFingerprint:
+    """``cluster/secret-fingerprint``: HMAC-SHA256 of the cluster secret (hex), which
+    node set it and when. Nodes whose secret gives another fingerprint refuse to start."""
+
+    fingerprint: str
+    set_by: str
+    set_at: float
+
+    def encode(self) -> bytes:
+        return _dump(
+            {"fingerprint": self.fingerprint, "set_by": self.set_by, "set_at": self.set_at}
+        )
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> SecretFingerprint:
+        fingerprint = _str(_field(obj, "fingerprint"), "fingerprint")
+        if _DIGEST.fullmatch(fingerprint) is None:
+            raise ValueError("field 'fingerprint' must be 64 lowercase hex digits")
+        return cls(
+            fingerprint=fingerprint,
+            set_by=_str(_field(obj, "set_by"), "set_by"),
+            set_at=_float(_field(obj, "set_at"), "set_at"),
         )
 
 
@@ -727,6 +770,7 @@ Record: TypeAlias = (
     | AliasRecord
     | RoutingTable
     | Artifact
+    | SecretFingerprint
 )
 
 
@@ -748,6 +792,7 @@ _JSON_DECODERS: Final[dict[KeyKind, Callable[[dict[str, Any]], Record]]] = {
     KeyKind.ALIAS: AliasRecord.from_json,
     KeyKind.ALIAS_PREVIOUS: AliasRecord.from_json,
     KeyKind.ROUTING: RoutingTable.from_json,
+    KeyKind.SECRET_FINGERPRINT: SecretFingerprint.from_json,
 }
 
 
