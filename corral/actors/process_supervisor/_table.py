@@ -375,12 +375,15 @@ class ProcessTable:
 
     def _failed(self, slot: _Slot, request: StartRequest, exc: BaseException) -> _Outcome:
         phase = "stop" if slot.state == "stopping" else "start" if slot.pid is None else "run"
-        slot.last_error = _bounded(f"could not {phase} app {slot.app!r}: {describe(exc)}")
+        error = _bounded(f"could not {phase} app {slot.app!r}: {describe(exc)}")
+        # The traceback once; a retry that fails the same way says only the line.
+        repeated = error == slot.last_error
+        slot.last_error = error
         slot.current = request
         slot.state = "failed"
         slot.pid = None
         slot.process = None
-        log.error("%s", slot.last_error, exc_info=exc)
+        log.error("%s", error, exc_info=None if repeated else exc)
         self._emit("process.failed", app=slot.app, phase=phase, error=slot.last_error)
         self._changed()
         return _Outcome(True, None, 0.0)
