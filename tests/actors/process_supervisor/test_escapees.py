@@ -271,3 +271,56 @@ async def test_after_a_node_crash_the_next_life_ends_escaped_daemons_by_marker(
         assert not gone(unmarked.pid)
     for proc in (stranger, unmarked):
         proc.wait()
+
+
+def test_a_real_node_stops_its_escaped_daemons_on_sigterm_and_after_sigkill(
+    tmp_path: Path,
+) -> None:
+    # `corral node run` itself: a subreaper, and the marker sweep of its next life.
+    from corral.node._artifacts import pack_directory
+    from corral.node._local_cluster import LocalCluster, wait_for
+
+    app_dir = tmp_path / "app"
+    app_dir.mkdir()
+    worker_app = DAEMONIZING_APP.replace("short_lived = daemon(0.5)", "short_lived = 0")
+    (app_dir / "daemon.py").write_text(worker_app)
+    (app_dir / "corral.toml").write_text(f"command = [{json.dumps(sys.executable)}, 'daemon.py']\n")
+    node_id = f"node-{uuid.uuid4().hex[:8]}"
+    cluster = LocalCluster(
+        tmp_path / "cluster", lease_ttl_ms=3000, node_ttl_ms=3000, shutdown_grace_ms=3000
+    )
+    (tmp_path / "cluster").mkdir()
+    node = cluster.add_node(node_id, port_range=(25900, 25949))
+    out = node.data_dir / "apps" / "daemon" / "logs" / "stdout.log"
+
+    def workers() -> list[int]:
+        if not out.exists():
+            return []
+        return [int(line.split()[0]) for line in out.read_text().splitlines() if line.strip()]
+
+    def new_worker(after: int) -> int:
+        found = wait_for("the daemon's worker", lambda: len(workers()) > after, timeout=30.0)
+        assert found
+        return workers()[-1]
+
+    with ending([]) as started, cluster:
+        cluster.start(node)
+        cluster.wait_ready(node)
+        assert node.process is not None
+        with node.client() as client:
+            client.deploy("daemon", pack_directory(app_dir), replicas=1)
+        first = new_worker(0)
+        started.append(first)
+        assert psutil.Process(first).ppid() == node.process.pid  # adopted by the node
+        assert psutil.Process(first).environ()[INSTANCE_VAR].startswith(f"{node_id}/daemon/")
+
+        cluster.kill(node)  # a crash: the worker outlives the node
+        assert not gone(first)
+        cluster.start(node)
+        cluster.wait_ready(node)
+        wait_for("the next life to end the worker", lambda: gone(first), timeout=30.0)
+
+        second = new_worker(1)
+        started.append(second)
+        assert cluster.stop(node) == 0  # SIGTERM: a clean stop ends it too
+        assert gone(second)
