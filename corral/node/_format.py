@@ -45,6 +45,9 @@ def ps_table(rows: Sequence[Mapping[str, Any]], coordinator: object = None) -> s
             for r in rows
         ],
     )
+    for r in rows:
+        if r["state"] in ("failed", "crash-loop") and r.get("reason"):
+            text += f"\n{r['state']} {r['app']} on {r['node']}: {r['reason']}"
     if isinstance(coordinator, Mapping) and coordinator.get("error"):
         text += f"\nRELOC cannot tell cooldowns: {coordinator['error']}"
     return text
@@ -238,7 +241,9 @@ def state_summary(state: Mapping[str, Any], now: float | None = None) -> str:
                     (
                         p.get("app"),
                         p.get("pid"),
-                        "crash-loop" if p.get("crash_loop") else p.get("state"),
+                        "crash-loop"
+                        if p.get("crash_loop") and p.get("state") != "failed"
+                        else p.get("state"),
                         p.get("public_port"),
                         p.get("internal_port"),
                         p.get("restarts"),

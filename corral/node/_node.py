@@ -53,7 +53,7 @@ from corral.actors.node_record import (
     claim_on_start,
     node_registration_child_spec,
 )
-from corral.actors.process_supervisor import ListProcesses
+from corral.actors.process_supervisor import ListProcesses, enable_subreaper
 from corral.actors.reconciler import AgentSpec, LastPass
 from corral.node._api import ApiServices, build_api, record_json
 from corral.node._artifact_store import ArtifactStore, Materializer
@@ -598,7 +598,13 @@ def kill_descendants() -> list[int]:
 
 
 async def serve_until_signalled(config: NodeConfig) -> None:
-    """Run the node; the first SIGTERM/SIGINT stops it cleanly, a second forces it."""
+    """Run the node; the first SIGTERM/SIGINT stops it cleanly, a second forces it.
+
+    The node process becomes a child subreaper first (Linux), so an app's descendant
+    that double-forks away is re-parented to the node and ends with its app.
+    """
+    if not enable_subreaper():
+        log.info("not a child subreaper here: escaped app descendants go to init")
     stop = trio.Event()
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with trio.open_nursery() as nursery:

@@ -458,28 +458,35 @@ class Capacity:
         )
 
 
-ServingState: TypeAlias = Literal["starting", "running", "crash-loop", "stopped"]
-SERVING_STATES: Final[tuple[str, ...]] = ("starting", "running", "crash-loop", "stopped")
+ServingState: TypeAlias = Literal["starting", "running", "crash-loop", "failed", "stopped"]
+SERVING_STATES: Final[tuple[str, ...]] = ("starting", "running", "crash-loop", "failed", "stopped")
+#: Longest ``ServingEntry.reason`` kept (it is published in every node record).
+MAX_SERVING_REASON: Final = 400
 
 
 @dataclass(frozen=True, slots=True)
 class ServingEntry:
-    """One app a node serves: its revision, ports and process state."""
+    """One app a node serves: its revision, ports and process state; ``reason`` says
+    why it is ``failed`` or in a ``crash-loop`` (empty otherwise)."""
 
     revision: str
     public_port: int
     internal_port: int
     state: ServingState = "starting"
     restarts: int = 0
+    reason: str = ""
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "revision": self.revision,
             "public_port": self.public_port,
             "internal_port": self.internal_port,
             "state": self.state,
             "restarts": self.restarts,
         }
+        if self.reason:
+            out["reason"] = self.reason[:MAX_SERVING_REASON]
+        return out
 
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> ServingEntry:
@@ -489,6 +496,7 @@ class ServingEntry:
             internal_port=_int(_field(obj, "internal_port"), "serving.internal_port"),
             state=_one_of(_field(obj, "state"), "serving.state", SERVING_STATES),
             restarts=_nonneg(_field(obj, "restarts", 0), "serving.restarts"),
+            reason=_str(_field(obj, "reason", ""), "serving.reason")[:MAX_SERVING_REASON],
         )
 
 
