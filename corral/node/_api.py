@@ -175,10 +175,10 @@ class _BodyTooLarge(Exception):
     """A request body passed its size cap (answered 413)."""
 
     def __init__(self, limit: int, declared: int | None) -> None:
-        said = f"declares {declared} bytes" if declared is not None else "runs past the limit"
+        said = f"declares {declared} bytes, more than" if declared is not None else "passed"
         super().__init__(
-            f"the request body {said}, more than the {limit} bytes this node accepts; "
-            "send a smaller artifact"
+            f"the request body {said} the {limit} bytes ({limit / 2**20:.1f} MiB) this node "
+            "accepts; send a smaller artifact"
         )
 
 
