@@ -912,11 +912,10 @@ class WebSocketTransport(Transport):
                     remote, f"{origin} refused the handshake: {_close_text(exc.reason)}"
                 )
             else:
-                log.info(
-                    "%s: %s left during the handshake: %s",
-                    self._node_id,
-                    origin,
-                    _close_text(exc.reason),
+                self._warn_refused(
+                    remote,
+                    f"{origin} left during the handshake: {_close_text(exc.reason)}",
+                    level=logging.INFO,
                 )
             return None
         return info, handshake.welcome()
@@ -929,12 +928,15 @@ class WebSocketTransport(Transport):
         )
         await self._close_ws(ws, refusal.code, refusal.reason)
 
-    def _warn_refused(self, remote: str, text: str) -> None:
-        """Log a WARNING about a refused connection, a few per remote address per
-        minute: a peer with the wrong secret, or anyone probing the port, redials
-        without end."""
+    def _warn_refused(self, remote: str, text: str, level: int = logging.WARNING) -> None:
+        """Log a refused (or abandoned) connection, a few per remote host per minute:
+        a peer with the wrong secret, or anyone probing the port, redials without end."""
         self._warn_within_budget(
-            f"connect:{remote}", text, f"refused connections with {remote}", counted_in=None
+            f"connect:{remote}",
+            text,
+            f"refused connections with {remote}",
+            counted_in=None,
+            level=level,
         )
 
     async def _close_ws(
@@ -1068,9 +1070,14 @@ class WebSocketTransport(Transport):
         )
 
     def _warn_within_budget(
-        self, key: str, text: str, what: str, counted_in: str | None = "peer_status"
+        self,
+        key: str,
+        text: str,
+        what: str,
+        counted_in: str | None = "peer_status",
+        level: int = logging.WARNING,
     ) -> None:
-        """Log a WARNING about a refusal, a few per key per minute (then a count)."""
+        """Log a refusal (a WARNING by default), a few per key per minute, then a count."""
         verdict = self._refusal_log.admit(key, trio.current_time())
         if not verdict.write:
             return
@@ -1083,7 +1090,7 @@ class WebSocketTransport(Transport):
                 if counted_in is not None
                 else f" (further {what} within {interval} are counted, not logged)"
             )
-        log.warning("%s: %s", self._node_id, text)
+        log.log(level, "%s: %s", self._node_id, text)
 
     def _on_closed(self, conn: _Connection, reason: trio_websocket.CloseReason | None) -> None:
         if reason is not None and reason.code == CloseCode.GOING_AWAY:
