@@ -255,7 +255,8 @@ def _refuse_unknown(body: Mapping[str, Any], allowed: set[str]) -> None:
 
 
 def build_api(services: ApiServices) -> ASGIApp:
-    """The node's ASGI app, with bearer authentication in front of every route."""
+    """The node's ASGI app: bearer authentication in front of every route, and a JSON
+    500 with a logged error id behind them all."""
     registry = services.registry
 
     async def body_of(request: Request) -> Mapping[str, Any]:
