@@ -17,7 +17,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from corral.node._errors import ConfigError
-from corral.registry import InvalidRegistryUrl, default_registry_url, parse_registry_url
+from corral.registry import (
+    InvalidName,
+    InvalidRegistryUrl,
+    default_registry_url,
+    parse_registry_url,
+    validate_labels,
+)
 
 DEFAULT_API = "127.0.0.1:7400"
 DEFAULT_LISTEN = "127.0.0.1:7401"
@@ -253,6 +259,10 @@ def resolve_node_config(
             labels = dict(parse_label(str(item), where) for item in value)
         else:
             labels = _file_labels(value, where)
+        try:
+            labels = validate_labels(labels)
+        except InvalidName as exc:
+            raise ConfigError(f"{where}: {exc}") from None
 
     start = number("port-range-start", DEFAULT_PORT_RANGE_START, low=1, high=65535)
     end = number("port-range-end", min(start + DEFAULT_PORT_RANGE_SPAN, 65535), low=1, high=65535)

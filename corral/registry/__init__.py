@@ -43,6 +43,7 @@ from corral.registry._records import (
     ARTIFACTS_PREFIX,
     COORDINATOR_LEASE_KEY,
     INTENT_PREFIX,
+    MAX_LABELS,
     NODES_PREFIX,
     PLACEMENT_PREFIX,
     PORTS_PREFIX,
@@ -79,6 +80,8 @@ from corral.registry._records import (
     read_records,
     validate_digest,
     validate_domain,
+    validate_label,
+    validate_labels,
     validate_name,
 )
 from corral.registry._sqlite import SQLiteRegistry
@@ -89,6 +92,7 @@ __all__ = [
     "ARTIFACTS_PREFIX",
     "COORDINATOR_LEASE_KEY",
     "INTENT_PREFIX",
+    "MAX_LABELS",
     "NODES_PREFIX",
     "PLACEMENT_PREFIX",
     "PORTS_PREFIX",
@@ -153,5 +157,7 @@ __all__ = [
     "read_records",
     "validate_digest",
     "validate_domain",
+    "validate_label",
+    "validate_labels",
     "validate_name",
 ]

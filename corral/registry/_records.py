@@ -69,7 +69,10 @@ class KeyKind(enum.StrEnum):
 
 # --------------------------------------------------------------------------- names
 
-_LABEL = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
+# One DNS label (RFC 1123): app and node names, and each part of a domain.
+_DNS_LABEL = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
+# The name part of a label key, and a non-empty label value (Kubernetes' syntax).
+_LABEL_TEXT = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?")
 _DIGEST = re.compile(r"[0-9a-f]{64}")
 _PORT = re.compile(r"[1-9][0-9]{0,4}")
 
@@ -87,7 +90,7 @@ def validate_name(kind: str, name: str) -> str:
     Raises:
         InvalidName: naming what is allowed.
     """
-    if not isinstance(name, str) or _LABEL.fullmatch(name) is None:
+    if not isinstance(name, str) or _DNS_LABEL.fullmatch(name) is None:
         raise InvalidName(
             f"invalid {kind} name {name!r}: use 1-63 characters of a-z, 0-9 and '-', "
             "not starting or ending with '-'"
@@ -104,13 +107,70 @@ def validate_domain(domain: str) -> str:
     if (
         not isinstance(domain, str)
         or not 0 < len(domain) <= 253
-        or not all(_LABEL.fullmatch(label) for label in domain.split("."))
+        or not all(_DNS_LABEL.fullmatch(label) for label in domain.split("."))
     ):
         raise InvalidName(
             f"invalid domain {domain!r}: use dot-separated labels of 1-63 characters of "
             "a-z, 0-9 and '-' (not starting or ending with '-'), 253 characters at most"
         )
     return domain
+
+
+#: Labels a node, or pairs a selector, may have at most.
+MAX_LABELS: Final = 64
+
+_LABEL_RULES = (
+    "a label key is a name of 1-63 characters of A-Z, a-z, 0-9, '.', '_' and '-' that "
+    "starts and ends with a letter or digit, optionally after a DNS-subdomain prefix and "
+    "'/' (zone, example.com/zone); a value is empty or follows the same rules as a name"
+)
+
+
+def validate_label(key: str, value: str, what: str = "label") -> None:
+    """Check one label (or selector pair) against Kubernetes' label syntax.
+
+    The key is an optional prefix (a DNS subdomain of at most 253 characters) and
+    ``/``, then a name of 1-63 characters of ``A-Za-z0-9._-`` starting and ending
+    with a letter or digit; the value is empty or follows the name's rules. So no
+    label can carry a control character, a space or ``=`` into a log or a terminal.
+
+    Args:
+        key: the label key.
+        value: its value.
+        what: what the pair is ("label", "selector"), used in the message.
+
+    Raises:
+        InvalidName: naming the key (escaped, with ``repr``) and the rules.
+    """
+    if not isinstance(key, str) or not isinstance(value, str):
+        raise InvalidName(f"{what} {key!r}: keys and values must be strings")
+    prefix, slash, name = key.rpartition("/")
+    if (
+        _LABEL_TEXT.fullmatch(name) is None
+        or (slash and not 0 < len(prefix) <= 253)
+        or (slash and not all(_DNS_LABEL.fullmatch(part) for part in prefix.split(".")))
+    ):
+        raise InvalidName(f"{what} key {key!r} is invalid: {_LABEL_RULES}")
+    if value and _LABEL_TEXT.fullmatch(value) is None:
+        raise InvalidName(f"{what} {key!r} has an invalid value {value!r}: {_LABEL_RULES}")
+
+
+def validate_labels(labels: Mapping[str, str], what: str = "label") -> dict[str, str]:
+    """Check every pair of ``labels`` with :func:`validate_label`, and their count.
+
+    Returns:
+        The pairs as a new dict.
+
+    Raises:
+        InvalidName: more than :data:`MAX_LABELS` pairs, or the first invalid pair.
+    """
+    if len(labels) > MAX_LABELS:
+        raise InvalidName(
+            f"{len(labels)} {what} pairs, more than the {MAX_LABELS} allowed; drop some"
+        )
+    for key, value in labels.items():
+        validate_label(key, value, what)
+    return dict(labels)
 
 
 def validate_digest(digest: str) -> str:
@@ -384,6 +444,8 @@ class AppRecord:
             raise ValueError(f"replicas must be 'all' or an integer >= 1, got {self.replicas!r}")
         if self.memory_mb < 0 or self.disk_mb < 0:
             raise ValueError("memory_mb and disk_mb must be >= 0")
+        validate_labels(self.selector, "selector")
+        validate_labels(self.labels)
 
     @property
     def key(self) -> str:
@@ -530,6 +592,7 @@ class NodeRecord:
     def __post_init__(self) -> None:
         validate_name("node", self.id)
         _one_of(self.state, "state", NODE_STATES)
+        validate_labels(self.labels)
 
     @property
     def key(self) -> str:
@@ -822,7 +885,7 @@ def decode_record(key: str, value: bytes) -> Record | Undecodable:
         return Artifact(digest, bytes(value))
     try:
         obj = json.loads(value)
-    except (UnicodeDecodeError, ValueError) as exc:
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         return Undecodable(key, f"not UTF-8 JSON: {exc}")
     if not isinstance(obj, dict):
         return Undecodable(key, f"not a JSON object but {type(obj).__name__}")

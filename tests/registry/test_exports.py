@@ -12,6 +12,7 @@ def test_all_lists_the_public_names() -> None:
         "ARTIFACTS_PREFIX",
         "COORDINATOR_LEASE_KEY",
         "INTENT_PREFIX",
+        "MAX_LABELS",
         "NODES_PREFIX",
         "PLACEMENT_PREFIX",
         "PORTS_PREFIX",
@@ -76,6 +77,8 @@ def test_all_lists_the_public_names() -> None:
         "read_records",
         "validate_digest",
         "validate_domain",
+        "validate_label",
+        "validate_labels",
         "validate_name",
     ]
     for name in corral.registry.__all__:
