@@ -62,6 +62,8 @@ from corral.registry import (
     PlacementRecord,
     Registry,
     RegistryError,
+    RegistryReplaced,
+    SQLiteRegistry,
     decode_record,
     node_key,
     open_registry,
@@ -416,11 +418,22 @@ async def run_node(
 
     Raises:
         ConfigError: the data directory, node id or an address cannot be used.
-        RegistryError: the registry cannot be opened.
+        RegistryError: the registry cannot be opened; RegistryReplaced: its file
+            was deleted or replaced while the node ran (the node stopped cleanly).
     """
     check_bindable(config)  # before anything is written under --data-dir
     runtime = prepare_runtime(config)
     events = EventLog()
+    lost: list[RegistryReplaced] = []
+
+    async def stop_if_registry_file_lost(registry: SQLiteRegistry) -> None:
+        try:
+            await registry.guard_file()
+        except RegistryReplaced as exc:
+            log.error("node %s stopping: %s", runtime.node_id, exc)
+            lost.append(exc)
+            stop.set()
+
     async with open_registry(config.registry_url) as registry:
         await check_node_id_free(runtime, registry)
         persist_node_id(config.data_dir, runtime.node_id)
@@ -442,6 +455,8 @@ async def run_node(
                 ) as system:
                     services.system = system
                     nursery.start_soon(events.follow, system)
+                    if isinstance(registry, SQLiteRegistry):
+                        nursery.start_soon(stop_if_registry_file_lost, registry)
                     log.info(
                         "node %s up: api http://%s, peers %s, registry %s, data %s",
                         runtime.node_id,
@@ -456,6 +471,8 @@ async def run_node(
                     log.info("node %s stopping", runtime.node_id)
                 nursery.cancel_scope.cancel()
     log.info("node %s stopped", runtime.node_id)
+    if lost:
+        raise lost[0]
 
 
 def kill_descendants() -> list[int]:
