@@ -434,7 +434,7 @@ async def run_node(
             lost.append(exc)
             stop.set()
 
-    async with open_registry(config.registry_url) as registry:
+    async with open_registry(config.registry_url, options=config.registry_options) as registry:
         await check_node_id_free(runtime, registry)
         persist_node_id(config.data_dir, runtime.node_id)
         services = NodeServices(runtime, registry, events)

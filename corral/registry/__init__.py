@@ -34,6 +34,7 @@ from corral.registry._errors import (
 from corral.registry._etcd import EtcdRegistry
 from corral.registry._memory import MemoryRegistry
 from corral.registry._open import (
+    RegistryOptions,
     RegistryUrl,
     default_registry_url,
     open_registry,
@@ -124,6 +125,7 @@ __all__ = [
     "Registry",
     "RegistryAuthError",
     "RegistryError",
+    "RegistryOptions",
     "RegistryReplaced",
     "RegistryUnavailable",
     "RegistryUrl",

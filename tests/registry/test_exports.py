@@ -47,6 +47,7 @@ def test_all_lists_the_public_names() -> None:
         "Registry",
         "RegistryAuthError",
         "RegistryError",
+        "RegistryOptions",
         "RegistryReplaced",
         "RegistryUnavailable",
         "RegistryUrl",
