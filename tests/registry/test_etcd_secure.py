@@ -408,3 +408,40 @@ async def test_the_password_never_reaches_a_log_record(
         text = record.getMessage() + repr(record.args)
         assert secure_etcd.password not in text
         assert "wrong-" not in text
+
+
+@pytest.mark.etcd
+@pytest.mark.slow
+async def test_a_node_runs_on_the_secure_etcd_from_its_settings(
+    secure_etcd: SecureEtcd, tmp_path: Path
+) -> None:
+    import functools
+
+    from corral.node._local_cluster import free_port
+    from corral.node._node import run_node
+    from corral.registry import node_key
+
+    prefix = f"{SECURE_PREFIX}node/"
+    config = resolve_node_config(
+        {
+            "data-dir": "data",
+            "node-id": "n1",
+            "api": f"127.0.0.1:{free_port()}",
+            "listen": f"127.0.0.1:{free_port()}",
+            "registry": f"{secure_etcd.url}/?prefix={prefix}",
+            "registry-ca": secure_etcd.ca_file,
+            "registry-cert": secure_etcd.cert_file,
+            "registry-key": secure_etcd.key_file,
+            "registry-user": secure_etcd.user,
+        },
+        {"CORRAL_REGISTRY_PASSWORD": secure_etcd.password},
+        cwd=tmp_path,
+    )
+    stop = trio.Event()
+    async with open_test_etcd_registry(secure=secure_etcd, namespace=prefix) as registry:
+        with trio.fail_after(30):
+            async with trio.open_nursery() as nursery:
+                await nursery.start(functools.partial(run_node, config, stop=stop))
+                while await registry.get(node_key("n1")) is None:
+                    await trio.sleep(0.05)
+                stop.set()
