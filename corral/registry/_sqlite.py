@@ -384,7 +384,7 @@ class SQLiteRegistry(Registry):
         else:
             await trio.lowlevel.checkpoint()
         now = self._clock()
-        if now < self._probe_valid_until and now < self._earliest_expiry and self._lost is None:
+        if now < self._probe_valid_until and now < self._earliest_expiry and not self._closed:
             try:  # the fast path: no lease can be due, read directly
                 row = self._conn.execute(_GET, (key,)).fetchone()
             except sqlite3.Error:
