@@ -309,10 +309,11 @@ class SQLiteRegistry(Registry):
 
         lease_clock = clock if clock is not None else host_clock
 
-        def connect() -> tuple[
-            sqlite3.Connection, sqlite3.Connection | None, tuple[int, int] | None
-        ]:
-            """One attempt; every step is idempotent, so a busy attempt is redone whole."""
+        def connect(
+            now: float,
+        ) -> tuple[sqlite3.Connection, sqlite3.Connection | None, tuple[int, int] | None]:
+            """One attempt; every step is idempotent, so a busy attempt is redone whole.
+            ``now`` is read on the loop: an injected clock may be trio's."""
             directory = os.path.dirname(path)
             if directory:
                 os.makedirs(directory, exist_ok=True)
@@ -326,7 +327,7 @@ class SQLiteRegistry(Registry):
                 for statement in _SCHEMA.split(";"):
                     if statement.strip():
                         setup.execute(statement)
-                _rebase_leases(setup, lease_epoch(), lease_clock())
+                _rebase_leases(setup, lease_epoch(), now)
                 setup.execute("COMMIT")
                 setup.close()
                 # The loop's connection never waits on a lock inside SQLite: a busy
@@ -347,7 +348,7 @@ class SQLiteRegistry(Registry):
         patience = _Patience(busy_timeout, started=trio.current_time())
         while True:
             try:
-                conn, write_conn, identity = await trio.to_thread.run_sync(connect)
+                conn, write_conn, identity = await trio.to_thread.run_sync(connect, lease_clock())
                 break
             except sqlite3.Error as exc:
                 if not await patience.wait(exc):
