@@ -66,6 +66,11 @@ class Gateway:
             return httpx.Response(
                 401, json={"error": "etcdserver: invalid auth token", "code": 16}
             )
+        if path == "/v3/watch":
+            key = json.loads(body)["create_request"]["key"]
+            event = {"kv": {"key": key, "value": "", "mod_revision": "8", "version": "1"}}
+            lines = [{"result": {"created": True}}, {"result": {"events": [event]}}]
+            return httpx.Response(200, content="".join(json.dumps(x) + "\n" for x in lines))
         return httpx.Response(200, json={"header": {"revision": "7"}})
 
 
@@ -108,6 +113,23 @@ async def test_an_expired_token_is_renewed_once_and_the_write_sent_again() -> No
             ("/v3/auth/authenticate", None),
             ("/v3/kv/put", "tok-2"),
         ]
+    finally:
+        await registry.aclose()
+
+
+async def test_a_watch_opened_with_an_expired_token_logs_in_again() -> None:
+    gateway = Gateway()
+    registry = mock(gateway)
+    try:
+        await registry.revision()
+        gateway.expire()
+        async with registry.watch("apps/", 8) as events:
+            with trio.fail_after(5):
+                async for event in events:
+                    assert event.kv.mod_revision == 8
+                    break
+        assert registry.authentications == 2
+        assert [p for p, _ in gateway.seen].count("/v3/watch") == 2  # refused, then sent again
     finally:
         await registry.aclose()
 
