@@ -401,8 +401,10 @@ class EtcdRegistry(Registry):
                     "start_revision": str(next_revision),
                 }
             }
+            token = self._token
             try:
                 await self._ensure_token()
+                token = self._token
                 async with (
                     self._open_stream(
                         endpoint + "/v3/watch", json.dumps(request), self._stream_timeout
@@ -425,7 +427,7 @@ class EtcdRegistry(Registry):
                 failures += 1
                 if failures > self._retry_rounds * len(self._endpoints):
                     raise self._token_keeps_failing("/v3/watch") from None
-                await self._refresh_token(self._token)
+                await self._refresh_token(token)
                 continue
             except (httpx.TransportError, _Retryable) as exc:
                 # Resuming from next_revision is always safe: rotate and retry.
