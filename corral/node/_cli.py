@@ -53,7 +53,21 @@ def _node_run_options(run: argparse.ArgumentParser) -> None:
     run.add_argument("--config", metavar="FILE", help="TOML config file (or $CORRAL_CONFIG)")
     run.add_argument("--data-dir", metavar="DIR", help="state directory (default ./.corral)")
     run.add_argument(
-        "--registry", metavar="URL", help="sqlite:///<data-dir>/registry.db (default) or etcd://h:p"
+        "--registry",
+        metavar="URL",
+        help="sqlite:///<data-dir>/registry.db (default), etcd://h:p or etcds://h:p (TLS)",
+    )
+    run.add_argument("--registry-ca", metavar="FILE", help="CA (PEM) etcds:// trusts")
+    run.add_argument("--registry-cert", metavar="FILE", help="client certificate for etcd (PEM)")
+    run.add_argument("--registry-key", metavar="FILE", help="key of --registry-cert (PEM)")
+    run.add_argument("--registry-user", metavar="USER", help="etcd user to authenticate as")
+    run.add_argument(
+        "--registry-password",
+        metavar="PASSWORD",
+        help="its password (prefer $CORRAL_REGISTRY_PASSWORD or --registry-password-file)",
+    )
+    run.add_argument(
+        "--registry-password-file", metavar="FILE", help="file holding the etcd password"
     )
     run.add_argument("--node-id", metavar="ID", help="node name (default: from the host name)")
     run.add_argument("--listen", metavar="HOST:PORT", help="peer address (default 127.0.0.1:7401)")

@@ -20,6 +20,7 @@ from corral.node._errors import ConfigError
 from corral.registry import (
     InvalidName,
     InvalidRegistryUrl,
+    RegistryOptions,
     default_registry_url,
     parse_registry_url,
     validate_labels,
@@ -39,6 +40,12 @@ DEFAULT_SHUTDOWN_GRACE_MS = 10_000
 SETTINGS: dict[str, str] = {
     "data-dir": "path",
     "registry": "str",
+    "registry-ca": "path",
+    "registry-cert": "path",
+    "registry-key": "path",
+    "registry-user": "str",
+    "registry-password": "secret",
+    "registry-password-file": "path",
     "node-id": "str",
     "listen": "address",
     "api": "address",
@@ -108,6 +115,7 @@ class NodeConfig:
     lease_ttl_ms: int = DEFAULT_LEASE_TTL_MS
     node_ttl_ms: int = DEFAULT_NODE_TTL_MS
     shutdown_grace_ms: int = DEFAULT_SHUTDOWN_GRACE_MS
+    registry_options: RegistryOptions = field(default_factory=RegistryOptions)
 
 
 def parse_address(text: str, where: str) -> Address:
@@ -227,14 +235,38 @@ def resolve_node_config(
             raise ConfigError(f"{where}: {raw!r} is not a whole number from {low} to {high}")
         return int(raw)
 
+    def path_text(name: str) -> str | None:
+        found = text(name)
+        return None if found is None else str(cwd / Path(found).expanduser())
+
+    def secret_text(name: str) -> str | None:
+        found = pick(name)
+        if found is None:
+            return None
+        value, where = found
+        if not isinstance(value, str) or not value:
+            raise ConfigError(f"{where}: {name} must be a non-empty string")  # never echo it
+        return value
+
     data_dir_text = text("data-dir") or DEFAULT_DATA_DIR
     data_dir = (cwd / Path(data_dir_text).expanduser()).resolve()
 
     registry_url = text("registry") or default_registry_url(data_dir)
     try:
-        parse_registry_url(registry_url)
+        parsed_registry = parse_registry_url(registry_url)
     except InvalidRegistryUrl as exc:
         raise ConfigError(f"--registry: {exc}") from None
+    registry_options = RegistryOptions(
+        ca_file=path_text("registry-ca"),
+        cert_file=path_text("registry-cert"),
+        key_file=path_text("registry-key"),
+        user=text("registry-user"),
+        password=secret_text("registry-password"),
+        password_file=path_text("registry-password-file"),
+    )
+    problems = registry_options.problems(parsed_registry)
+    if problems:
+        raise ConfigError(f"--registry {registry_url}: {'; '.join(problems)}")
 
     found = pick("listen")
     listen = parse_address(_file_text("listen", found[0], found[1]), found[1]) if found else None
@@ -294,4 +326,5 @@ def resolve_node_config(
         shutdown_grace_ms=number(
             "shutdown-grace-ms", DEFAULT_SHUTDOWN_GRACE_MS, low=0, high=600_000
         ),
+        registry_options=registry_options,
     )

@@ -85,7 +85,9 @@ from corral.registry import (
     Put,
     Registry,
     RegistryError,
+    RegistryReplaced,
     SecretFingerprint,
+    SQLiteRegistry,
     decode_record,
     node_key,
     open_registry,
@@ -520,23 +522,36 @@ async def run_node(
         ConfigError: the data directory, node id, cluster secret or an address cannot
             be used; or, after a clean stop of its apps, another process took
             ``nodes/<id>`` while this one ran.
-        RegistryError: the registry cannot be opened.
+        RegistryError: the registry cannot be opened; RegistryReplaced: its file
+            was deleted or replaced while the node ran (the node stopped cleanly).
     """
     check_bindable(config)  # before anything is written under --data-dir
     runtime = prepare_runtime(config)
     events = EventLog()
-    taken: list[HeldElsewhere] = []
+    # The first reason the node must stop by itself; it stops cleanly, then raises it.
+    fatal: list[Exception] = []
     halt = trio.Event()
 
-    def on_taken(held: HeldElsewhere) -> None:
-        taken.append(held)
+    def halt_for(reason: Exception) -> None:
+        if not fatal:
+            fatal.append(reason)
         halt.set()
+
+    def on_taken(held: HeldElsewhere) -> None:
+        halt_for(ConfigError(held.taken_message()))
 
     async def halt_on_stop() -> None:
         await stop.wait()
         halt.set()
 
-    async with open_registry(config.registry_url) as registry:
+    async def stop_if_registry_file_lost(registry: SQLiteRegistry) -> None:
+        try:
+            await registry.guard_file()
+        except RegistryReplaced as exc:
+            log.error("node %s stopping: %s", runtime.node_id, exc)
+            halt_for(exc)
+
+    async with open_registry(config.registry_url, options=config.registry_options) as registry:
         await check_cluster_secret(runtime, registry)
         replaces = await check_node_id_free(runtime, registry)
         persist_node_id(config.data_dir, runtime.node_id)
@@ -561,6 +576,8 @@ async def run_node(
                 ) as system:
                     services.system = system
                     nursery.start_soon(events.follow, system)
+                    if isinstance(registry, SQLiteRegistry):
+                        nursery.start_soon(stop_if_registry_file_lost, registry)
                     log.info(
                         "node %s up: api http://%s, peers %s, registry %s, data %s",
                         runtime.node_id,
@@ -572,12 +589,12 @@ async def run_node(
                     system.emit("node.started", node=runtime.node_id, api=str(config.api))
                     task_status.started(runtime)
                     await halt.wait()
-                    if not taken:
+                    if not fatal:
                         log.info("node %s stopping", runtime.node_id)
                 nursery.cancel_scope.cancel()
-    if taken:
+    if fatal:
         # The one line saying why (printed by the command line); the apps are stopped.
-        raise ConfigError(taken[0].taken_message())
+        raise fatal[0]
     log.info("node %s stopped", runtime.node_id)
 
 

@@ -25,13 +25,16 @@ from corral.registry._errors import (
     InvalidRegistryUrl,
     InvalidTxn,
     LeaseNotFound,
+    RegistryAuthError,
     RegistryError,
+    RegistryReplaced,
     RegistryUnavailable,
     RevisionCompacted,
 )
 from corral.registry._etcd import EtcdRegistry
 from corral.registry._memory import MemoryRegistry
 from corral.registry._open import (
+    RegistryOptions,
     RegistryUrl,
     default_registry_url,
     open_registry,
@@ -127,7 +130,10 @@ __all__ = [
     "Put",
     "Record",
     "Registry",
+    "RegistryAuthError",
     "RegistryError",
+    "RegistryOptions",
+    "RegistryReplaced",
     "RegistryUnavailable",
     "RegistryUrl",
     "RevisionCompacted",
