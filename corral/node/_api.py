@@ -4,7 +4,9 @@ Every route needs ``Authorization: Bearer <token>``: none gives 401, a wrong one
 403 (compared in constant time). ``GET /v1/artifacts/<digest>`` also accepts the
 per-artifact capability peers derive from the cluster secret. Errors are JSON
 ``{"error": "...", "field": "..."}``: 400 names the field, 404 no such app or
-node, 409 refused or raced, 503 the registry is unreachable.
+node, 409 refused or raced, 413 the body passed its cap (checked while it streams
+in), 503 the registry is unreachable, and 500 (with an ``id`` the node's log
+names next to the traceback) anything no route expected.
 
 Routes::
 
@@ -28,18 +30,22 @@ from __future__ import annotations
 
 import hmac
 import json
+import logging
 import math
+import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
 import trio
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.middleware import Middleware
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from corral.node import _operations as ops
 from corral.node._artifact_store import ArtifactStore, artifact_capability
@@ -55,6 +61,7 @@ from corral.node._requests import (
     check_name,
     parse_bool,
     parse_deploy,
+    parse_json_body,
     parse_pairs,
     parse_replicas,
 )
@@ -75,9 +82,13 @@ from corral.registry import (
 
 # base64 of the largest artifact plus room for the other fields.
 MAX_BODY_BYTES = MAX_ARTIFACT_BYTES * 4 // 3 + 64 * 1024
+#: Bodies up to this size are parsed on the event loop; larger ones in a thread.
+PARSE_INLINE_BYTES = 256 * 1024
 EVENT_POLL_INTERVAL = 0.25
 
 JSONDict = dict[str, Any]
+
+log = logging.getLogger("corral.node.api")
 
 
 @dataclass(frozen=True)
@@ -105,6 +116,8 @@ class ApiServices:
     #: optional: app -> why this node cannot get its revision onto disk (``ps`` shows
     #: those instances ``failed`` with the reason).
     failed_here: Callable[[], Awaitable[dict[str, str]]] | None = None
+    #: request bodies larger than this are refused with 413 while they stream in.
+    max_body_bytes: int = MAX_BODY_BYTES
 
 
 def record_json(record: AppRecord | NodeRecord | PlacementRecord | NodeIntent) -> JSONDict:
@@ -161,22 +174,81 @@ class BearerAuth:
         await response(scope, receive, send)
 
 
-async def _json_body(request: Request) -> Mapping[str, Any]:
+class _BodyTooLarge(Exception):
+    """A request body passed its size cap (answered 413)."""
+
+    def __init__(self, limit: int, declared: int | None) -> None:
+        said = f"declares {declared} bytes, more than" if declared is not None else "passed"
+        super().__init__(
+            f"the request body {said} the {limit} bytes ({limit / 2**20:.1f} MiB) this node "
+            "accepts; send a smaller artifact"
+        )
+
+
+class ErrorIds:
+    """ASGI middleware: an exception no route handles becomes a JSON 500 carrying an
+    error id, and the traceback is logged under that id, so an operator can find it
+    and no client ever sees a traceback. (Starlette's own last resort answers in
+    text and raises the exception on.)"""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self._app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self._app(scope, receive, send)
+            return
+        started = False
+
+        async def send_and_note(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self._app(scope, receive, send_and_note)
+        except Exception as exc:
+            error_id = secrets.token_hex(6)
+            log.exception(
+                "API %s %s failed (error id %s)", scope.get("method"), scope.get("path"), error_id
+            )
+            if started:
+                return  # the answer is under way: the client sees it cut short
+            response = JSONResponse(
+                {
+                    "error": f"internal error ({type(exc).__name__}), id {error_id}; the node's "
+                    "log has the details under that id",
+                    "id": error_id,
+                },
+                status_code=500,
+            )
+            await response(scope, receive, send)
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    """The request body, read as it streams in and refused as soon as it passes
+    ``limit`` bytes (a declared Content-Length or not, chunked too), so a large
+    body is never held whole."""
     length = request.headers.get("content-length")
-    if length is not None and length.isdigit() and int(length) > MAX_BODY_BYTES:
-        raise RequestInvalid("body", f"larger than {MAX_BODY_BYTES} bytes")
-    raw = await request.body()
-    if len(raw) > MAX_BODY_BYTES:
-        raise RequestInvalid("body", f"larger than {MAX_BODY_BYTES} bytes")
-    if not raw.strip():
-        return {}
-    try:
-        body = json.loads(raw)
-    except ValueError:
-        raise RequestInvalid("body", "is not JSON") from None
-    if not isinstance(body, dict):
-        raise RequestInvalid("body", "must be a JSON object")
-    return body
+    if length is not None and length.isdigit() and int(length) > limit:
+        raise _BodyTooLarge(limit, int(length))
+    chunks: list[bytes] = []
+    size = 0
+    async with aclosing(request.stream()) as stream:
+        async for chunk in stream:
+            size += len(chunk)
+            if size > limit:
+                raise _BodyTooLarge(limit, None)
+            chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def _json_body(request: Request, limit: int) -> Mapping[str, Any]:
+    raw = await _read_body(request, limit)
+    if len(raw) <= PARSE_INLINE_BYTES:
+        return parse_json_body(raw)
+    # An artifact upload: scanning and decoding it takes a fraction of a second.
+    return await trio.to_thread.run_sync(parse_json_body, raw)
 
 
 def _refuse_unknown(body: Mapping[str, Any], allowed: set[str]) -> None:
@@ -186,8 +258,12 @@ def _refuse_unknown(body: Mapping[str, Any], allowed: set[str]) -> None:
 
 
 def build_api(services: ApiServices) -> ASGIApp:
-    """The node's ASGI app, with bearer authentication in front of every route."""
+    """The node's ASGI app: bearer authentication in front of every route, and a JSON
+    500 with a logged error id behind them all."""
     registry = services.registry
+
+    async def body_of(request: Request) -> Mapping[str, Any]:
+        return await _json_body(request, services.max_body_bytes)
 
     async def changed(reason: str) -> None:
         if services.changed is not None:
@@ -296,7 +372,7 @@ def build_api(services: ApiServices) -> ASGIApp:
         return JSONResponse({"app": record_json(record)})
 
     async def deploy(request: Request) -> Response:
-        deploy_request = parse_deploy(request.path_params["name"], await _json_body(request))
+        deploy_request = parse_deploy(request.path_params["name"], await body_of(request))
         result = await ops.deploy(
             registry,
             deploy_request,
@@ -319,7 +395,7 @@ def build_api(services: ApiServices) -> ASGIApp:
 
     async def selector(request: Request) -> Response:
         name = check_name("app", request.path_params["name"])
-        body = await _json_body(request)
+        body = await body_of(request)
         _refuse_unknown(body, {"selector", "clear"})
         clear = parse_bool(body.get("clear", False), "clear")
         if clear == ("selector" in body):
@@ -337,7 +413,7 @@ def build_api(services: ApiServices) -> ASGIApp:
 
     async def replicas(request: Request) -> Response:
         name = check_name("app", request.path_params["name"])
-        body = await _json_body(request)
+        body = await body_of(request)
         _refuse_unknown(body, {"replicas"})
         if "replicas" not in body:
             raise RequestInvalid("replicas", "missing; give all or a whole number >= 1")
@@ -360,7 +436,7 @@ def build_api(services: ApiServices) -> ASGIApp:
     async def node_operation(request: Request) -> Response:
         node = check_name("node", request.path_params["node"], field="node")
         verb = request.path_params["verb"]
-        body = await _json_body(request)
+        body = await body_of(request)
         if verb == "cordon":
             _refuse_unknown(body, set())
             intent = await ops.cordon(registry, node)
@@ -407,6 +483,14 @@ def build_api(services: ApiServices) -> ASGIApp:
     async def on_artifact(request: Request, exc: Exception) -> Response:
         return _error(502, str(exc))
 
+    async def on_too_large(request: Request, exc: Exception) -> Response:
+        response = _error(413, str(exc), "body")
+        response.headers["Connection"] = "close"  # the rest of the body is not read
+        return response
+
+    async def on_disconnect(request: Request, exc: Exception) -> Response:
+        return _error(400, "the client left before sending the whole body")
+
     async def on_http(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
         message = exc.detail if exc.status_code != 404 else f"no route {request.url.path}"
@@ -437,6 +521,12 @@ def build_api(services: ApiServices) -> ASGIApp:
             RegistryUnavailable: on_unavailable,
             ArtifactError: on_artifact,
             HTTPException: on_http,
+            _BodyTooLarge: on_too_large,
+            ClientDisconnect: on_disconnect,
         },
+        middleware=[
+            Middleware(ErrorIds),
+            Middleware(BearerAuth, token=services.token, secret=services.secret),
+        ],
     )
-    return BearerAuth(app, services.token, services.secret)
+    return app

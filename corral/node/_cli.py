@@ -53,7 +53,21 @@ def _node_run_options(run: argparse.ArgumentParser) -> None:
     run.add_argument("--config", metavar="FILE", help="TOML config file (or $CORRAL_CONFIG)")
     run.add_argument("--data-dir", metavar="DIR", help="state directory (default ./.corral)")
     run.add_argument(
-        "--registry", metavar="URL", help="sqlite:///<data-dir>/registry.db (default) or etcd://h:p"
+        "--registry",
+        metavar="URL",
+        help="sqlite:///<data-dir>/registry.db (default), etcd://h:p or etcds://h:p (TLS)",
+    )
+    run.add_argument("--registry-ca", metavar="FILE", help="CA (PEM) etcds:// trusts")
+    run.add_argument("--registry-cert", metavar="FILE", help="client certificate for etcd (PEM)")
+    run.add_argument("--registry-key", metavar="FILE", help="key of --registry-cert (PEM)")
+    run.add_argument("--registry-user", metavar="USER", help="etcd user to authenticate as")
+    run.add_argument(
+        "--registry-password",
+        metavar="PASSWORD",
+        help="its password (prefer $CORRAL_REGISTRY_PASSWORD or --registry-password-file)",
+    )
+    run.add_argument(
+        "--registry-password-file", metavar="FILE", help="file holding the etcd password"
     )
     run.add_argument("--node-id", metavar="ID", help="node name (default: from the host name)")
     run.add_argument("--listen", metavar="HOST:PORT", help="peer address (default 127.0.0.1:7401)")
@@ -254,7 +268,9 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def _error(stream: TextIO, message: str) -> None:
-    print(f"corral: error: {message}", file=stream)
+    from corral.node._format import printable
+
+    print(f"corral: error: {printable(message)}", file=stream)
 
 
 def _print_json(stdout: TextIO, value: Any) -> None:
@@ -294,6 +310,7 @@ def _env_pairs(items: Sequence[str] | None) -> dict[str, str] | None:
 
 def _deploy(args: argparse.Namespace, stdout: TextIO) -> int:
     from corral.node._artifacts import pack_directory
+    from corral.node._format import printable_tree
     from corral.node._requests import (
         check_name,
         parse_env,
@@ -328,6 +345,7 @@ def _deploy(args: argparse.Namespace, stdout: TextIO) -> int:
     if args.json:
         _print_json(stdout, answer)
         return 0
+    answer = printable_tree(answer)
     app = answer["app"]
     where = "the registry" if answer["stored_in_registry"] else f"node {answer['received_by']}"
     selector_text = ", ".join(f"{k}={v}" for k, v in sorted(app["selector"].items())) or "none"
@@ -342,6 +360,7 @@ def _deploy(args: argparse.Namespace, stdout: TextIO) -> int:
 
 
 def _app(args: argparse.Namespace, stdout: TextIO) -> int:
+    from corral.node._format import printable_tree
     from corral.node._requests import check_name, parse_pairs, parse_replicas
 
     name = check_name("app", args.name)
@@ -349,8 +368,9 @@ def _app(args: argparse.Namespace, stdout: TextIO) -> int:
         if args.verb == "selector":
             pairs = None if args.clear else parse_pairs(args.set, "set")
             answer = client.set_selector(name, pairs)
+            selector = printable_tree(answer["app"]["selector"])
             text = f"{name}: selector " + (
-                ", ".join(f"{k}={v}" for k, v in sorted(answer["app"]["selector"].items()))
+                ", ".join(f"{k}={v}" for k, v in sorted(selector.items()))
                 or "cleared: every node may serve it"
             )
         elif args.verb == "replicas":
@@ -379,6 +399,7 @@ def _node_list(args: argparse.Namespace, stdout: TextIO) -> int:
 
 
 def _node_verb(args: argparse.Namespace, stdout: TextIO) -> int:
+    from corral.node._format import printable_tree
     from corral.node._requests import check_name
 
     if args.verb == "ls":
@@ -390,7 +411,8 @@ def _node_verb(args: argparse.Namespace, stdout: TextIO) -> int:
         _print_json(stdout, answer)
         return 0
     if args.verb == "drain":
-        text = drain_message(node, answer.get("interrupted") or [], forced=args.force)
+        interrupted = printable_tree(answer.get("interrupted") or [])
+        text = drain_message(node, interrupted, forced=args.force)
     elif args.verb == "cordon":
         text = f"{node}: cordoned; it keeps its work and takes none"
     else:
@@ -444,12 +466,18 @@ def _read_command(args: argparse.Namespace, stdout: TextIO) -> int:
 
 def _inspect(args: argparse.Namespace, stdout: TextIO) -> int:
     from corral.inspector import run_inspector
+    from corral.node._format import printable_tree
 
     with _client(args) as client:
         if args.json:
             _print_json(stdout, client.actors())
             return 0
-        return run_inspector(client.actors, stdout, interval=args.interval, once=args.once)
+        return run_inspector(
+            lambda: printable_tree(client.actors()),
+            stdout,
+            interval=args.interval,
+            once=args.once,
+        )
 
 
 def _dispatch(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
@@ -484,8 +512,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return _dispatch(args, sys.stdout, sys.stderr)
     except RequestInvalid as exc:
-        # The field as the command line spells its flag (memory_mb -> memory-mb).
-        _error(sys.stderr, f"{exc.field.replace('_', '-')}: {exc.message}")
+        # The field as the command line spells its flag (memory_mb -> memory-mb), not
+        # what follows it (env.MY_VAR names a variable).
+        flag, dot, rest = exc.field.partition(".")
+        _error(sys.stderr, f"{flag.replace('_', '-')}{dot}{rest}: {exc.message}")
         return EXIT_USAGE
     except ConfigError as exc:
         _error(sys.stderr, str(exc))

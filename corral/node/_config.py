@@ -17,7 +17,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from corral.node._errors import ConfigError
-from corral.registry import InvalidRegistryUrl, default_registry_url, parse_registry_url
+from corral.registry import (
+    InvalidName,
+    InvalidRegistryUrl,
+    RegistryOptions,
+    default_registry_url,
+    parse_registry_url,
+    validate_labels,
+)
 
 DEFAULT_API = "127.0.0.1:7400"
 DEFAULT_LISTEN = "127.0.0.1:7401"
@@ -34,6 +41,12 @@ DEFAULT_MAX_ARTIFACT_MB = 1024
 SETTINGS: dict[str, str] = {
     "data-dir": "path",
     "registry": "str",
+    "registry-ca": "path",
+    "registry-cert": "path",
+    "registry-key": "path",
+    "registry-user": "str",
+    "registry-password": "secret",
+    "registry-password-file": "path",
     "node-id": "str",
     "listen": "address",
     "api": "address",
@@ -106,6 +119,7 @@ class NodeConfig:
     shutdown_grace_ms: int = DEFAULT_SHUTDOWN_GRACE_MS
     #: the most one artifact may unpack to, in MiB (checked at deploy and at unpack).
     max_artifact_mb: int = DEFAULT_MAX_ARTIFACT_MB
+    registry_options: RegistryOptions = field(default_factory=RegistryOptions)
 
 
 def parse_address(text: str, where: str) -> Address:
@@ -225,14 +239,38 @@ def resolve_node_config(
             raise ConfigError(f"{where}: {raw!r} is not a whole number from {low} to {high}")
         return int(raw)
 
+    def path_text(name: str) -> str | None:
+        found = text(name)
+        return None if found is None else str(cwd / Path(found).expanduser())
+
+    def secret_text(name: str) -> str | None:
+        found = pick(name)
+        if found is None:
+            return None
+        value, where = found
+        if not isinstance(value, str) or not value:
+            raise ConfigError(f"{where}: {name} must be a non-empty string")  # never echo it
+        return value
+
     data_dir_text = text("data-dir") or DEFAULT_DATA_DIR
     data_dir = (cwd / Path(data_dir_text).expanduser()).resolve()
 
     registry_url = text("registry") or default_registry_url(data_dir)
     try:
-        parse_registry_url(registry_url)
+        parsed_registry = parse_registry_url(registry_url)
     except InvalidRegistryUrl as exc:
         raise ConfigError(f"--registry: {exc}") from None
+    registry_options = RegistryOptions(
+        ca_file=path_text("registry-ca"),
+        cert_file=path_text("registry-cert"),
+        key_file=path_text("registry-key"),
+        user=text("registry-user"),
+        password=secret_text("registry-password"),
+        password_file=path_text("registry-password-file"),
+    )
+    problems = registry_options.problems(parsed_registry)
+    if problems:
+        raise ConfigError(f"--registry {registry_url}: {'; '.join(problems)}")
 
     found = pick("listen")
     listen = parse_address(_file_text("listen", found[0], found[1]), found[1]) if found else None
@@ -257,6 +295,10 @@ def resolve_node_config(
             labels = dict(parse_label(str(item), where) for item in value)
         else:
             labels = _file_labels(value, where)
+        try:
+            labels = validate_labels(labels)
+        except InvalidName as exc:
+            raise ConfigError(f"{where}: {exc}") from None
 
     start = number("port-range-start", DEFAULT_PORT_RANGE_START, low=1, high=65535)
     end = number("port-range-end", min(start + DEFAULT_PORT_RANGE_SPAN, 65535), low=1, high=65535)
@@ -289,4 +331,5 @@ def resolve_node_config(
             "shutdown-grace-ms", DEFAULT_SHUTDOWN_GRACE_MS, low=0, high=600_000
         ),
         max_artifact_mb=number("max-artifact-mb", DEFAULT_MAX_ARTIFACT_MB, low=1, high=1024 * 1024),
+        registry_options=registry_options,
     )

@@ -1,16 +1,57 @@
-"""Human-readable rendering of API answers: tables, the state summary, event lines."""
+"""Human-readable rendering of API answers: tables, the state summary, event lines.
+
+Whatever is shown comes from the registry or a peer, so it may carry control
+characters (an ESC starting a terminal escape sequence, a newline forging a row).
+Every renderer here runs its answer through :func:`printable_tree` first, and
+:func:`table` escapes its cells, so the only control characters printed are the
+newlines between the lines this module writes.
+"""
 
 from __future__ import annotations
 
 import math
+import re
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+# C0 and C1 controls and DEL, and the Unicode line separators and bidirectional
+# overrides that reorder or break what a terminal shows.
+_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+_NAMED_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escape(match: re.Match[str]) -> str:
+    char = match.group()
+    named = _NAMED_ESCAPES.get(char)
+    if named is not None:
+        return named
+    code = ord(char)
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def printable(text: str) -> str:
+    """``text`` with every control character written as an escape, as Python spells
+    it (``\\x1b``, ``\\n``, ``\\u202e``): safe to print on a terminal, one line."""
+    return _UNPRINTABLE.sub(_escape, text)
+
+
+def printable_tree(value: Any) -> Any:
+    """A decoded JSON answer with :func:`printable` applied to every string in it,
+    keys included."""
+    if isinstance(value, str):
+        return printable(value)
+    if isinstance(value, Mapping):
+        return {printable_tree(k): printable_tree(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [printable_tree(item) for item in value]
+    return value
+
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
-    """Left-aligned columns separated by two spaces; None renders as '-'."""
-    cells = [[("-" if c is None else str(c)) for c in row] for row in rows]
+    """Left-aligned columns separated by two spaces; None renders as '-'; control
+    characters in a cell are escaped."""
+    cells = [[("-" if c is None else printable(str(c))) for c in row] for row in rows]
     widths = [len(h) for h in headers]
     for row in cells:
         widths = [max(w, len(c)) for w, c in zip(widths, row, strict=True)]
@@ -30,6 +71,7 @@ def ps_table(rows: Sequence[Mapping[str, Any]], coordinator: object = None) -> s
     unknown."""
     if not rows:
         return "no apps; deploy one with: corral deploy DIR --name NAME"
+    rows, coordinator = printable_tree(rows), printable_tree(coordinator)
     text = table(
         PS_HEADERS,
         [
@@ -46,8 +88,8 @@ def ps_table(rows: Sequence[Mapping[str, Any]], coordinator: object = None) -> s
         ],
     )
     for r in rows:
-        if r["state"] == "failed":
-            text += f"\n{r['app']} on {r['node']} failed: {r.get('reason')}"
+        if r["state"] in ("failed", "crash-loop") and r.get("reason"):
+            text += f"\n{r['state']} {r['app']} on {r['node']}: {r['reason']}"
     if isinstance(coordinator, Mapping) and coordinator.get("error"):
         text += f"\nRELOC cannot tell cooldowns: {coordinator['error']}"
     return text
@@ -205,6 +247,7 @@ def _reconcile_line(reconcile: Mapping[str, Any], now: float) -> str:
 def state_summary(state: Mapping[str, Any], now: float | None = None) -> str:
     """A few lines saying who this node is, who coordinates, what runs, what is stuck."""
     now = time.time() if now is None else now
+    state = printable_tree(state)
     lines: list[str] = []
     node = state.get("node") or {}
     node_id = state.get("node_id", node.get("id", "?"))
@@ -247,7 +290,9 @@ def state_summary(state: Mapping[str, Any], now: float | None = None) -> str:
                     (
                         p.get("app"),
                         p.get("pid"),
-                        "crash-loop" if p.get("crash_loop") else p.get("state"),
+                        "crash-loop"
+                        if p.get("crash_loop") and p.get("state") != "failed"
+                        else p.get("state"),
                         p.get("public_port"),
                         p.get("internal_port"),
                         p.get("restarts"),
@@ -304,6 +349,7 @@ def _trouble_lines(processes: Sequence[Mapping[str, Any]], data_dir: object) -> 
 
 def nodes_table(answer: Mapping[str, Any]) -> str:
     """``corral node ls``: one row per node, then who coordinates."""
+    answer = printable_tree(answer)
     nodes = answer.get("nodes") or []
     if not nodes:
         return "no nodes; start one with: corral node run"
@@ -341,6 +387,8 @@ HEX = frozenset("0123456789abcdef")
 
 
 def event_line(event: Mapping[str, Any]) -> str:
+    """One event as ``HH:MM:SS kind path key=value...``."""
+    event = printable_tree(event)
     when = event.get("wall_time")
     stamp = time.strftime("%H:%M:%S", time.localtime(when)) if isinstance(when, float | int) else ""
     fields = event.get("fields") or {}

@@ -5,11 +5,17 @@
 * ``<data-dir>/token``: the API bearer token (mode 0600), generated when absent.
 * ``<data-dir>/secret``: the cluster secret peers authenticate with (mode 0600),
   generated when absent; every node of one cluster must be given the same one.
+* :func:`new_instance_token`: a random token per node process, written into
+  ``nodes/<id>`` so two processes given one node id are told apart.
+* :func:`secret_fingerprint`: what the registry keeps of the cluster secret, so a
+  node given another secret refuses to start instead of joining half-way.
 * :func:`probe_capacity`: memory and the data directory's disk, in MiB (psutil).
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import os
 import re
 import secrets
@@ -24,6 +30,8 @@ NODE_ID_FILE = "node-id"
 TOKEN_FILE = "token"
 SECRET_FILE = "secret"
 MIB = 1024 * 1024
+#: The message HMAC-ed under the cluster secret into its fingerprint.
+FINGERPRINT_MESSAGE = b"corral cluster fingerprint"
 
 
 def node_id_from_hostname(hostname: str) -> str:
@@ -95,6 +103,41 @@ def ensure_secret_file(path: Path, configured: str | None) -> str:
     with os.fdopen(fd, "w", encoding="utf-8") as handle:
         handle.write(value + "\n")
     return value
+
+
+def new_instance_token() -> str:
+    """A random token naming this node process (32 hex digits)."""
+    return secrets.token_hex(16)
+
+
+def secret_fingerprint(secret: str) -> str:
+    """HMAC-SHA256 of a fixed message under the cluster secret, as 64 hex digits.
+
+    The same secret always gives the same fingerprint; the fingerprint does not
+    reveal the secret."""
+    return hmac.new(secret.encode("utf-8"), FINGERPRINT_MESSAGE, hashlib.sha256).hexdigest()
+
+
+def same_fingerprint(a: str, b: str) -> bool:
+    """Compare two fingerprints in constant time."""
+    return hmac.compare_digest(a.encode("ascii", "replace"), b.encode("ascii", "replace"))
+
+
+def process_running(pid: int, started_before: float) -> bool:
+    """Whether process ``pid`` runs on this host and was created no later than
+    ``started_before`` (unix time, with a second of slack): a pid reused by a
+    younger process does not count. A process we may not inspect counts as running."""
+    if pid <= 0:
+        return False
+    try:
+        process = psutil.Process(pid)
+        if process.status() == psutil.STATUS_ZOMBIE:
+            return False
+        return started_before <= 0 or process.create_time() <= started_before + 1.0
+    except psutil.NoSuchProcess:
+        return False
+    except psutil.Error:
+        return True
 
 
 def probe_capacity(data_dir: Path) -> Capacity:

@@ -15,6 +15,16 @@ once), the agent stops every app process, and last the registration revokes
 the node lease so ``nodes/<id>`` disappears. SIGTERM or SIGINT starts that
 shutdown; a second signal ends the node at once (its app processes are
 killed first, so nothing is left behind either way).
+
+Before anything starts, the node checks two things in the registry:
+
+* the cluster secret: ``cluster/secret-fingerprint`` holds an HMAC of the
+  secret, set by the first node; a node with another secret refuses to start;
+* the node id: a live ``nodes/<id>`` held by another process refuses the
+  start. Each process writes a random instance token into its record; a
+  running node that later finds its record held by another instance (it was
+  paused past its lease and a newcomer took the id) stops the same way a
+  signal stops it, then exits with one line saying why.
 """
 
 from __future__ import annotations
@@ -26,7 +36,7 @@ import signal
 import socket
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -37,8 +47,13 @@ from corral.actors.coordinator import (
     GetCoordinatorState,
     coordinator_child_spec,
 )
-from corral.actors.node_record import NodeIdentity, node_registration_child_spec
-from corral.actors.process_supervisor import ListProcesses
+from corral.actors.node_record import (
+    HeldElsewhere,
+    NodeIdentity,
+    claim_on_start,
+    node_registration_child_spec,
+)
+from corral.actors.process_supervisor import ListProcesses, enable_subreaper
 from corral.actors.reconciler import AgentSpec, LastPass
 from corral.node._api import ApiServices, build_api, record_json
 from corral.node._artifact_store import ArtifactStore, Materializer
@@ -51,18 +66,29 @@ from corral.node._identity import (
     TOKEN_FILE,
     ensure_node_id,
     ensure_secret_file,
+    new_instance_token,
     persist_node_id,
     probe_capacity,
+    process_running,
+    same_fingerprint,
+    secret_fingerprint,
 )
 from corral.node._peers import PeerDirectory
 from corral.node._server import ApiServer
 from corral.registry import (
     COORDINATOR_LEASE_KEY,
+    SECRET_FINGERPRINT_KEY,
+    Compare,
     CoordinatorLease,
+    Get,
     NodeRecord,
     PlacementRecord,
+    Put,
     Registry,
     RegistryError,
+    RegistryReplaced,
+    SecretFingerprint,
+    SQLiteRegistry,
     decode_record,
     node_key,
     open_registry,
@@ -96,6 +122,8 @@ class NodeRuntime:
     node_id: str
     token: str
     secret: str
+    #: A random token naming this process in ``nodes/<id>`` (a new one per start).
+    instance: str = field(default_factory=new_instance_token)
 
     @property
     def apps_dir(self) -> Path:
@@ -113,6 +141,22 @@ class NodeRuntime:
     def peer_address(self) -> str:
         return f"{self.config.advertise}:{self.config.listen.port}"
 
+    def identity(self) -> NodeIdentity:
+        """Who this node process is, as its ``nodes/<id>`` record says."""
+        config = self.config
+        return NodeIdentity(
+            node_id=self.node_id,
+            labels=dict(config.labels),
+            rack=config.rack,
+            datacenter=config.datacenter,
+            peer_address=self.peer_address,
+            api_address=self.api_address,
+            advertise_host=config.advertise,
+            instance=self.instance,
+            pid=os.getpid(),
+            hostname=socket.gethostname(),
+        )
+
 
 def prepare_runtime(config: NodeConfig, hostname: str | None = None) -> NodeRuntime:
     """Create the data directory and resolve the node id, token and secret (files, 0600).
@@ -129,7 +173,9 @@ def prepare_runtime(config: NodeConfig, hostname: str | None = None) -> NodeRunt
     )
     token = ensure_secret_file(config.data_dir / TOKEN_FILE, config.token)
     secret = ensure_secret_file(config.data_dir / SECRET_FILE, config.secret)
-    return NodeRuntime(config=config, node_id=node_id, token=token, secret=secret)
+    return NodeRuntime(
+        config=config, node_id=node_id, token=token, secret=secret, instance=new_instance_token()
+    )
 
 
 def check_bindable(config: NodeConfig) -> None:
@@ -242,20 +288,21 @@ ACTOR_VIEWS: dict[str, Callable[[NodeServices, dict[str, Any]], Any]] = {}
 
 
 def root_spec(
-    runtime: NodeRuntime, registry: Registry, services: NodeServices, transport: Any
+    runtime: NodeRuntime,
+    registry: Registry,
+    services: NodeServices,
+    transport: Any,
+    *,
+    on_taken: Callable[[HeldElsewhere], None] | None = None,
+    replaces: str = "",
 ) -> tuple[ChildSpec | SupervisorSpec, ...]:
-    """The node's top-level children, in start order."""
+    """The node's top-level children, in start order.
+
+    ``on_taken`` is called when another process holds ``nodes/<id>``; ``replaces``
+    is the instance of a gone previous life the registration may overwrite."""
     config = runtime.config
     grace = config.shutdown_grace_ms / 1000
-    identity = NodeIdentity(
-        node_id=runtime.node_id,
-        labels=dict(config.labels),
-        rack=config.rack,
-        datacenter=config.datacenter,
-        peer_address=runtime.peer_address,
-        api_address=runtime.api_address,
-        advertise_host=config.advertise,
-    )
+    identity = runtime.identity()
     artifacts = ArtifactStore(
         registry,
         runtime.artifacts_dir,
@@ -288,6 +335,8 @@ def root_spec(
             registry,
             capacity_probe=lambda: probe_capacity(config.data_dir),
             lease_ttl=config.node_ttl_ms / 1000,
+            on_taken=on_taken,
+            replaces=replaces,
             shutdown_grace=grace,
         ),
         ChildSpec(
@@ -397,28 +446,83 @@ ACTOR_VIEWS.update(
 )
 
 
-async def check_node_id_free(runtime: NodeRuntime, registry: Registry) -> None:
-    """Refuse to start when another live node already uses this node id.
+async def check_node_id_free(runtime: NodeRuntime, registry: Registry) -> str:
+    """Refuse to start when another live process already holds this node id.
 
-    A record left by this node's own previous life names the same addresses and is
-    taken over; one naming other addresses belongs to someone else.
+    A record left by this node's previous life on this host, whose process is
+    gone, is taken over (see :func:`corral.actors.node_record.claim_on_start`).
+
+    Returns:
+        The instance token of the previous life the registration may overwrite
+        ("" when there is none).
 
     Raises:
-        ConfigError: naming the other node's addresses and what to do.
+        ConfigError: naming the process holding the id and what to do.
     """
     kv = await registry.get(node_key(runtime.node_id))
     record = None if kv is None else decode_record(kv.key, kv.value)
-    if not isinstance(record, NodeRecord):
-        return
-    if (record.peer_address, record.api_address) in (
-        ("", ""),
-        (runtime.peer_address, runtime.api_address),
-    ):
-        return
+    stored = record if isinstance(record, NodeRecord) else None
+    identity = runtime.identity()
+    running = (
+        stored is not None
+        and stored.hostname == identity.hostname
+        and process_running(stored.pid, stored.started_at)
+    )
+    claim = claim_on_start(identity, stored, holder_running=running)
+    if claim.refused is not None:
+        raise ConfigError(claim.refused.refused_message())
+    return claim.replaces
+
+
+async def check_cluster_secret(
+    runtime: NodeRuntime, registry: Registry, *, wall_clock: Callable[[], float] = time.time
+) -> bool:
+    """Check this node's cluster secret against the registry's fingerprint of it.
+
+    The first node of a cluster writes the fingerprint (a guarded txn: only when
+    absent); every later node must have the same secret.
+
+    Returns:
+        True when this node set the fingerprint, False when it matched.
+
+    Raises:
+        ConfigError: the secret differs (or the stored fingerprint is unreadable),
+            naming where this node's secret came from and how to fix it.
+        RegistryError: the registry failed.
+    """
+    mine = secret_fingerprint(runtime.secret)
+    record = SecretFingerprint(mine, set_by=runtime.node_id, set_at=wall_clock())
+    result = await registry.txn(
+        [Compare.absent(SECRET_FINGERPRINT_KEY)],
+        [Put(SECRET_FINGERPRINT_KEY, record.encode())],
+        [Get(SECRET_FINGERPRINT_KEY)],
+    )
+    if result.succeeded:
+        log.info("node %s set the cluster secret fingerprint", runtime.node_id)
+        return True
+    found = result.responses[0]
+    kvs = found if isinstance(found, list) else []
+    stored = decode_record(kvs[0].key, kvs[0].value) if kvs else None
+    source = (
+        "--secret / CORRAL_SECRET / the config file's secret"
+        if runtime.config.secret
+        else f"{runtime.config.data_dir / SECRET_FILE}"
+    )
+    if not isinstance(stored, SecretFingerprint):
+        why = getattr(stored, "reason", "it vanished while being read")
+        raise ConfigError(
+            f"the registry's {SECRET_FINGERPRINT_KEY} cannot be read ({why}); this node "
+            "does not start. If the cluster's secret is known, delete that key and start "
+            "a node that has it: the key is set again from its secret"
+        )
+    if same_fingerprint(stored.fingerprint, mine):
+        return False
     raise ConfigError(
-        f"node id {runtime.node_id!r} is in use by a live node (peer {record.peer_address}, "
-        f"api {record.api_address}); give this node its own --node-id (if that node is gone, "
-        "its record lapses with its lease within --node-ttl-ms)"
+        f"the cluster secret of node {runtime.node_id} (from {source}) is not the cluster's: "
+        f"the registry's {SECRET_FINGERPRINT_KEY} was set by node {stored.set_by} from its "
+        "secret, and peers would refuse this node. Give this node the cluster's secret: copy "
+        f"the secret file from the data directory of a cluster node (such as {stored.set_by}) "
+        f"to {runtime.config.data_dir / SECRET_FILE}, or pass it with --secret or CORRAL_SECRET"
     )
 
 
@@ -431,14 +535,41 @@ async def run_node(
     """Run one node until ``stop`` is set, then shut it down cleanly.
 
     Raises:
-        ConfigError: the data directory, node id or an address cannot be used.
-        RegistryError: the registry cannot be opened.
+        ConfigError: the data directory, node id, cluster secret or an address cannot
+            be used; or, after a clean stop of its apps, another process took
+            ``nodes/<id>`` while this one ran.
+        RegistryError: the registry cannot be opened; RegistryReplaced: its file
+            was deleted or replaced while the node ran (the node stopped cleanly).
     """
     check_bindable(config)  # before anything is written under --data-dir
     runtime = prepare_runtime(config)
     events = EventLog()
-    async with open_registry(config.registry_url) as registry:
-        await check_node_id_free(runtime, registry)
+    # The first reason the node must stop by itself; it stops cleanly, then raises it.
+    fatal: list[Exception] = []
+    halt = trio.Event()
+
+    def halt_for(reason: Exception) -> None:
+        if not fatal:
+            fatal.append(reason)
+        halt.set()
+
+    def on_taken(held: HeldElsewhere) -> None:
+        halt_for(ConfigError(held.taken_message()))
+
+    async def halt_on_stop() -> None:
+        await stop.wait()
+        halt.set()
+
+    async def stop_if_registry_file_lost(registry: SQLiteRegistry) -> None:
+        try:
+            await registry.guard_file()
+        except RegistryReplaced as exc:
+            log.error("node %s stopping: %s", runtime.node_id, exc)
+            halt_for(exc)
+
+    async with open_registry(config.registry_url, options=config.registry_options) as registry:
+        await check_cluster_secret(runtime, registry)
+        replaces = await check_node_id_free(runtime, registry)
         persist_node_id(config.data_dir, runtime.node_id)
         services = NodeServices(runtime, registry, events)
         async with open_websocket_transport(
@@ -446,8 +577,11 @@ async def run_node(
             (config.listen.host, config.listen.port),
             secret=runtime.secret,
         ) as transport:
-            children = root_spec(runtime, registry, services, transport)
+            children = root_spec(
+                runtime, registry, services, transport, on_taken=on_taken, replaces=replaces
+            )
             async with trio.open_nursery() as nursery:
+                nursery.start_soon(halt_on_stop)
                 async with open_actor_system(
                     runtime.node_id,
                     transport,
@@ -458,6 +592,8 @@ async def run_node(
                 ) as system:
                     services.system = system
                     nursery.start_soon(events.follow, system)
+                    if isinstance(registry, SQLiteRegistry):
+                        nursery.start_soon(stop_if_registry_file_lost, registry)
                     log.info(
                         "node %s up: api http://%s, peers %s, registry %s, data %s",
                         runtime.node_id,
@@ -468,9 +604,13 @@ async def run_node(
                     )
                     system.emit("node.started", node=runtime.node_id, api=str(config.api))
                     task_status.started(runtime)
-                    await stop.wait()
-                    log.info("node %s stopping", runtime.node_id)
+                    await halt.wait()
+                    if not fatal:
+                        log.info("node %s stopping", runtime.node_id)
                 nursery.cancel_scope.cancel()
+    if fatal:
+        # The one line saying why (printed by the command line); the apps are stopped.
+        raise fatal[0]
     log.info("node %s stopped", runtime.node_id)
 
 
@@ -491,7 +631,13 @@ def kill_descendants() -> list[int]:
 
 
 async def serve_until_signalled(config: NodeConfig) -> None:
-    """Run the node; the first SIGTERM/SIGINT stops it cleanly, a second forces it."""
+    """Run the node; the first SIGTERM/SIGINT stops it cleanly, a second forces it.
+
+    The node process becomes a child subreaper first (Linux), so an app's descendant
+    that double-forks away is re-parented to the node and ends with its app.
+    """
+    if not enable_subreaper():
+        log.info("not a child subreaper here: escaped app descendants go to init")
     stop = trio.Event()
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with trio.open_nursery() as nursery:

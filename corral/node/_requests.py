@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal, TypeAlias
+from typing import Any, Literal, TypeAlias
 
 from corral.node._errors import RequestInvalid
-from corral.registry import InvalidName, validate_name
+from corral.registry import InvalidName, validate_labels, validate_name
 
 #: What ``AppRecord.replicas`` holds: "all" or a whole number >= 1.
 Replicas: TypeAlias = int | Literal["all"]
@@ -51,8 +53,8 @@ def parse_replicas(value: object, field: str = "replicas") -> Replicas:
     return value
 
 
-def parse_pairs(value: object, field: str) -> dict[str, str]:
-    """A mapping of non-empty string keys to string values (labels, selectors)."""
+def _string_pairs(value: object, field: str) -> dict[str, str]:
+    """``["k=v", ...]`` or ``{k: v}`` as a dict of strings, checked for shape only."""
     if isinstance(value, list | tuple):
         pairs: dict[str, str] = {}
         for item in value:
@@ -71,16 +73,88 @@ def parse_pairs(value: object, field: str) -> dict[str, str]:
     return dict(value)
 
 
+def parse_pairs(value: object, field: str, what: str = "selector") -> dict[str, str]:
+    """A selector (or labels): ``{k: v}`` or ``["k=v", ...]`` under the label syntax.
+
+    Raises:
+        RequestInvalid: naming ``field``; the message names the key at fault (escaped)
+            and the rules of :func:`corral.registry.validate_label`.
+    """
+    pairs = _string_pairs(value, field)
+    try:
+        return validate_labels(pairs, what)
+    except InvalidName as exc:
+        raise RequestInvalid(field, str(exc)) from None
+
+
+#: Bounds of an app's environment (Linux caps one string at 128 KiB and the
+#: arguments and environment of an exec together at a quarter of the stack limit).
+MAX_ENV_VARS = 256
+MAX_ENV_NAME_CHARS = 256
+MAX_ENV_VALUE_BYTES = 32 * 1024
+MAX_ENV_BYTES = 256 * 1024
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def exec_string_problem(text: str) -> str | None:
+    """Why ``text`` cannot be a process argument or environment value, or None.
+
+    A NUL byte ends a C string, so ``exec`` refuses it (Python raises ValueError:
+    embedded null byte); a lone surrogate cannot be encoded at all.
+    """
+    offset = text.find("\x00")
+    if offset >= 0:
+        return f"holds a NUL byte (at offset {offset}), which exec cannot pass; remove it"
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return f"is not valid Unicode at offset {exc.start} (a lone surrogate); fix the text"
+    return None
+
+
 def parse_env(value: object, field: str = "env") -> dict[str, str]:
-    """Environment variables: names of letters, digits and '_' not starting with a digit."""
-    pairs = parse_pairs(value, field)
-    for name in pairs:
-        if not (name[0].isalpha() or name[0] == "_") or not all(
-            c.isalnum() or c == "_" for c in name
-        ):
+    """Environment variables for an app, checked so that exec can pass every one.
+
+    Names are ASCII letters, digits and ``_``, not starting with a digit; values hold
+    no NUL byte and are valid Unicode; counts and sizes are bounded by
+    :data:`MAX_ENV_VARS`, :data:`MAX_ENV_NAME_CHARS`, :data:`MAX_ENV_VALUE_BYTES` and
+    :data:`MAX_ENV_BYTES`.
+
+    Raises:
+        RequestInvalid: naming ``field`` (a bad name or count) or ``field.NAME`` (a bad
+            value), with what to fix.
+    """
+    pairs = _string_pairs(value, field)
+    if len(pairs) > MAX_ENV_VARS:
+        raise RequestInvalid(
+            field, f"{len(pairs)} variables, more than the {MAX_ENV_VARS} allowed; drop some"
+        )
+    total = 0
+    for name, text in pairs.items():
+        if _ENV_NAME.fullmatch(name) is None or len(name) > MAX_ENV_NAME_CHARS:
             raise RequestInvalid(
-                field, f"{name!r} is not an environment variable name (use A-Z, 0-9, _)"
+                field,
+                f"{name!r} is not an environment variable name (use A-Z, a-z, 0-9 and _, "
+                f"not starting with a digit, at most {MAX_ENV_NAME_CHARS} characters)",
             )
+        problem = exec_string_problem(text)
+        if problem is not None:
+            raise RequestInvalid(f"{field}.{name}", f"the value {problem}")
+        size = len(text.encode("utf-8"))
+        if size > MAX_ENV_VALUE_BYTES:
+            raise RequestInvalid(
+                f"{field}.{name}",
+                f"the value is {size} bytes, more than the {MAX_ENV_VALUE_BYTES} allowed; "
+                "ship large data as a file in the app's directory",
+            )
+        total += len(name) + size + 2  # NAME=VALUE and its NUL
+    if total > MAX_ENV_BYTES:
+        raise RequestInvalid(
+            field,
+            f"the variables take {total} bytes, more than the {MAX_ENV_BYTES} allowed; "
+            "ship large data as a file in the app's directory",
+        )
     return pairs
 
 
@@ -97,6 +171,76 @@ def parse_bool(value: object, field: str) -> bool:
     if not isinstance(value, bool):
         raise RequestInvalid(field, f"{value!r} is not true or false")
     return value
+
+
+#: How deep the objects and arrays of a request body may nest, and how many
+#: there may be. Every corral request is a few levels deep with a few objects;
+#: the bounds keep json's recursive decoder far from Python's recursion limit.
+MAX_JSON_DEPTH = 64
+MAX_JSON_CONTAINERS = 1024
+MAX_JSON_STRINGS = 4096
+
+# Every byte but the ones that shape JSON: brackets and string quotes.
+_NOT_STRUCTURE = bytes(sorted(set(range(256)) - set(b'[]{}"')))
+_OPENERS_AS_ONE = bytes.maketrans(b"{}", b"[]")
+_STRING = re.compile(rb'"[^"]*"')
+
+
+def json_shape_problem(raw: bytes, max_depth: int = MAX_JSON_DEPTH) -> str | None:
+    """Why the JSON text ``raw`` nests too deep or holds too many strings, arrays and
+    objects (:data:`MAX_JSON_STRINGS`, :data:`MAX_JSON_CONTAINERS`), or None.
+
+    Scans without parsing: escaped backslashes and quotes go first (backslashes
+    pair up left to right, as in a string), then every byte but brackets and
+    quotes, then the strings, each step at C speed; what is left is the brackets,
+    counted and then walked. ``raw`` must be UTF-8, where every ASCII byte is a
+    real character. A None answer does not mean the text is JSON.
+    """
+    shape = raw.replace(b"\\\\", b"").replace(b'\\"', b"").translate(None, _NOT_STRUCTURE)
+    strings = shape.count(b'"') // 2
+    if strings > MAX_JSON_STRINGS:
+        return (
+            f"holds {strings} strings, more than the {MAX_JSON_STRINGS} allowed "
+            "(a corral request needs a few dozen)"
+        )
+    brackets = _STRING.sub(b"", shape).translate(_OPENERS_AS_ONE, b'"')
+    opened = brackets.count(b"[")
+    if opened > MAX_JSON_CONTAINERS:
+        return (
+            f"holds {opened} arrays and objects, more than the {MAX_JSON_CONTAINERS} allowed "
+            "(a corral request needs a few)"
+        )
+    depth = 0
+    for byte in brackets:
+        depth += 1 if byte == 0x5B else -1
+        if depth > max_depth:
+            return f"nests arrays and objects deeper than the {max_depth} levels allowed"
+    return None
+
+
+def parse_json_body(raw: bytes, max_depth: int = MAX_JSON_DEPTH) -> dict[str, Any]:
+    """A request body as a JSON object; an empty body is ``{}``.
+
+    Raises:
+        RequestInvalid: (field ``body``) not UTF-8, nested deeper than ``max_depth``,
+            not JSON, or not an object.
+    """
+    if not raw.strip():
+        return {}
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise RequestInvalid("body", f"is not UTF-8 (byte {exc.start}); send UTF-8 JSON") from None
+    problem = json_shape_problem(raw, max_depth)
+    if problem is not None:
+        raise RequestInvalid("body", problem)
+    try:
+        body = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise RequestInvalid("body", f"is not JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise RequestInvalid("body", "must be a JSON object")
+    return body
 
 
 @dataclass(frozen=True)

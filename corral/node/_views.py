@@ -47,7 +47,8 @@ class PsRow:
     restarts: int
     revision: str | None
     reloc: str
-    #: why the instance is in this state, when the state alone does not say (``stopped``).
+    #: why the instance is in this state, when the state alone does not say (``stopped``,
+    #: ``failed``, ``crash-loop``).
     reason: str | None = None
 
     def to_json(self) -> dict[str, object]:
@@ -256,7 +257,8 @@ def ps_rows(
                     restarts=entry.restarts if entry else 0,
                     revision=entry.revision if entry else None,
                     reloc=reloc,
-                    reason=reason,
+                    # why it is stopped, or why it is failed / crash-looping
+                    reason=reason or (entry.reason if entry and entry.reason else None),
                 )
             )
     return rows

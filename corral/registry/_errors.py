@@ -5,6 +5,8 @@
     CorralError
     └── RegistryError
         ├── RegistryUnavailable   the store cannot be reached now (connection, busy, closed)
+        ├── RegistryReplaced      the SQLite file was deleted or replaced under a running process
+        ├── RegistryAuthError     the registry refused the credentials, or they cannot be loaded
         ├── LeaseNotFound         the lease does not exist or has expired
         ├── RevisionCompacted     a watch asked for history that was compacted away
         ├── InvalidKey            a key outside corral's key space (also a ValueError)
@@ -25,6 +27,29 @@ class RegistryError(CorralError):
 class RegistryUnavailable(RegistryError):
     """The registry cannot be reached now; the operation may or may not have applied
     when it was a write that reached the server (the message says which)."""
+
+
+class RegistryReplaced(RegistryError):
+    """The SQLite registry file this process opened is no longer at its path: it
+    was deleted, or another file was put there. Fatal: the state this process
+    shares with its peers is gone, and a node opening that path now would start a
+    second, empty cluster."""
+
+    def __init__(self, path: str, *, deleted: bool) -> None:
+        what = "was deleted" if deleted else "was replaced by another file"
+        super().__init__(
+            f"the SQLite registry file {path} {what} while this process had it open; "
+            "stop every node using it, put the original file back (or, to start over, "
+            "remove it and its -wal and -shm files), then start the nodes again"
+        )
+        self.path = path
+        self.deleted = deleted
+
+
+class RegistryAuthError(RegistryError):
+    """The registry refused the credentials (user and password, client
+    certificate), or they cannot be loaded. The message names the user or file
+    and what to fix; it never contains a password."""
 
 
 class LeaseNotFound(RegistryError):

@@ -11,6 +11,16 @@ is a PUT). Watch and keepalive answer one JSON object per line.
 Every key is stored under an optional namespace ``prefix`` so clusters and test
 runs can share one etcd; callers never see it.
 
+Security. ``tls`` (an :class:`ssl.SSLContext`) makes every endpoint ``https``;
+the context carries the CA to trust and, when etcd requires one, the client
+certificate. With ``user`` and ``password`` the client authenticates
+(``/v3/auth/authenticate``) before its first call and sends the token etcd
+gives back as the ``Authorization`` header. etcd forgets unused tokens (five
+minutes by default) and on restart: a call refused with "invalid auth token"
+authenticates again once (one task does it for all) and is sent again; it was
+refused before it ran, so that is safe for writes too. The password is kept
+only in this object, and never shows in its ``repr``, in a message or a log.
+
 Failures. A connection that could not be opened never carried the request, so
 any call moves on to the next endpoint; a connection lost after the request was
 sent is retried only for calls that are safe to repeat (reads, keepalive,
@@ -24,7 +34,9 @@ from __future__ import annotations
 import base64
 import functools
 import json
+import logging
 import math
+import ssl
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from contextlib import aclosing, asynccontextmanager
 from typing import Any, Final
@@ -50,12 +62,15 @@ from corral.registry._base import (
 from corral.registry._errors import (
     InvalidTxn,
     LeaseNotFound,
+    RegistryAuthError,
     RegistryError,
     RegistryUnavailable,
     RevisionCompacted,
 )
 from corral.registry._logic import KeyCheck, check_txn_branch, prefix_end
 from corral.registry._records import parse_key
+
+_log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT: Final = 10.0
 DEFAULT_RETRY_ROUNDS: Final = 4
@@ -76,6 +91,7 @@ _RESULTS: Final = {
 }
 # gRPC codes the gateway returns that mean "try again later / elsewhere".
 _UNAVAILABLE_CODES: Final = frozenset({4, 8, 10, 13, 14})
+_AUTHENTICATE: Final = "/v3/auth/authenticate"
 
 
 def _b64(data: bytes) -> str:
@@ -131,6 +147,10 @@ class _Retryable(Exception):
         self.sent = sent
 
 
+class _TokenRefused(Exception):
+    """Internal: etcd no longer knows the auth token (expired, or etcd restarted)."""
+
+
 class EtcdRegistry(Registry):
     """A :class:`Registry` backed by an etcd v3 cluster (3.4+, JSON gateway).
 
@@ -143,6 +163,13 @@ class EtcdRegistry(Registry):
         retry_rounds: how many times to go round the endpoints before giving up.
         backoff: the first pause between rounds (doubled each round, at most 1 s).
         transport: an httpx transport, for tests.
+        tls: speak TLS to every endpoint, trusting and presenting what this
+            context holds (see :meth:`RegistryOptions.ssl_context`).
+        user: the etcd user to authenticate as (needs ``password``).
+        password: its password (kept out of ``repr`` and every message).
+
+    Raises:
+        ValueError: no endpoint, or a user without a password (or the reverse).
     """
 
     def __init__(
@@ -155,12 +182,23 @@ class EtcdRegistry(Registry):
         retry_rounds: int = DEFAULT_RETRY_ROUNDS,
         backoff: float = DEFAULT_BACKOFF,
         transport: httpx.AsyncBaseTransport | None = None,
+        tls: ssl.SSLContext | None = None,
+        user: str | None = None,
+        password: str | None = None,
     ) -> None:
         if isinstance(endpoints, str):
             endpoints = [endpoints]
         if not endpoints:
             raise ValueError("give at least one etcd endpoint host:port")
-        self._endpoints = [e if "://" in e else f"http://{e}" for e in endpoints]
+        if (user is None) != (password is None):
+            raise ValueError("etcd auth needs both a user and a password")
+        scheme = "https" if tls is not None else "http"
+        self._endpoints = [e if "://" in e else f"{scheme}://{e}" for e in endpoints]
+        self._user = user
+        self.__password = password
+        self._token: str | None = None  # None: not authenticated (yet)
+        self._auth_lock = trio.Lock()
+        self.authentications = 0  # how many tokens were fetched (for tests and stats)
         self._current = 0
         self._prefix = prefix.encode()
         self._key_check: KeyCheck = functools.lru_cache(maxsize=4096)(
@@ -172,13 +210,22 @@ class EtcdRegistry(Registry):
             timeout=httpx.Timeout(timeout),
             transport=transport,
             headers={"Content-Type": "application/json"},
+            verify=tls if tls is not None else True,
         )
         self._stream_timeout = httpx.Timeout(timeout, read=None)
         self._closed = False
 
+    def __repr__(self) -> str:
+        user = f", user={self._user!r}" if self._user is not None else ""
+        return f"EtcdRegistry({self._endpoints!r}, prefix={self.prefix!r}{user})"
+
     @property
     def endpoints(self) -> list[str]:
         return list(self._endpoints)
+
+    @property
+    def user(self) -> str | None:
+        return self._user
 
     @property
     def prefix(self) -> str:
@@ -354,7 +401,10 @@ class EtcdRegistry(Registry):
                     "start_revision": str(next_revision),
                 }
             }
+            token = self._token
             try:
+                await self._ensure_token()
+                token = self._token
                 async with (
                     self._open_stream(
                         endpoint + "/v3/watch", json.dumps(request), self._stream_timeout
@@ -373,6 +423,12 @@ class EtcdRegistry(Registry):
                             yield event
                         if events:
                             next_revision = events[-1].kv.mod_revision + 1
+            except _TokenRefused:
+                failures += 1
+                if failures > self._retry_rounds * len(self._endpoints):
+                    raise self._token_keeps_failing("/v3/watch") from None
+                await self._refresh_token(token)
+                continue
             except (httpx.TransportError, _Retryable) as exc:
                 # Resuming from next_revision is always safe: rotate and retry.
                 failures += 1
@@ -391,8 +447,14 @@ class EtcdRegistry(Registry):
     async def _open_stream(
         self, url: str, content: str, http_timeout: httpx.Timeout
     ) -> AsyncIterator[httpx.Response]:
-        request = _json_request(self._client, url, content, timeout=http_timeout)
-        response = await self._client.send(request, stream=True)
+        request = _json_request(
+            self._client, url, content, timeout=http_timeout, headers=self._auth_headers()
+        )
+        try:
+            response = await self._client.send(request, stream=True)
+        except httpx.ConnectError as exc:
+            self._raise_if_tls_failed(url, exc)
+            raise
         try:
             yield response
         finally:
@@ -453,15 +515,27 @@ class EtcdRegistry(Registry):
         ``lease`` names the lease a "lease not found" refers to."""
         if self._closed:
             raise trio.ClosedResourceError("this EtcdRegistry is closed")
+        if path != _AUTHENTICATE:
+            await self._ensure_token()
         content = json.dumps(body)
         last: _Retryable | None = None
+        token_refused = False
         for round_index in range(self._retry_rounds):
             if round_index:
                 await trio.sleep(self._pause(round_index - 1))
             for _ in range(len(self._endpoints)):
                 endpoint = self._endpoints[self._current]
                 try:
-                    return await self._attempt(endpoint + path, content, path, first_line)
+                    while True:
+                        token = self._token
+                        try:
+                            return await self._attempt(endpoint + path, content, path, first_line)
+                        except _TokenRefused:
+                            # Refused before it ran: safe to send again, once.
+                            if token_refused:
+                                raise self._token_keeps_failing(path) from None
+                            token_refused = True
+                            await self._refresh_token(token)
                 except LeaseNotFound:
                     raise LeaseNotFound(lease if lease is not None else 0) from None
                 except _Retryable as exc:
@@ -475,14 +549,19 @@ class EtcdRegistry(Registry):
         raise RegistryUnavailable(
             f"no etcd endpoint answered {path} after {self._retry_rounds} rounds over "
             f"{', '.join(self._endpoints)}: {last}; check that etcd is running and reachable"
+            + self._tls_hint()
         )
 
     async def _attempt(self, url: str, content: str, path: str, first_line: bool) -> dict[str, Any]:
         try:
             # A streaming call (keepalive) sent one request: the gateway answers one
             # line and ends the response, so a plain POST reads it whole.
-            response = await self._client.send(_json_request(self._client, url, content))
+            response = await self._client.send(
+                _json_request(self._client, url, content, headers=self._auth_headers(path))
+            )
         except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
+            if isinstance(exc, httpx.ConnectError):
+                self._raise_if_tls_failed(url, exc)
             raise _Retryable(f"{type(exc).__name__}: {exc}", sent=False) from exc
         except httpx.TransportError as exc:
             raise _Retryable(f"{type(exc).__name__}: {exc}", sent=True) from exc
@@ -531,6 +610,9 @@ class EtcdRegistry(Registry):
         code = _int(body.get("code"))
         if "lease not found" in message:
             return LeaseNotFound(0)  # _call names the lease
+        auth = self._auth_error(message, code, path)
+        if auth is not None:
+            return auth
         if "compacted" in message:
             return RevisionCompacted(0, 0)
         if "duplicate key" in message:
@@ -539,11 +621,108 @@ class EtcdRegistry(Registry):
             return _Retryable(f"{path}: {message}", sent=True)
         return RegistryError(f"etcd refused {path}: {message} (gRPC code {code})")
 
+    # ------------------------------------------------------------------ auth
+
+    def _auth_headers(self, path: str = "") -> dict[str, str]:
+        if self._token and path != _AUTHENTICATE:
+            return {"Authorization": self._token}
+        return {}
+
+    async def _ensure_token(self) -> None:
+        if self._user is not None and self._token is None:
+            await self._refresh_token(None)
+
+    async def _refresh_token(self, stale: str | None) -> None:
+        """Authenticate, unless another task already replaced the ``stale`` token."""
+        async with self._auth_lock:
+            if self._token is not None and self._token != stale:
+                return
+            self._token = None
+            reply = await self._call(
+                _AUTHENTICATE, {"name": self._user, "password": self.__password}, safe=True
+            )
+            token = reply.get("token")
+            if not isinstance(token, str) or not token:
+                raise RegistryAuthError(
+                    f"etcd answered the authentication of user {self._user!r} without a token"
+                )
+            self._token = token
+            self.authentications += 1
+            _log.debug("authenticated to etcd as user %r", self._user)
+
+    def _auth_error(self, message: str, code: int, path: str) -> Exception | None:
+        """The error an auth refusal from etcd stands for, or None if it is none."""
+        user = self._user
+        if "invalid auth token" in message or "invalid auth management" in message:
+            return _TokenRefused(message)
+        if "authentication failed" in message or "invalid user ID or password" in message:
+            return RegistryAuthError(
+                f"etcd refused user {user!r}: wrong user name or password; check "
+                "--registry-user and --registry-password (or CORRAL_REGISTRY_PASSWORD, "
+                "--registry-password-file)"
+            )
+        if "authentication is not enabled" in message and path == _AUTHENTICATE:
+            return RegistryAuthError(
+                f"etcd has authentication turned off, but user {user!r} was given; enable "
+                "auth in etcd, or drop --registry-user and --registry-password"
+            )
+        if "user name is empty" in message or "user name not found" in message:
+            if user is None:
+                return RegistryAuthError(
+                    "etcd requires authentication; give --registry-user and "
+                    "--registry-password (or --registry-password-file)"
+                )
+            return RegistryAuthError(
+                f"etcd does not know user {user!r} (it may have been deleted); check "
+                "--registry-user"
+            )
+        if "CommonName of client" in message:
+            return RegistryAuthError(
+                "etcd refuses this client certificate because it has a Common Name, which "
+                "etcd's JSON gateway does not accept while auth is on; issue the client "
+                "certificate (--registry-cert) without a CN, naming the client in its SAN"
+            )
+        if "permission denied" in message or code == 7:
+            who = f"user {user!r}" if user is not None else "this client"
+            return RegistryAuthError(
+                f"etcd denied {who} {path} under {self.prefix or 'the whole key space'!r}: "
+                "grant its role read-write on that key prefix (etcdctl role grant-permission "
+                "--prefix)"
+            )
+        return None
+
+    def _token_keeps_failing(self, path: str) -> RegistryAuthError:
+        return RegistryAuthError(
+            f"etcd refused the auth token of user {self._user!r} for {path} again right after "
+            "authenticating; check that every endpoint is a member of the same etcd cluster"
+        )
+
+    def _raise_if_tls_failed(self, url: str, exc: httpx.ConnectError) -> None:
+        """A TLS handshake failure is a configuration error: say which files to fix."""
+        cause: BaseException | None = exc
+        while cause is not None and not isinstance(cause, ssl.SSLError):
+            cause = cause.__cause__ or cause.__context__
+        if cause is None:
+            return
+        raise RegistryAuthError(
+            f"TLS with etcd {url} failed: {cause}; check that etcd serves TLS there (etcd:// "
+            "for plain HTTP), that --registry-ca holds the CA that signed its certificate, and "
+            "(if etcd requires client certificates) --registry-cert and --registry-key"
+        ) from None
+
     def _unavailable(self, path: str, exc: BaseException) -> RegistryUnavailable:
         return RegistryUnavailable(
             f"etcd {path} failed on every endpoint ({', '.join(self._endpoints)}): {exc}; "
-            "check that etcd is running and reachable"
+            "check that etcd is running and reachable" + self._tls_hint()
         )
+
+    def _tls_hint(self) -> str:
+        if any(e.startswith("https://") for e in self._endpoints):
+            return (
+                " (over TLS: a connection closed at once may mean etcd wants a client "
+                "certificate: --registry-cert and --registry-key)"
+            )
+        return " (if etcd serves TLS, use an etcds:// URL)"
 
 
 async def _events_only(

@@ -5,26 +5,33 @@ Accepted URLs::
     memory://                                       a fresh in-process MemoryRegistry
     sqlite:///abs/path/registry.db[?poll_interval=0.05&synchronous=full]
     etcd://host:port[,host:port...][/?prefix=<namespace>]
+    etcds://host:port[,host:port...][/?prefix=<namespace>]   etcd over TLS
+
+How to prove who we are to etcd (TLS CA, client certificate, user and password)
+is not part of the URL: it comes as :class:`RegistryOptions`, so no secret is
+ever in a URL that gets logged.
 """
 
 from __future__ import annotations
 
 import os
+import ssl
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 from urllib.parse import parse_qs, unquote
 
 import trio
 
 from corral.registry._base import Registry
-from corral.registry._errors import InvalidRegistryUrl
+from corral.registry._errors import InvalidRegistryUrl, RegistryAuthError
 
 ACCEPTED_URLS = (
     "memory://, sqlite:///absolute/path/registry.db, etcd://host:port[,host:port...]"
-    "[/?prefix=namespace/]"
+    "[/?prefix=namespace/], etcds://... (the same, over TLS)"
 )
+MAX_PASSWORD_FILE = 4096
 
 REGISTRY_FILE = "registry.db"
 
@@ -39,6 +46,113 @@ class RegistryUrl:
     prefix: str = ""
     poll_interval: float | None = None
     synchronous: str | None = None
+    tls: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class RegistryOptions:
+    """How to connect to an etcd registry: TLS files and user/password auth.
+
+    All optional; ``ca_file``, ``cert_file`` and ``key_file`` need an
+    ``etcds://`` URL, and none of them applies to memory or SQLite. The
+    password is left out of ``repr`` and of every message.
+
+    Attributes:
+        ca_file: PEM bundle of the CA(s) that signed etcd's certificate
+            (default: the system's trusted CAs).
+        cert_file: this client's certificate (PEM), when etcd requires one.
+        key_file: the private key of ``cert_file`` (PEM).
+        user: the etcd user to authenticate as.
+        password: its password, or
+        password_file: a file holding it (the first line; for secrets mounted as files).
+    """
+
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+    user: str | None = None
+    password: str | None = field(default=None, repr=False)
+    password_file: str | None = None
+
+    @property
+    def uses_tls_files(self) -> bool:
+        return any((self.ca_file, self.cert_file, self.key_file))
+
+    @property
+    def is_empty(self) -> bool:
+        return not (self.uses_tls_files or self.user or self.password or self.password_file)
+
+    def problems(self, url: RegistryUrl) -> list[str]:
+        """What is wrong with these options for ``url`` (pure; empty when fine)."""
+        found: list[str] = []
+        if url.scheme != "etcd":
+            if not self.is_empty:
+                found.append(f"TLS and auth options apply to etcd only, not {url.scheme}")
+            return found
+        if self.uses_tls_files and not url.tls:
+            found.append("a CA, certificate or key needs an etcds:// registry URL (TLS)")
+        if bool(self.cert_file) != bool(self.key_file):
+            found.append("a client certificate needs its key, and a key its certificate")
+        if self.password is not None and self.password_file is not None:
+            found.append("give the password or a password file, not both")
+        has_password = self.password is not None or self.password_file is not None
+        if has_password and not self.user:
+            found.append("a password needs a user")
+        if self.user and not has_password:
+            found.append(f"user {self.user!r} needs a password (or a password file)")
+        if self.user is not None and (not self.user.strip() or len(self.user) > 256):
+            found.append("the user name must be 1 to 256 characters")
+        return found
+
+    def load_password(self) -> str | None:
+        """The password, read from ``password_file`` when one is given.
+
+        Raises:
+            RegistryAuthError: the file cannot be read or is empty.
+        """
+        if self.password_file is None:
+            return self.password
+        try:
+            with open(self.password_file, encoding="utf-8") as file:
+                text = file.read(MAX_PASSWORD_FILE + 1)
+        except (OSError, UnicodeDecodeError) as exc:
+            raise RegistryAuthError(
+                f"cannot read the registry password file {self.password_file}: "
+                f"{exc.strerror if isinstance(exc, OSError) else 'not UTF-8'}; "
+                "fix --registry-password-file"
+            ) from None
+        lines = text.splitlines()
+        if len(text) > MAX_PASSWORD_FILE or not lines or not lines[0]:
+            raise RegistryAuthError(
+                f"the registry password file {self.password_file} is empty or longer than "
+                f"{MAX_PASSWORD_FILE} bytes; put the password on its first line"
+            )
+        return lines[0]
+
+    def ssl_context(self) -> ssl.SSLContext:
+        """A client TLS context: ``ca_file`` (or the system CAs) and the client
+        certificate, if any.
+
+        Raises:
+            RegistryAuthError: a file cannot be loaded; the message names it.
+        """
+        try:
+            context = ssl.create_default_context(cafile=self.ca_file)
+        except (OSError, ssl.SSLError) as exc:
+            raise RegistryAuthError(
+                f"cannot load the registry CA file {self.ca_file}: {exc}; fix --registry-ca "
+                "(a PEM file of the CA that signed etcd's certificate)"
+            ) from None
+        if self.cert_file is not None:
+            try:
+                context.load_cert_chain(self.cert_file, self.key_file)
+            except (OSError, ssl.SSLError) as exc:
+                raise RegistryAuthError(
+                    f"cannot load the registry client certificate {self.cert_file} with key "
+                    f"{self.key_file}: {exc}; fix --registry-cert / --registry-key (PEM files, "
+                    "the key matching the certificate)"
+                ) from None
+        return context
 
 
 def default_registry_url(data_dir: str | os.PathLike[str]) -> str:
@@ -93,7 +207,7 @@ def parse_registry_url(url: str) -> RegistryUrl:
             poll_interval=poll,
             synchronous=None if synchronous is None else synchronous.upper(),
         )
-    if scheme == "etcd":
+    if scheme in ("etcd", "etcds"):
         hosts, _, path = rest.partition("/")
         if path:
             raise _bad(url, "etcd URLs take no path; give a namespace as ?prefix=...")
@@ -101,32 +215,50 @@ def parse_registry_url(url: str) -> RegistryUrl:
         if unknown:
             raise _bad(url, f"unknown etcd options {sorted(unknown)}")
         endpoints = tuple(h for h in hosts.split(","))
+        if "@" in hosts:  # never echo it: it may hold a password
+            raise _bad(
+                f"{scheme}://<credentials hidden>@...",
+                "credentials do not go in the URL; give --registry-user and "
+                "--registry-password (or --registry-password-file)",
+            )
         for endpoint in endpoints:
             host, colon, port = endpoint.rpartition(":")
             if not colon or not host or not port.isdigit() or not 0 < int(port) < 65536:
                 raise _bad(url, f"endpoint {endpoint!r} is not host:port")
-        return RegistryUrl("etcd", endpoints=endpoints, prefix=query.get("prefix", ""))
+        return RegistryUrl(
+            "etcd", endpoints=endpoints, prefix=query.get("prefix", ""), tls=scheme == "etcds"
+        )
     raise _bad(url, f"unknown scheme {scheme!r}")
 
 
 @asynccontextmanager
 async def open_registry(
-    url: str, *, clock: Callable[[], float] | None = None
+    url: str,
+    *,
+    clock: Callable[[], float] | None = None,
+    options: RegistryOptions | None = None,
 ) -> AsyncIterator[Registry]:
     """Open the registry at ``url`` and close it on exit.
 
     Args:
         url: see the module docstring.
         clock: lease clock for memory (default trio.current_time) and SQLite
-            (default time.time, so processes agree); etcd keeps its own.
+            (default the host's boot-time clock, which every process of the host
+            shares); etcd keeps its own.
+        options: TLS files and credentials for etcd.
 
     For SQLite it also runs a lease sweeper in the background while open.
 
     Raises:
-        InvalidRegistryUrl: naming what is accepted.
+        InvalidRegistryUrl: naming what is accepted, or what is wrong with ``options``.
+        RegistryAuthError: a TLS file or the password file cannot be loaded.
         RegistryUnavailable: the store cannot be opened or reached.
     """
     parsed = parse_registry_url(url)
+    options = options or RegistryOptions()
+    problems = options.problems(parsed)
+    if problems:
+        raise InvalidRegistryUrl(f"registry options for {url}: {'; '.join(problems)}")
     registry: Registry
     if parsed.scheme == "sqlite":
         from corral.registry._sqlite import SQLiteRegistry
@@ -159,7 +291,13 @@ async def open_registry(
     else:
         from corral.registry._etcd import EtcdRegistry
 
-        registry = EtcdRegistry(parsed.endpoints, prefix=parsed.prefix)
+        registry = EtcdRegistry(
+            parsed.endpoints,
+            prefix=parsed.prefix,
+            tls=options.ssl_context() if parsed.tls else None,
+            user=options.user,
+            password=options.load_password(),
+        )
     try:
         yield registry
     finally:

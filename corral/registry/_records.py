@@ -37,6 +37,8 @@ SCHEMA_VERSION: Final = 1
 
 COORDINATOR_LEASE_KEY: Final = "lease/coordinator"
 ROUTING_KEY: Final = "routing"
+#: HMAC of the cluster secret, set by the first node (never the secret itself).
+SECRET_FINGERPRINT_KEY: Final = "cluster/secret-fingerprint"
 
 # Prefixes for range reads and watches.
 APPS_PREFIX: Final = "apps/"
@@ -62,11 +64,15 @@ class KeyKind(enum.StrEnum):
     ALIAS_PREVIOUS = "alias-previous"
     ROUTING = "routing"
     ARTIFACT = "artifacts"
+    SECRET_FINGERPRINT = "cluster"
 
 
 # --------------------------------------------------------------------------- names
 
-_LABEL = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
+# One DNS label (RFC 1123): app and node names, and each part of a domain.
+_DNS_LABEL = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
+# The name part of a label key, and a non-empty label value (Kubernetes' syntax).
+_LABEL_TEXT = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?")
 _DIGEST = re.compile(r"[0-9a-f]{64}")
 _PORT = re.compile(r"[1-9][0-9]{0,4}")
 
@@ -84,7 +90,7 @@ def validate_name(kind: str, name: str) -> str:
     Raises:
         InvalidName: naming what is allowed.
     """
-    if not isinstance(name, str) or _LABEL.fullmatch(name) is None:
+    if not isinstance(name, str) or _DNS_LABEL.fullmatch(name) is None:
         raise InvalidName(
             f"invalid {kind} name {name!r}: use 1-63 characters of a-z, 0-9 and '-', "
             "not starting or ending with '-'"
@@ -101,13 +107,70 @@ def validate_domain(domain: str) -> str:
     if (
         not isinstance(domain, str)
         or not 0 < len(domain) <= 253
-        or not all(_LABEL.fullmatch(label) for label in domain.split("."))
+        or not all(_DNS_LABEL.fullmatch(label) for label in domain.split("."))
     ):
         raise InvalidName(
             f"invalid domain {domain!r}: use dot-separated labels of 1-63 characters of "
             "a-z, 0-9 and '-' (not starting or ending with '-'), 253 characters at most"
         )
     return domain
+
+
+#: Labels a node, or pairs a selector, may have at most.
+MAX_LABELS: Final = 64
+
+_LABEL_RULES = (
+    "a label key is a name of 1-63 characters of A-Z, a-z, 0-9, '.', '_' and '-' that "
+    "starts and ends with a letter or digit, optionally after a DNS-subdomain prefix and "
+    "'/' (zone, example.com/zone); a value is empty or follows the same rules as a name"
+)
+
+
+def validate_label(key: str, value: str, what: str = "label") -> None:
+    """Check one label (or selector pair) against Kubernetes' label syntax.
+
+    The key is an optional prefix (a DNS subdomain of at most 253 characters) and
+    ``/``, then a name of 1-63 characters of ``A-Za-z0-9._-`` starting and ending
+    with a letter or digit; the value is empty or follows the name's rules. So no
+    label can carry a control character, a space or ``=`` into a log or a terminal.
+
+    Args:
+        key: the label key.
+        value: its value.
+        what: what the pair is ("label", "selector"), used in the message.
+
+    Raises:
+        InvalidName: naming the key (escaped, with ``repr``) and the rules.
+    """
+    if not isinstance(key, str) or not isinstance(value, str):
+        raise InvalidName(f"{what} {key!r}: keys and values must be strings")
+    prefix, slash, name = key.rpartition("/")
+    if (
+        _LABEL_TEXT.fullmatch(name) is None
+        or (slash and not 0 < len(prefix) <= 253)
+        or (slash and not all(_DNS_LABEL.fullmatch(part) for part in prefix.split(".")))
+    ):
+        raise InvalidName(f"{what} key {key!r} is invalid: {_LABEL_RULES}")
+    if value and _LABEL_TEXT.fullmatch(value) is None:
+        raise InvalidName(f"{what} {key!r} has an invalid value {value!r}: {_LABEL_RULES}")
+
+
+def validate_labels(labels: Mapping[str, str], what: str = "label") -> dict[str, str]:
+    """Check every pair of ``labels`` with :func:`validate_label`, and their count.
+
+    Returns:
+        The pairs as a new dict.
+
+    Raises:
+        InvalidName: more than :data:`MAX_LABELS` pairs, or the first invalid pair.
+    """
+    if len(labels) > MAX_LABELS:
+        raise InvalidName(
+            f"{len(labels)} {what} pairs, more than the {MAX_LABELS} allowed; drop some"
+        )
+    for key, value in labels.items():
+        validate_label(key, value, what)
+    return dict(labels)
 
 
 def validate_digest(digest: str) -> str:
@@ -185,7 +248,8 @@ def parse_key(key: str) -> tuple[KeyKind, tuple[str, ...]]:
 
 _KEY_SHAPES = (
     "accepted: apps/<app>, nodes/<node>, intent/<node>, placement/<app>, lease/coordinator, "
-    "ports/<node>/<port>, alias/<domain>, alias/<domain>/previous, routing, artifacts/<sha256>"
+    "ports/<node>/<port>, alias/<domain>, alias/<domain>/previous, routing, artifacts/<sha256>, "
+    "cluster/secret-fingerprint"
 )
 
 
@@ -194,6 +258,8 @@ def _parse_key(key: str) -> tuple[KeyKind, tuple[str, ...]]:
         return KeyKind.ROUTING, ()
     if key == COORDINATOR_LEASE_KEY:
         return KeyKind.COORDINATOR_LEASE, ("coordinator",)
+    if key == SECRET_FINGERPRINT_KEY:
+        return KeyKind.SECRET_FINGERPRINT, ("secret-fingerprint",)
     head, sep, rest = key.partition("/")
     if not sep:
         raise ValueError("no such key")
@@ -378,6 +444,8 @@ class AppRecord:
             raise ValueError(f"replicas must be 'all' or an integer >= 1, got {self.replicas!r}")
         if self.memory_mb < 0 or self.disk_mb < 0:
             raise ValueError("memory_mb and disk_mb must be >= 0")
+        validate_labels(self.selector, "selector")
+        validate_labels(self.labels)
 
     @property
     def key(self) -> str:
@@ -452,28 +520,35 @@ class Capacity:
         )
 
 
-ServingState: TypeAlias = Literal["starting", "running", "crash-loop", "stopped"]
-SERVING_STATES: Final[tuple[str, ...]] = ("starting", "running", "crash-loop", "stopped")
+ServingState: TypeAlias = Literal["starting", "running", "crash-loop", "failed", "stopped"]
+SERVING_STATES: Final[tuple[str, ...]] = ("starting", "running", "crash-loop", "failed", "stopped")
+#: Longest ``ServingEntry.reason`` kept (it is published in every node record).
+MAX_SERVING_REASON: Final = 400
 
 
 @dataclass(frozen=True, slots=True)
 class ServingEntry:
-    """One app a node serves: its revision, ports and process state."""
+    """One app a node serves: its revision, ports and process state; ``reason`` says
+    why it is ``failed`` or in a ``crash-loop`` (empty otherwise)."""
 
     revision: str
     public_port: int
     internal_port: int
     state: ServingState = "starting"
     restarts: int = 0
+    reason: str = ""
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "revision": self.revision,
             "public_port": self.public_port,
             "internal_port": self.internal_port,
             "state": self.state,
             "restarts": self.restarts,
         }
+        if self.reason:
+            out["reason"] = self.reason[:MAX_SERVING_REASON]
+        return out
 
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> ServingEntry:
@@ -483,6 +558,7 @@ class ServingEntry:
             internal_port=_int(_field(obj, "internal_port"), "serving.internal_port"),
             state=_one_of(_field(obj, "state"), "serving.state", SERVING_STATES),
             restarts=_nonneg(_field(obj, "restarts", 0), "serving.restarts"),
+            reason=_str(_field(obj, "reason", ""), "serving.reason")[:MAX_SERVING_REASON],
         )
 
 
@@ -507,10 +583,16 @@ class NodeRecord:
     serving: dict[str, ServingEntry] = field(default_factory=dict)
     change_token: int = 0
     started_at: float = 0.0
+    #: The process holding the record: a random token per node process ("" when
+    #: written by a build without one), its pid and host name.
+    instance: str = ""
+    pid: int = 0
+    hostname: str = ""
 
     def __post_init__(self) -> None:
         validate_name("node", self.id)
         _one_of(self.state, "state", NODE_STATES)
+        validate_labels(self.labels)
 
     @property
     def key(self) -> str:
@@ -532,6 +614,9 @@ class NodeRecord:
                 "serving": {app: entry.to_json() for app, entry in self.serving.items()},
                 "change_token": self.change_token,
                 "started_at": self.started_at,
+                "instance": self.instance,
+                "pid": self.pid,
+                "hostname": self.hostname,
             }
         )
 
@@ -556,6 +641,9 @@ class NodeRecord:
             },
             change_token=_int(_field(obj, "change_token", 0), "change_token"),
             started_at=_float(_field(obj, "started_at", 0.0), "started_at"),
+            instance=_str(_field(obj, "instance", ""), "instance"),
+            pid=_nonneg(_field(obj, "pid", 0), "pid"),
+            hostname=_str(_field(obj, "hostname", ""), "hostname"),
         )
 
 
@@ -630,6 +718,32 @@ class CoordinatorLease:
         return cls(
             holder=_str(_field(obj, "holder"), "holder"),
             acquired_at=_float(_field(obj, "acquired_at"), "acquired_at"),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class SecretFingerprint:
+    """``cluster/secret-fingerprint``: HMAC-SHA256 of the cluster secret (hex), which
+    node set it and when. Nodes whose secret gives another fingerprint refuse to start."""
+
+    fingerprint: str
+    set_by: str
+    set_at: float
+
+    def encode(self) -> bytes:
+        return _dump(
+            {"fingerprint": self.fingerprint, "set_by": self.set_by, "set_at": self.set_at}
+        )
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> SecretFingerprint:
+        fingerprint = _str(_field(obj, "fingerprint"), "fingerprint")
+        if _DIGEST.fullmatch(fingerprint) is None:
+            raise ValueError("field 'fingerprint' must be 64 lowercase hex digits")
+        return cls(
+            fingerprint=fingerprint,
+            set_by=_str(_field(obj, "set_by"), "set_by"),
+            set_at=_float(_field(obj, "set_at"), "set_at"),
         )
 
 
@@ -727,6 +841,7 @@ Record: TypeAlias = (
     | AliasRecord
     | RoutingTable
     | Artifact
+    | SecretFingerprint
 )
 
 
@@ -748,6 +863,7 @@ _JSON_DECODERS: Final[dict[KeyKind, Callable[[dict[str, Any]], Record]]] = {
     KeyKind.ALIAS: AliasRecord.from_json,
     KeyKind.ALIAS_PREVIOUS: AliasRecord.from_json,
     KeyKind.ROUTING: RoutingTable.from_json,
+    KeyKind.SECRET_FINGERPRINT: SecretFingerprint.from_json,
 }
 
 
@@ -769,7 +885,7 @@ def decode_record(key: str, value: bytes) -> Record | Undecodable:
         return Artifact(digest, bytes(value))
     try:
         obj = json.loads(value)
-    except (UnicodeDecodeError, ValueError) as exc:
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         return Undecodable(key, f"not UTF-8 JSON: {exc}")
     if not isinstance(obj, dict):
         return Undecodable(key, f"not a JSON object but {type(obj).__name__}")

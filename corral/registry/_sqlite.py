@@ -10,14 +10,31 @@ per changed key, ordered by revision). Every write is one ``BEGIN IMMEDIATE``
 transaction, so writers in several processes are serialized by SQLite's lock and
 each sees the others' revisions.
 
-Leases expire by the injected clock (wall clock by default, so processes
-agree). Every process enforces expiry: a read first probes for a lease past its
+Leases expire by the injected clock. The default, :func:`host_clock`, is
+``CLOCK_BOOTTIME`` (``CLOCK_MONOTONIC`` where there is none): one clock every
+process of the host reads alike, which a step of the wall clock (NTP, an
+operator, a VM resume) does not move, so no process can expire its peers'
+leases early by having its own idea of the time. That clock restarts at boot:
+the ``info`` table records which boot (and which clock) the stored expiry times
+belong to, and the first process to open the file on a new boot (or after an
+upgrade from wall-clock expiries) renews every lease for its full TTL, as etcd
+does after electing a leader.
+
+Every process enforces expiry: a read first probes for a lease past its
 expiry and, when there is one, runs the expiry write before reading; every write
 transaction expires due leases first; every watcher's poll is such a read; and
 :func:`open_registry` runs a periodic sweep (:meth:`SQLiteRegistry.run_sweeper`).
 An expiry deletes the lease's keys as one revision with DELETE events, as etcd
 does. Reads and on-loop commits are cancel points always and schedule points
 every 16th call (a full checkpoint costs as much as a read).
+
+The file's identity (device and inode) is taken when it is opened. Every write
+first checks it, reads check it whenever they re-probe for due leases (at most
+every PROBE_WINDOW of the lease clock), and :meth:`SQLiteRegistry.guard_file`
+checks it every second: a file deleted or replaced under a running process
+raises :class:`RegistryReplaced` from then on, instead of this process carrying
+on alone in an unlinked file while a new process starts a second cluster on the
+path.
 
 Watches poll ``meta.revision`` (every 50 ms by default; a write in this process
 wakes its own watchers at once) and read new rows from ``changes``.
@@ -44,7 +61,7 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any, Final, Generic, TypeVar
+from typing import Any, Final, Generic, NoReturn, TypeVar
 
 import trio
 
@@ -64,6 +81,7 @@ from corral.registry._base import (
 from corral.registry._errors import (
     LeaseNotFound,
     RegistryError,
+    RegistryReplaced,
     RegistryUnavailable,
     RevisionCompacted,
 )
@@ -102,6 +120,10 @@ CREATE TABLE IF NOT EXISTS leases (
     expires REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS leases_by_expiry ON leases (expires);
+CREATE TABLE IF NOT EXISTS info (
+    name TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS changes (
     revision INTEGER NOT NULL,
     seq INTEGER NOT NULL,
@@ -123,6 +145,39 @@ _SCHEDULE_EVERY: Final = 16
 
 PROBE_WINDOW: Final = 0.05
 """Seconds (lease clock) a probe for due leases stays valid; also the shortest TTL."""
+
+
+_HOST_CLOCK_ID: Final = getattr(time, "CLOCK_BOOTTIME", time.CLOCK_MONOTONIC)
+_HOST_CLOCK_NAME: Final = "boottime" if hasattr(time, "CLOCK_BOOTTIME") else "monotonic"
+_BOOT_ID_FILE: Final = "/proc/sys/kernel/random/boot_id"
+DEFAULT_GUARD_INTERVAL: Final = 1.0
+
+host_clock: Final[Callable[[], float]] = functools.partial(time.clock_gettime, _HOST_CLOCK_ID)
+host_clock.__doc__ = """The default lease clock, in seconds: ``CLOCK_BOOTTIME`` (else
+``CLOCK_MONOTONIC``), shared by every process of the host and never stepped."""
+
+
+def lease_epoch() -> str:
+    """Which run of :func:`host_clock` stored expiry times belong to: the clock's
+    name and this boot's id (without /proc, the boot time it implies, to the
+    minute; a wall-clock step then only renews leases, never expires them)."""
+    try:
+        with open(_BOOT_ID_FILE, encoding="ascii") as file:
+            boot = file.read(64).strip()
+    except OSError:
+        boot = ""
+    if not boot:
+        boot = "booted-" + str(round((time.time() - host_clock()) / 60))
+    return f"{_HOST_CLOCK_NAME}:{boot}"
+
+
+def _file_identity(path: str) -> tuple[int, int] | None:
+    """(device, inode) of the file at ``path``; None when there is no file."""
+    try:
+        stat = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return stat.st_dev, stat.st_ino
 
 
 def _prefix_bounds(prefix: str) -> tuple[str, str | None]:
@@ -190,9 +245,12 @@ class SQLiteRegistry(Registry):
         busy_timeout: float,
         checkpoint_every: int,
         write_conn: sqlite3.Connection | None,
+        identity: tuple[int, int] | None = None,
     ) -> None:
         self._conn = conn
         self._path = path
+        self._identity = identity if identity is not None else _file_identity(path)
+        self._lost: bool | None = None  # once the file is gone: True deleted, False replaced
         self._clock = clock
         self._poll_interval = poll_interval
         self._synchronous = synchronous
@@ -230,7 +288,8 @@ class SQLiteRegistry(Registry):
 
         Args:
             path: the database file; its directory is created if missing.
-            clock: lease clock, seconds (default :func:`time.time`, so processes agree).
+            clock: lease clock, seconds (default :func:`host_clock`, which every
+                process of the host shares and wall-clock steps do not move).
             poll_interval: how often a watcher polls for other processes' writes (s).
             synchronous: "NORMAL" (default: commits do not sync; checkpoints run in a
                 worker thread), "FULL" or "EXTRA" (each commit syncs, in a worker thread).
@@ -248,8 +307,13 @@ class SQLiteRegistry(Registry):
             raise ValueError(f"synchronous must be NORMAL, FULL or EXTRA, not {synchronous!r}")
         threaded = sync != "NORMAL"
 
-        def connect() -> tuple[sqlite3.Connection, sqlite3.Connection | None]:
-            """One attempt; every step is idempotent, so a busy attempt is redone whole."""
+        lease_clock = clock if clock is not None else host_clock
+
+        def connect(
+            now: float,
+        ) -> tuple[sqlite3.Connection, sqlite3.Connection | None, tuple[int, int] | None]:
+            """One attempt; every step is idempotent, so a busy attempt is redone whole.
+            ``now`` is read on the loop: an injected clock may be trio's."""
             directory = os.path.dirname(path)
             if directory:
                 os.makedirs(directory, exist_ok=True)
@@ -263,6 +327,7 @@ class SQLiteRegistry(Registry):
                 for statement in _SCHEMA.split(";"):
                     if statement.strip():
                         setup.execute(statement)
+                _rebase_leases(setup, lease_epoch(), now)
                 setup.execute("COMMIT")
                 setup.close()
                 # The loop's connection never waits on a lock inside SQLite: a busy
@@ -272,17 +337,18 @@ class SQLiteRegistry(Registry):
                 conn.execute("PRAGMA wal_autocheckpoint=0")
                 conn.execute("PRAGMA busy_timeout=0")
                 write_conn = _connect(path, sync, busy_timeout, opened) if threaded else None
+                identity = _file_identity(path)
             except BaseException:
                 for each in opened:
                     each.close()
                 raise
-            return conn, write_conn
+            return conn, write_conn, identity
 
         # SQLite's busy handler waits inside an attempt; this covers what it does not.
         patience = _Patience(busy_timeout, started=trio.current_time())
         while True:
             try:
-                conn, write_conn = await trio.to_thread.run_sync(connect)
+                conn, write_conn, identity = await trio.to_thread.run_sync(connect, lease_clock())
                 break
             except sqlite3.Error as exc:
                 if not await patience.wait(exc):
@@ -294,7 +360,7 @@ class SQLiteRegistry(Registry):
         return cls(
             conn,
             path,
-            clock=clock if clock is not None else time.time,
+            clock=lease_clock,
             poll_interval=poll_interval if poll_interval is not None else DEFAULT_POLL_INTERVAL,
             synchronous=sync,
             key_check=key_check if key_check is not None else parse_key,
@@ -302,6 +368,7 @@ class SQLiteRegistry(Registry):
             busy_timeout=busy_timeout,
             checkpoint_every=checkpoint_every,
             write_conn=write_conn,
+            identity=identity,
         )
 
     @property
@@ -457,8 +524,26 @@ class SQLiteRegistry(Registry):
                 await self.sweep()
             except trio.ClosedResourceError:
                 return
+            except RegistryReplaced:  # fatal, logged once; guard_file stops the owner
+                return
             except Exception:  # housekeeping: log, and let the next sweep retry
                 _log.warning("registry sweep of %s failed", self._path, exc_info=True)
+
+    async def guard_file(self, interval: float = DEFAULT_GUARD_INTERVAL) -> NoReturn:
+        """Check every ``interval`` seconds that the file at :attr:`path` is still
+        the one this registry opened; run it beside whatever uses the registry, so
+        a deleted or replaced file stops that work even when nothing else touches
+        the registry.
+
+        Raises:
+            RegistryReplaced: once the file is deleted or replaced (at once, if an
+                operation of this registry already found so).
+            trio.ClosedResourceError: this registry was closed.
+        """
+        while True:
+            self._check_open()
+            self._check_file()
+            await trio.sleep(interval)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -485,6 +570,20 @@ class SQLiteRegistry(Registry):
     def _check_open(self) -> None:
         if self._closed:
             raise trio.ClosedResourceError("this SQLiteRegistry is closed")
+        if self._lost is not None:
+            raise RegistryReplaced(self._path, deleted=self._lost)
+
+    def _check_file(self) -> None:
+        """Raise RegistryReplaced (from now on) unless the file at the path is the
+        one opened. A stat: about a microsecond."""
+        if self._lost is None:
+            found = _file_identity(self._path)
+            if found == self._identity:
+                return
+            self._lost = found is None
+            self._probe_valid_until = -math.inf  # no more fast-path reads
+            _log.error("%s", RegistryReplaced(self._path, deleted=self._lost))
+        raise RegistryReplaced(self._path, deleted=self._lost)
 
     async def _pass_checkpoint(self) -> None:
         """Reads and on-loop commits finish without waiting for anything, so they
@@ -516,6 +615,7 @@ class SQLiteRegistry(Registry):
             try:
                 now = self._clock()
                 if now >= self._probe_valid_until or now >= self._earliest_expiry:
+                    self._check_file()
                     earliest = self._conn.execute(_EARLIEST_EXPIRY).fetchone()[0]
                     self._earliest_expiry = math.inf if earliest is None else float(earliest)
                     self._probe_valid_until = now + PROBE_WINDOW
@@ -533,6 +633,7 @@ class SQLiteRegistry(Registry):
 
     async def _write(self, job: Callable[[_Tx], T]) -> T:
         self._check_open()
+        self._check_file()
         if self._write_conn is not None:
             return await self._write_in_thread(job)
         self._ops += 1
@@ -685,9 +786,11 @@ class SQLiteRegistry(Registry):
         racing a stream of commits never catches up, and the WAL only grows."""
         done = self._checkpoint_done = trio.Event()
         self._commits_since_checkpoint = 0
-        path, sync = self._path, self._synchronous
+        path, sync, identity = self._path, self._synchronous, self._identity
 
         def checkpoint() -> None:
+            if _file_identity(path) != identity:
+                return  # connecting would create (or open) a file that is not ours
             opened: list[sqlite3.Connection] = []
             try:
                 _connect(path, sync, self._busy_timeout, opened).execute(
@@ -825,6 +928,17 @@ def _changes_in_snapshot(
         for rev, deleted, key, value, create, version, lease in rows
     ]
     return events, min(revision, next_revision + _WATCH_BATCH - 1) + 1
+
+
+def _rebase_leases(conn: sqlite3.Connection, epoch: str, now: float) -> None:
+    """Inside the opening transaction: when the stored expiry times were taken on
+    another run of the lease clock (another boot, or wall-clock times from before
+    the host clock), renew every lease for its full TTL from ``now``."""
+    row = conn.execute("SELECT value FROM info WHERE name = 'lease_epoch'").fetchone()
+    if row is not None and row[0] == epoch:
+        return
+    conn.execute("UPDATE leases SET expires = ? + ttl", (now,))
+    conn.execute("INSERT OR REPLACE INTO info (name, value) VALUES ('lease_epoch', ?)", (epoch,))
 
 
 def _begin(conn: sqlite3.Connection, now: float) -> _Tx:

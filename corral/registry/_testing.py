@@ -5,6 +5,9 @@
   when ``CORRAL_REQUIRE_ETCD=1`` (CI), so a missing etcd never passes silently.
 * :func:`open_test_etcd_registry` — an :class:`EtcdRegistry` in a fresh namespace,
   emptied on exit, so tests sharing one etcd never see each other's keys.
+* :func:`run_secure_etcd` — starts a private etcd on free loopback ports with
+  TLS (certificates from ``trustme``, made on the spot, client certificates
+  required) and user/password auth on, and stops it by pid on exit.
 * :class:`ManualClock` — a lease clock a test moves by hand.
 * :class:`RegistryHarness` and :func:`take_events` — what the contract suite
   (``tests/registry``) drives every backend with.
@@ -12,19 +15,30 @@
 
 from __future__ import annotations
 
+import base64
+import json
 import os
+import shutil
+import socket
+import ssl
+import subprocess
+import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
 
 from corral.registry._base import Registry, WatchEvent
 from corral.registry._etcd import EtcdRegistry
+from corral.registry._logic import prefix_end
+from corral.registry._open import RegistryOptions
 
 ETCD_ENV = "CORRAL_TEST_ETCD"
 REQUIRE_ETCD_ENV = "CORRAL_REQUIRE_ETCD"
@@ -73,18 +87,34 @@ def etcd_endpoint_from_env(*, check: bool = True) -> str:
 
 @asynccontextmanager
 async def open_test_etcd_registry(
-    endpoint: str | None = None, *, namespace: str | None = None
+    endpoint: str | None = None,
+    *,
+    namespace: str | None = None,
+    secure: SecureEtcd | None = None,
 ) -> AsyncIterator[EtcdRegistry]:
     """An :class:`EtcdRegistry` under a fresh namespace, whose keys are deleted on exit.
 
     Args:
-        endpoint: ``host:port[,host:port]``; default :func:`etcd_endpoint_from_env`.
+        endpoint: ``host:port[,host:port]``; default :func:`etcd_endpoint_from_env`
+            (or ``secure``'s endpoint).
         namespace: the key prefix; default ``corral-test/<random>/``.
+        secure: an etcd from :func:`run_secure_etcd`: connect with TLS, its
+            client certificate and its corral user.
     """
-    if endpoint is None:
-        endpoint = etcd_endpoint_from_env()
     prefix = namespace or f"corral-test/{uuid.uuid4().hex}/"
-    registry = EtcdRegistry(endpoint.split(","), prefix=prefix)
+    if secure is not None:
+        options = secure.options()
+        registry = EtcdRegistry(
+            [endpoint or secure.endpoint],
+            prefix=prefix,
+            tls=options.ssl_context(),
+            user=options.user,
+            password=options.load_password(),
+        )
+    else:
+        if endpoint is None:
+            endpoint = etcd_endpoint_from_env()
+        registry = EtcdRegistry(endpoint.split(","), prefix=prefix)
     try:
         yield registry
     finally:
@@ -139,3 +169,180 @@ async def take_events(
             if len(got) == n:
                 break
     return got
+
+
+# ---------------------------------------------------------------- a TLS + auth etcd
+
+SECURE_PREFIX = "corral-test/"
+"""The key prefix the corral user of :func:`run_secure_etcd` may read and write."""
+
+
+@dataclass(frozen=True)
+class SecureEtcd:
+    """A running etcd with TLS and auth (see :func:`run_secure_etcd`)."""
+
+    endpoint: str  # host:port, served over TLS
+    ca_file: str
+    cert_file: str  # a client certificate the CA signed
+    key_file: str
+    user: str
+    password: str = field(repr=False)
+    root_password: str = field(repr=False)
+    pid: int = 0
+
+    @property
+    def url(self) -> str:
+        return f"etcds://{self.endpoint}"
+
+    def options(self, **changes: Any) -> RegistryOptions:
+        """The :class:`RegistryOptions` that reach it as the corral user."""
+        values: dict[str, Any] = {
+            "ca_file": self.ca_file,
+            "cert_file": self.cert_file,
+            "key_file": self.key_file,
+            "user": self.user,
+            "password": self.password,
+        }
+        values.update(changes)
+        return RegistryOptions(**values)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _gateway(
+    base: str, path: str, body: dict[str, Any], context: ssl.SSLContext, token: str = ""
+) -> dict[str, Any]:
+    request = urllib.request.Request(
+        base + path,
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json", **({"Authorization": token} if token else {})},
+    )
+    with urllib.request.urlopen(request, timeout=5, context=context) as response:
+        reply: dict[str, Any] = json.loads(response.read() or b"{}")
+        return reply
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+@contextmanager
+def run_secure_etcd(directory: Path, *, token_ttl: int = 1) -> Iterator[SecureEtcd]:
+    """Start a private etcd on free loopback ports, serving clients over TLS only
+    (client certificates required) with auth enabled: a ``root`` user and a
+    ``corral`` user whose role may read and write :data:`SECURE_PREFIX`.
+    Skips the calling test (fails it under ``CORRAL_REQUIRE_ETCD=1``) without
+    an ``etcd`` binary or ``trustme``. The process is stopped by pid on exit.
+
+    Args:
+        directory: where the certificates, data and log go.
+        token_ttl: seconds an unused auth token lives (short, so tests see
+            tokens expire and the client authenticate again).
+    """
+    binary = shutil.which("etcd")
+    if binary is None:
+        _missing("no etcd binary on PATH (Debian: apt-get install etcd-server)")
+    try:
+        import trustme
+    except ImportError:
+        _missing("trustme is not installed (pip install -e '.[test]')")
+    assert binary is not None
+    ca = trustme.CA()
+    server = ca.issue_cert("127.0.0.1", "localhost")
+    # No Common Name: with auth on, etcd 3.4's gateway refuses certificates with one.
+    client = ca.issue_cert("corral-client.test")
+    files = {
+        "ca": directory / "ca.pem",
+        "server-cert": directory / "server.pem",
+        "server-key": directory / "server-key.pem",
+        "client-cert": directory / "client.pem",
+        "client-key": directory / "client-key.pem",
+    }
+    ca.cert_pem.write_to_path(str(files["ca"]))
+    server.cert_chain_pems[0].write_to_path(str(files["server-cert"]))
+    server.private_key_pem.write_to_path(str(files["server-key"]))
+    client.cert_chain_pems[0].write_to_path(str(files["client-cert"]))
+    client.private_key_pem.write_to_path(str(files["client-key"]))
+    client_port, peer_port = _free_port(), _free_port()
+    data_dir = directory / "etcd-data"
+    log = open(directory / "etcd.log", "wb")  # closed below, once the process is gone
+    process = subprocess.Popen(
+        [
+            binary,
+            "--name=secure",
+            f"--data-dir={data_dir}",
+            f"--listen-client-urls=https://127.0.0.1:{client_port}",
+            f"--advertise-client-urls=https://127.0.0.1:{client_port}",
+            f"--listen-peer-urls=http://127.0.0.1:{peer_port}",
+            f"--initial-advertise-peer-urls=http://127.0.0.1:{peer_port}",
+            f"--initial-cluster=secure=http://127.0.0.1:{peer_port}",
+            f"--cert-file={files['server-cert']}",
+            f"--key-file={files['server-key']}",
+            f"--trusted-ca-file={files['ca']}",
+            "--client-cert-auth",
+            f"--auth-token-ttl={token_ttl}",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        context = ssl.create_default_context(cafile=str(files["ca"]))
+        context.load_cert_chain(str(files["client-cert"]), str(files["client-key"]))
+        base = f"https://127.0.0.1:{client_port}"
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                with urllib.request.urlopen(base + "/health", timeout=1, context=context):
+                    break
+            except (urllib.error.URLError, OSError) as exc:
+                if process.poll() is not None or time.monotonic() > deadline:
+                    log.flush()
+                    tail = (directory / "etcd.log").read_text(errors="replace")[-2000:]
+                    raise RuntimeError(f"the TLS etcd did not come up ({exc}):\n{tail}") from exc
+                time.sleep(0.05)
+        root_password, password = uuid.uuid4().hex, uuid.uuid4().hex
+        prefix = SECURE_PREFIX.encode()
+        for path, body in (
+            ("/v3/auth/role/add", {"name": "root"}),
+            ("/v3/auth/user/add", {"name": "root", "password": root_password}),
+            ("/v3/auth/user/grant", {"user": "root", "role": "root"}),
+            ("/v3/auth/role/add", {"name": "corral"}),
+            (
+                "/v3/auth/role/grant",
+                {
+                    "name": "corral",
+                    "perm": {
+                        "permType": "READWRITE",
+                        "key": _b64(prefix),
+                        "range_end": _b64(prefix_end(prefix)),
+                    },
+                },
+            ),
+            ("/v3/auth/user/add", {"name": "corral", "password": password}),
+            ("/v3/auth/user/grant", {"user": "corral", "role": "corral"}),
+            ("/v3/auth/enable", {}),
+        ):
+            _gateway(base, path, body, context)
+        yield SecureEtcd(
+            endpoint=f"127.0.0.1:{client_port}",
+            ca_file=str(files["ca"]),
+            cert_file=str(files["client-cert"]),
+            key_file=str(files["client-key"]),
+            user="corral",
+            password=password,
+            root_password=root_password,
+            pid=process.pid,
+        )
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        log.close()

@@ -275,6 +275,18 @@ def _dial_failure_level(failures: int, peer_left: bool) -> int:
     return logging.DEBUG
 
 
+def _remote_host(stream: trio.abc.Stream) -> str:
+    """The host a stream comes from, without the port (each dial uses a new one): the
+    key of the refused-connection log budget. In-memory streams share one key."""
+    inner = stream.transport_stream if isinstance(stream, trio.SSLStream) else stream
+    if isinstance(inner, trio.SocketStream):
+        try:
+            return str(inner.socket.getpeername()[0])
+        except OSError:
+            return "an unknown address"
+    return "in-memory"
+
+
 def _close_text(reason: trio_websocket.CloseReason | None) -> str:
     if reason is None:
         return "connection closed"
@@ -782,6 +794,7 @@ class WebSocketTransport(Transport):
 
     async def _handle_inbound(self, stream: trio.abc.Stream) -> None:
         """serve_listeners handler: upgrade, authenticate, then serve one peer."""
+        remote = _remote_host(stream)
         try:
             async with trio.open_nursery() as conn_nursery:
                 ws: trio_websocket.WebSocketConnection | None = None
@@ -795,14 +808,13 @@ class WebSocketTransport(Transport):
                         receive_buffer_size=self._config.receive_buffer_size,
                     )
                     ws = await request.accept()
-                    outcome = await self._server_handshake(ws)
+                    outcome = await self._server_handshake(ws, remote)
                 if timeout.cancelled_caught:
-                    log.warning(
-                        "%s: refused an inbound connection: handshake not finished within "
-                        "%.1fs (close code %d)",
-                        self._node_id,
-                        self._config.handshake_timeout,
-                        CloseCode.HANDSHAKE_TIMEOUT,
+                    self._warn_refused(
+                        remote,
+                        f"refused an inbound connection from {remote}: handshake not finished "
+                        f"within {self._config.handshake_timeout:.1f}s "
+                        f"(close code {int(CloseCode.HANDSHAKE_TIMEOUT)})",
                     )
                     if ws is not None:
                         await self._close_ws(ws, CloseCode.HANDSHAKE_TIMEOUT, "handshake timeout")
@@ -857,7 +869,7 @@ class WebSocketTransport(Transport):
             await ws.send_message(handshake.hello())
             proof = handshake.receive_challenge(await ws.get_message())
             if isinstance(proof, Refused):
-                await self._refuse(ws, proof, f"peer {peer!r} at {address}")
+                await self._refuse(ws, proof, f"peer {peer!r} at {address}", address)
                 raise HandshakeFailed(
                     f"refused peer {peer!r} at {address}: {proof.reason} "
                     f"(close code {int(proof.code)})"
@@ -872,12 +884,12 @@ class WebSocketTransport(Transport):
                 f"peer {peer!r} at {address} refused the handshake: {_close_text(exc.reason)}"
             ) from None
         if isinstance(info, Refused):
-            await self._refuse(ws, info, f"peer {peer!r} at {address}")
+            await self._refuse(ws, info, f"peer {peer!r} at {address}", address)
             raise HandshakeFailed(f"refused peer {peer!r} at {address}: {info.reason}")
         return info, sink
 
     async def _server_handshake(
-        self, ws: trio_websocket.WebSocketConnection
+        self, ws: trio_websocket.WebSocketConnection, remote: str
     ) -> tuple[PeerInfo, bytes] | None:
         """Authenticate a dialing peer; None if it was refused (logged and closed)."""
         handshake = ServerHandshake(
@@ -887,37 +899,45 @@ class WebSocketTransport(Transport):
         try:
             challenge = handshake.receive_hello(await ws.get_message())
             if isinstance(challenge, Refused):
-                await self._refuse(ws, challenge, origin)
+                await self._refuse(ws, challenge, origin, remote)
                 return None
             await ws.send_message(challenge)
             info = handshake.receive_proof(await ws.get_message())
             if isinstance(info, Refused):
-                await self._refuse(ws, info, origin)
+                await self._refuse(ws, info, origin, remote)
                 return None
         except trio_websocket.ConnectionClosed as exc:
-            refused = exc.reason is not None and exc.reason.code >= 4000
-            log.log(
-                logging.WARNING if refused else logging.INFO,
-                "%s: %s %s the handshake: %s",
-                self._node_id,
-                origin,
-                "refused" if refused else "left during",
-                _close_text(exc.reason),
-            )
+            if exc.reason is not None and exc.reason.code >= 4000:
+                self._warn_refused(
+                    remote, f"{origin} refused the handshake: {_close_text(exc.reason)}"
+                )
+            else:
+                self._warn_refused(
+                    remote,
+                    f"{origin} left during the handshake: {_close_text(exc.reason)}",
+                    level=logging.INFO,
+                )
             return None
         return info, handshake.welcome()
 
     async def _refuse(
-        self, ws: trio_websocket.WebSocketConnection, refusal: Refused, origin: str
+        self, ws: trio_websocket.WebSocketConnection, refusal: Refused, origin: str, remote: str
     ) -> None:
-        log.warning(
-            "%s: refused %s: %s (close code %d)",
-            self._node_id,
-            origin,
-            refusal.reason,
-            int(refusal.code),
+        self._warn_refused(
+            remote, f"refused {origin}: {refusal.reason} (close code {int(refusal.code)})"
         )
         await self._close_ws(ws, refusal.code, refusal.reason)
+
+    def _warn_refused(self, remote: str, text: str, level: int = logging.WARNING) -> None:
+        """Log a refused (or abandoned) connection, a few per remote host per minute:
+        a peer with the wrong secret, or anyone probing the port, redials without end."""
+        self._warn_within_budget(
+            f"connect:{remote}",
+            text,
+            f"refused connections with {remote}",
+            counted_in=None,
+            level=level,
+        )
 
     async def _close_ws(
         self, ws: trio_websocket.WebSocketConnection, code: int, reason: str
@@ -1049,19 +1069,28 @@ class WebSocketTransport(Transport):
             f"refusals by {link.peer!r}",
         )
 
-    def _warn_within_budget(self, key: str, text: str, what: str) -> None:
-        """Log a WARNING about a refused frame, a few per peer per minute (then a count)."""
+    def _warn_within_budget(
+        self,
+        key: str,
+        text: str,
+        what: str,
+        counted_in: str | None = "peer_status",
+        level: int = logging.WARNING,
+    ) -> None:
+        """Log a refusal (a WARNING by default), a few per key per minute, then a count."""
         verdict = self._refusal_log.admit(key, trio.current_time())
         if not verdict.write:
             return
         if verdict.held_back:
             text += f" ({verdict.held_back} more {what} were not logged)"
         if verdict.last:
+            interval = f"{self._refusal_log.interval:g} s"
             text += (
-                f" (further {what} within {self._refusal_log.interval:g} s are only counted"
-                " in peer_status)"
+                f" (further {what} within {interval} are only counted in {counted_in})"
+                if counted_in is not None
+                else f" (further {what} within {interval} are counted, not logged)"
             )
-        log.warning("%s: %s", self._node_id, text)
+        log.log(level, "%s: %s", self._node_id, text)
 
     def _on_closed(self, conn: _Connection, reason: trio_websocket.CloseReason | None) -> None:
         if reason is not None and reason.code == CloseCode.GOING_AWAY:

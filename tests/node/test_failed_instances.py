@@ -56,7 +56,7 @@ def test_an_old_revision_still_running_keeps_its_state_and_shows_why_the_new_one
 def test_the_ps_table_and_the_state_summary_say_why() -> None:
     apps, placements, nodes = records()
     rows = [r.to_json() for r in ps_rows(apps, placements, nodes, {}, failed={("web", "n1"): WHY})]
-    assert f"web on n1 failed: {WHY}" in ps_table(rows)
+    assert f"failed web on n1: {WHY}" in ps_table(rows)
     state = {
         "node_id": "n1",
         "reconcile": {

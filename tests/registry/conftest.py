@@ -1,12 +1,16 @@
 """The registry contract harness: one ``backend`` fixture, parametrized over every backend.
 
 Lease time is driven by a ManualClock on memory and SQLite (no waiting), and by
-etcd's own clock on etcd (short real TTLs, bounded waits).
+etcd's own clock on etcd (short real TTLs, bounded waits). ``etcd`` is the etcd
+named by ``CORRAL_TEST_ETCD``; ``etcd-tls`` is a private etcd this session
+starts with TLS, client certificates and auth (see ``run_secure_etcd``), whose
+auth tokens expire after a second or two, so the suite also covers logging in
+again.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -16,8 +20,10 @@ from corral.registry._sqlite import SQLiteRegistry
 from corral.registry._testing import (
     ManualClock,
     RegistryHarness,
+    SecureEtcd,
     etcd_endpoint_from_env,
     open_test_etcd_registry,
+    run_secure_etcd,
 )
 
 BACKENDS = [
@@ -25,7 +31,16 @@ BACKENDS = [
     "sqlite",
     "sqlite-full",
     pytest.param("etcd", marks=pytest.mark.etcd),
+    pytest.param("etcd-tls", marks=pytest.mark.etcd),
 ]
+
+
+@pytest.fixture(scope="session")
+def secure_etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureEtcd]:
+    """One TLS + auth etcd for the session, stopped by pid at its end; skips (or,
+    in CI, fails) without an etcd binary."""
+    with run_secure_etcd(tmp_path_factory.mktemp("secure-etcd")) as etcd:
+        yield etcd
 
 
 @pytest.fixture(params=BACKENDS)
@@ -36,6 +51,8 @@ def backend_name(request: pytest.FixtureRequest) -> str:
     name: str = request.param
     if name == "etcd":
         etcd_endpoint_from_env()
+    elif name == "etcd-tls":
+        request.getfixturevalue("secure_etcd")
     return name
 
 
@@ -46,10 +63,13 @@ def etcd_endpoint() -> str:
 
 
 @pytest.fixture
-async def backend(backend_name: str, tmp_path: Path) -> AsyncIterator[RegistryHarness]:
+async def backend(
+    backend_name: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> AsyncIterator[RegistryHarness]:
     name = backend_name
-    if name == "etcd":
-        async with open_test_etcd_registry() as etcd:
+    if name in ("etcd", "etcd-tls"):
+        secure = request.getfixturevalue("secure_etcd") if name == "etcd-tls" else None
+        async with open_test_etcd_registry(secure=secure) as etcd:
             yield RegistryHarness(name, etcd, None)
         return
     clock = ManualClock()

@@ -8,20 +8,28 @@ from corral.actors.node_record._actor import (
     node_registration_child_spec,
 )
 from corral.actors.node_record._record import (
+    HeldElsewhere,
     NodeIdentity,
+    StartClaim,
     capacity_update,
+    claim_on_start,
     fresh_record,
     rewritten_record,
+    taken_by,
 )
 
 __all__ = [
     "DEFAULT_CAPACITY_INTERVAL",
     "DEFAULT_NODE_LEASE_TTL",
     "GetRegistration",
+    "HeldElsewhere",
     "NodeIdentity",
     "NodeRegistration",
+    "StartClaim",
     "capacity_update",
+    "claim_on_start",
     "fresh_record",
     "node_registration_child_spec",
     "rewritten_record",
+    "taken_by",
 ]

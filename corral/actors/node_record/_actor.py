@@ -8,20 +8,31 @@ node leave; when the node dies, the record vanishes a TTL later by itself.
 
 What to write is decided in :mod:`._record` (pure); this actor reads, calls
 it, and writes with a compare on the record's ``mod_revision``.
+
+When a read finds ``nodes/<id>`` held by another process (another instance
+token: a second process started with this node id while this one was paused
+past its lease), the actor writes nothing more, hands its own lease back and
+calls ``on_taken``: the node assembly stops the whole node there.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import os
+import secrets
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from corral.actors.node_record._record import (
+    HeldElsewhere,
     NodeIdentity,
     capacity_update,
     fresh_record,
     rewritten_record,
+    taken_by,
 )
 from corral.registry import (
     Capacity,
@@ -71,6 +82,25 @@ class _RefreshCapacity:
     """Timer: measure capacity again and write it when it changed."""
 
 
+class _RecordTaken(Exception):
+    """A read found ``nodes/<id>`` held by another instance (internal to the actor)."""
+
+    def __init__(self, held: HeldElsewhere) -> None:
+        super().__init__(held.taken_message())
+        self.held = held
+
+
+def _with_instance(identity: NodeIdentity) -> NodeIdentity:
+    """``identity`` with this process's pid and host name, and a fresh random
+    instance token unless it already has one."""
+    return dataclasses.replace(
+        identity,
+        instance=identity.instance or secrets.token_hex(16),
+        pid=identity.pid or os.getpid(),
+        hostname=identity.hostname or socket.gethostname(),
+    )
+
+
 class NodeRegistration(Actor):
     """Holds the node's lease and its ``nodes/<id>`` record.
 
@@ -82,6 +112,14 @@ class NodeRegistration(Actor):
         wall_clock: unix time, for ``started_at``.
         lease_ttl: the node lease's TTL in seconds; kept alive every third.
         capacity_interval: seconds between capacity refreshes.
+        on_taken: called once when another process holds ``nodes/<id>``; the
+            node stops on it (when None, the actor only logs it and goes idle).
+        replaces: the instance token of a gone previous life whose record the
+            first write may overwrite (see ``claim_on_start``).
+
+    An identity without an instance token is given a random one here; the node
+    assembly draws it once per process (``node_registration_child_spec``), so a restart of
+    this actor keeps it.
     """
 
     def __init__(
@@ -93,11 +131,16 @@ class NodeRegistration(Actor):
         wall_clock: Callable[[], float] = time.time,
         lease_ttl: float = DEFAULT_NODE_LEASE_TTL,
         capacity_interval: float = DEFAULT_CAPACITY_INTERVAL,
+        on_taken: Callable[[HeldElsewhere], None] | None = None,
+        replaces: str = "",
     ) -> None:
         super().__init__()
         if lease_ttl <= 0 or capacity_interval <= 0:
             raise ValueError("lease_ttl and capacity_interval must be positive seconds")
-        self._identity = identity
+        self._identity = _with_instance(identity)
+        self._on_taken = on_taken
+        self._replaces = replaces
+        self._taken: HeldElsewhere | None = None
         self._registry = registry
         self._capacity_probe = capacity_probe
         self._wall_clock = wall_clock
@@ -142,6 +185,8 @@ class NodeRegistration(Actor):
     # ------------------------------------------------------------------ steps
 
     async def _renew(self) -> None:
+        if self._taken is not None:
+            return
         if self._lease is None:
             await self._register_quietly()
             return
@@ -156,10 +201,12 @@ class NodeRegistration(Actor):
             self._note_error("keep the node lease alive", exc)
 
     async def _refresh_capacity(self) -> None:
-        if self._lease is None:
+        if self._lease is None or self._taken is not None:
             return
         try:
             await self._write(self._refreshed)
+        except _RecordTaken as taken:
+            await self._give_up(taken.held)
         except LeaseNotFound:
             self._lease = None
             await self._register_quietly()
@@ -169,8 +216,30 @@ class NodeRegistration(Actor):
     async def _register_quietly(self) -> None:
         try:
             await self._register()
+        except _RecordTaken as taken:
+            await self._give_up(taken.held)
         except RegistryError as exc:
             self._note_error("register the node", exc)
+
+    async def _give_up(self, held: HeldElsewhere) -> None:
+        """Another process holds the record: write nothing more and stop the node."""
+        if self._taken is not None:
+            return
+        self._taken = held
+        lease, self._lease = self._lease, None
+        if lease is not None:
+            await self._revoke_quietly(lease)
+        self.ctx.emit(
+            "node.record-taken",
+            node=self._identity.node_id,
+            instance=held.instance,
+            pid=held.pid,
+            hostname=held.hostname,
+        )
+        if self._on_taken is None:
+            self.ctx.log.error("%s", held.taken_message())
+        else:
+            self._on_taken(held)
 
     async def _register(self) -> None:
         lease = await self._registry.grant(self._lease_ttl)
@@ -215,6 +284,7 @@ class NodeRegistration(Actor):
         """Read-modify-write of the record, guarded on its mod_revision.
 
         Raises:
+            _RecordTaken: another instance holds the record (nothing is written).
             RegistryError: the registry failed, or the record kept changing
                 under us for every attempt (RegistryUnavailable then).
         """
@@ -222,6 +292,9 @@ class NodeRegistration(Actor):
         for _ in range(_WRITE_ATTEMPTS):
             kv = await self._registry.get(self._key)
             stored = _decode_node(kv)
+            held = taken_by(self._identity, stored, replaces=self._replaces)
+            if held is not None:
+                raise _RecordTaken(held)
             record = decide(stored)
             if record is None:
                 self._last = stored
@@ -254,7 +327,9 @@ class NodeRegistration(Actor):
         record = self._last
         return {
             "node": self._identity.node_id,
+            "instance": self._identity.instance,
             "registered": self._lease is not None,
+            "taken_by": None if self._taken is None else self._taken.describe(),
             "lease": self._lease,
             "lease_ttl": self._lease_ttl,
             "registrations": self._registrations,
@@ -287,10 +362,17 @@ def node_registration_child_spec(
     wall_clock: Callable[[], float] = time.time,
     lease_ttl: float = DEFAULT_NODE_LEASE_TTL,
     capacity_interval: float = DEFAULT_CAPACITY_INTERVAL,
+    on_taken: Callable[[HeldElsewhere], None] | None = None,
+    replaces: str = "",
     name: str = "registration",
     shutdown_grace: float = 5.0,
 ) -> ChildSpec:
-    """A ChildSpec running :class:`NodeRegistration` (PERMANENT) for the node assembly."""
+    """A ChildSpec running :class:`NodeRegistration` (PERMANENT) for the node assembly.
+
+    The instance token is drawn here, once, when ``identity`` has none: every
+    restart of the actor writes as the same process.
+    """
+    identity = _with_instance(identity)
 
     def factory() -> NodeRegistration:
         return NodeRegistration(
@@ -300,6 +382,8 @@ def node_registration_child_spec(
             wall_clock=wall_clock,
             lease_ttl=lease_ttl,
             capacity_interval=capacity_interval,
+            on_taken=on_taken,
+            replaces=replaces,
         )
 
     return ChildSpec(

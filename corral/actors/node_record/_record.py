@@ -20,6 +20,27 @@ Three moments call for a write, each a function here:
   processes are still running), with a new ``change_token``.
 * :func:`capacity_update` — periodic: the identity and capacity fields are
   refreshed; None when nothing changed, so an idle node writes nothing.
+
+One process per node id
+-----------------------
+Each node process draws a random *instance* token at start and writes it, with
+its pid and host name, into every record it writes. Two processes given the
+same ``--node-id`` are told apart by it, and the one holding the live record
+wins:
+
+* a process that starts while a live record of another instance exists refuses
+  to start (:func:`claim_on_start`), unless that record is a previous life of
+  this node on this host whose process is gone (a crash, restarted within the
+  old lease's TTL): the other process may well still be alive, merely slow;
+* a running process that finds its record held by another instance
+  (:func:`taken_by`) stops at once. That is the process that was paused or cut
+  off past its lease: while it was away the cluster saw the node leave and a
+  newcomer register, so the newcomer's view is the current one. A record that
+  is simply absent (the lease lapsed and nobody took it) is written again.
+
+Every write is guarded on the record's ``mod_revision`` (or its absence), so of
+two processes racing for an absent record exactly one writes it, and the other
+then finds it taken.
 """
 
 from __future__ import annotations
@@ -29,7 +50,16 @@ from dataclasses import dataclass, field
 
 from corral.registry import Capacity, NodeRecord, validate_name
 
-__all__ = ["NodeIdentity", "capacity_update", "fresh_record", "rewritten_record"]
+__all__ = [
+    "HeldElsewhere",
+    "NodeIdentity",
+    "StartClaim",
+    "capacity_update",
+    "claim_on_start",
+    "fresh_record",
+    "rewritten_record",
+    "taken_by",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,9 +73,130 @@ class NodeIdentity:
     peer_address: str = ""
     api_address: str = ""
     advertise_host: str = ""
+    #: This process: its random instance token, pid and host name.
+    instance: str = ""
+    pid: int = 0
+    hostname: str = ""
 
     def __post_init__(self) -> None:
         validate_name("node", self.node_id)
+
+
+@dataclass(frozen=True, slots=True)
+class HeldElsewhere:
+    """``nodes/<id>`` is held by another process: who it is, as its record says."""
+
+    node_id: str
+    instance: str
+    pid: int
+    hostname: str
+    peer_address: str
+    api_address: str
+
+    @classmethod
+    def of(cls, record: NodeRecord) -> HeldElsewhere:
+        return cls(
+            node_id=record.id,
+            instance=record.instance,
+            pid=record.pid,
+            hostname=record.hostname,
+            peer_address=record.peer_address,
+            api_address=record.api_address,
+        )
+
+    def describe(self) -> str:
+        """``instance 3f9a0c1d2e4b…, pid 4242 on host box, api 10.0.0.9:7400``."""
+        parts = [f"instance {self.instance[:12]}…" if self.instance else "an older corral"]
+        if self.pid:
+            parts.append(f"pid {self.pid}" + (f" on host {self.hostname}" if self.hostname else ""))
+        elif self.hostname:
+            parts.append(f"on host {self.hostname}")
+        if self.peer_address:
+            parts.append(f"peer {self.peer_address}")
+        if self.api_address:
+            parts.append(f"api {self.api_address}")
+        return ", ".join(parts)
+
+    def taken_message(self) -> str:
+        """One line for the running process that finds its record taken."""
+        return (
+            f"node {self.node_id}: another corral process ({self.describe()}) now holds "
+            f"nodes/{self.node_id}; this process stops. Give each node its own --node-id, "
+            "or stop the other one."
+        )
+
+    def refused_message(self) -> str:
+        """One line for the process that refuses to start."""
+        return (
+            f"node id {self.node_id!r} is in use by a live node ({self.describe()}); this "
+            "process does not start. Give each node its own --node-id, or stop the other one "
+            "(if it is gone, its record lapses with its lease within --node-ttl-ms)."
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class StartClaim:
+    """What a starting process may do with ``nodes/<id>``.
+
+    ``refused`` names the live process holding it (do not start); otherwise
+    ``replaces`` is the instance token of a gone previous life whose record the
+    first write may overwrite ("" when there is none).
+    """
+
+    refused: HeldElsewhere | None = None
+    replaces: str = ""
+
+
+def claim_on_start(
+    identity: NodeIdentity, stored: NodeRecord | None, *, holder_running: bool
+) -> StartClaim:
+    """Decide whether a starting process may take ``nodes/<id>``.
+
+    Args:
+        identity: the starting process (its instance, pid, host and addresses).
+        stored: the live record, if any.
+        holder_running: whether the process the record names (``stored.pid``) is
+            running on this host; only asked when ``stored.hostname`` is this host.
+
+    Returns:
+        A refusal naming the holder, or the claim (with the instance it replaces).
+    """
+    if stored is None or stored.instance == identity.instance:
+        return StartClaim()
+    if not stored.instance:
+        # Written by a build without instance tokens: its addresses tell a previous
+        # life of this node (the same ones, which this process could bind) apart.
+        if (stored.peer_address, stored.api_address) in (
+            ("", ""),
+            (identity.peer_address, identity.api_address),
+        ):
+            return StartClaim()
+        return StartClaim(refused=HeldElsewhere.of(stored))
+    if stored.hostname == identity.hostname and stored.pid > 0 and not holder_running:
+        return StartClaim(replaces=stored.instance)
+    return StartClaim(refused=HeldElsewhere.of(stored))
+
+
+def taken_by(
+    identity: NodeIdentity, stored: NodeRecord | None, *, replaces: str = ""
+) -> HeldElsewhere | None:
+    """Who holds ``nodes/<id>`` instead of this process, or None when it may write.
+
+    Args:
+        identity: this process.
+        stored: the record stored now.
+        replaces: the instance of a gone previous life this process may overwrite
+            (from :func:`claim_on_start`).
+
+    Returns:
+        None when the record is absent, ours, the replaced previous life's, or
+        written by a build without instance tokens; else the holder.
+    """
+    if stored is None or stored.instance in ("", identity.instance):
+        return None
+    if replaces and stored.instance == replaces:
+        return None
+    return HeldElsewhere.of(stored)
 
 
 def _with_identity(
@@ -60,6 +211,9 @@ def _with_identity(
         api_address=identity.api_address,
         advertise_host=identity.advertise_host,
         capacity=capacity,
+        instance=identity.instance,
+        pid=identity.pid,
+        hostname=identity.hostname,
     )
 
 

@@ -3,9 +3,11 @@
 Processes start in their own process group with their ports in the environment,
 write to rotating logs in the app's directory, restart with backoff after a
 crash (a crash loop is reported, not spun), and are stopped with SIGTERM, a
-grace period, then SIGKILL of the whole tree. A node that restarts ends what its
-previous life left running (pid files checked with psutil) before starting
-anything.
+grace period, then SIGKILL of the whole tree, found by parentage and by the
+``CORRAL_APP_INSTANCE`` marker every process inherits. A node that restarts ends
+what its previous life left running (pid files checked with psutil, and marked
+processes) before starting anything. One app's failure to start or stop is its
+own: it is marked ``failed`` with the reason, and no other app is touched.
 """
 
 from corral.actors.process_supervisor._actor import (
@@ -31,17 +33,30 @@ from corral.actors.process_supervisor._memory import (
     MemoryLauncher,
     MemoryProcess,
 )
-from corral.actors.process_supervisor._os import OsLauncher, OsProcess, write_json_atomically
+from corral.actors.process_supervisor._os import (
+    OsLauncher,
+    OsProcess,
+    enable_subreaper,
+    write_json_atomically,
+)
 from corral.actors.process_supervisor._policy import (
+    INSTANCE_VAR,
+    LIVE_STATES,
+    ChildProcess,
     CrashHistory,
     ObservedProcess,
+    OrphanScan,
     PidRecord,
     ProcessState,
     RestartDecision,
     RestartPolicy,
     backoff_schedule,
     decide_restart,
+    instance_marker,
     is_leftover,
+    is_marked_leftover,
+    orphans_to_reap,
+    parse_instance_marker,
     process_environment,
 )
 from corral.actors.process_supervisor._table import (
@@ -51,8 +66,11 @@ from corral.actors.process_supervisor._table import (
 )
 
 __all__ = [
+    "INSTANCE_VAR",
+    "LIVE_STATES",
     "AppPaths",
     "Behaviour",
+    "ChildProcess",
     "CrashHistory",
     "ForgetProcess",
     "LaunchEvent",
@@ -63,6 +81,7 @@ __all__ = [
     "MemoryLauncher",
     "MemoryProcess",
     "ObservedProcess",
+    "OrphanScan",
     "OsLauncher",
     "OsProcess",
     "PidRecord",
@@ -83,7 +102,12 @@ __all__ = [
     "StopProcess",
     "backoff_schedule",
     "decide_restart",
+    "enable_subreaper",
+    "instance_marker",
     "is_leftover",
+    "is_marked_leftover",
+    "orphans_to_reap",
+    "parse_instance_marker",
     "process_environment",
     "write_json_atomically",
 ]

@@ -70,6 +70,15 @@ class ProcessGeneration:
     between two lives of the actor), so a reader can skip an unchanged table cheaply."""
 
 
+@dataclass(frozen=True)
+class _ReapOrphans:
+    """Timer tick: collect the adopted orphans that died (a subreaper node only)."""
+
+
+#: Seconds between two scans for dead adopted orphans (a zombie holds only a pid slot).
+ORPHAN_SCAN_INTERVAL = 1.0
+
+
 @message("process_supervisor.changed")
 @dataclass(frozen=True)
 class ProcessesChanged:
@@ -83,8 +92,10 @@ class ProcessSupervisor(Actor):
     """Runs each app's process as the Reconciler asks.
 
     On start it first ends what a previous life of the node left running (pid files
-    under ``data_dir``, checked with psutil); on stop (``stopping()``, shielded) every
-    process is gone before it returns.
+    under ``data_dir``, checked with psutil, and processes carrying a marker of this
+    node in their environment); on stop (``stopping()``, shielded) every process is
+    gone before it returns. Once a second it collects dead orphans the node adopted
+    as a child subreaper.
 
     Args:
         node_id: this node's id.
@@ -133,7 +144,9 @@ class ProcessSupervisor(Actor):
         return self._table
 
     async def started(self) -> None:
-        ended = await self._launcher.end_leftovers(self._data_dir, self._grace)
+        ended = await self._launcher.end_leftovers(
+            self._data_dir, self._grace, node_id=self._node_id
+        )
         for record in ended:
             self.ctx.log.warning(
                 "ended pid %d of app %s, left running by a previous life of this node",
@@ -154,6 +167,7 @@ class ProcessSupervisor(Actor):
             on_event=self.ctx.emit,
             on_change=self._notify,
         )
+        self.ctx.every(ORPHAN_SCAN_INTERVAL, _ReapOrphans())
 
     def _notify(self) -> None:
         if self._notify_name is None:
@@ -191,6 +205,12 @@ class ProcessSupervisor(Actor):
                 return [info.to_dict() for info in table.snapshot()]
             case ProcessGeneration():
                 return f"{self._life}:{table.generation}"
+            case _ReapOrphans():
+                try:
+                    await self._launcher.reap_orphans()
+                except Exception:  # housekeeping: never worth crashing every app's supervisor
+                    self.ctx.log.exception("collecting adopted orphans failed")
+                return None
         raise UnhandledMessage(message)
 
     async def stopping(self) -> None:

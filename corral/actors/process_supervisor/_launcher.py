@@ -24,7 +24,9 @@ class LaunchSpec:
     """Everything needed to start one app's process.
 
     ``env`` is the complete environment (see ``process_environment``); ``cwd`` is the
-    revision's directory; ``ready_host``/``public_port`` are probed for readiness.
+    revision's directory; ``ready_host``/``public_port`` are probed for readiness;
+    ``instance`` is this start's ``CORRAL_APP_INSTANCE`` marker (also in ``env``), by
+    which its descendants are found even after they left its process group.
     """
 
     app: str
@@ -36,6 +38,7 @@ class LaunchSpec:
     public_port: int
     internal_port: int
     env: Mapping[str, str] = field(default_factory=dict)
+    instance: str = ""
     ready_host: str = "127.0.0.1"
     ready_timeout: float = 30.0
 
@@ -82,8 +85,18 @@ class Launcher(Protocol):
         """
         ...
 
-    async def end_leftovers(self, data_dir: Path, grace: float) -> list[PidRecord]:
+    async def end_leftovers(
+        self, data_dir: Path, grace: float, *, node_id: str | None = None
+    ) -> list[PidRecord]:
         """Find processes recorded in pid files under ``data_dir`` that are still ours
-        (see ``is_leftover``), end them (SIGTERM, ``grace``, SIGKILL) and return their
-        records. Stale pid files are removed; nothing is killed on pid alone."""
+        (see ``is_leftover``) and, given ``node_id``, every process whose environment
+        carries a marker of an earlier life of that node (``is_marked_leftover``: the
+        descendants that escaped their group); end them (SIGTERM, ``grace``, SIGKILL)
+        and return their records. Stale pid files are removed; nothing is killed on pid
+        alone."""
+        ...
+
+    async def reap_orphans(self) -> int:
+        """Collect the exit status of orphaned app descendants that the node adopted as
+        a child subreaper (see ``orphans_to_reap``); return how many."""
         ...

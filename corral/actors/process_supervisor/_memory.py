@@ -27,7 +27,8 @@ class Behaviour:
         exit_code: its exit code when it does.
         ignore_term: it ignores SIGTERM and only dies by SIGKILL after the grace period.
         ready_after: seconds until it answers on its port (None: never).
-        spawn_error: starting it fails with this message.
+        spawn_error: starting it fails with this message (``SpawnFailed``).
+        spawn_raises: starting it raises this (any exception: a launcher's bug).
     """
 
     exit_after: float | None = None
@@ -35,6 +36,7 @@ class Behaviour:
     ignore_term: bool = False
     ready_after: float | None = 0.0
     spawn_error: str | None = None
+    spawn_raises: Exception | None = None
 
 
 #: Orders every launch and exit of every MemoryLauncher in this interpreter, so the
@@ -189,12 +191,20 @@ class MemoryLauncher:
         behaviour = self._behaviours.get(spec.app, Behaviour())
         if behaviour.spawn_error is not None:
             raise SpawnFailed(f"cannot start app {spec.app!r}: {behaviour.spawn_error}")
+        if behaviour.spawn_raises is not None:
+            raise behaviour.spawn_raises
         process = MemoryProcess(spec, next(self._pids), behaviour, self.timeline)
         self.spawned.append(process)
         nursery.start_soon(process._run)
         return process
 
-    async def end_leftovers(self, data_dir: Path, grace: float) -> list[PidRecord]:
+    async def end_leftovers(
+        self, data_dir: Path, grace: float, *, node_id: str | None = None
+    ) -> list[PidRecord]:
         await trio.lowlevel.checkpoint()
         ended, self.leftovers = self.leftovers, []
         return ended
+
+    async def reap_orphans(self) -> int:
+        await trio.lowlevel.checkpoint()
+        return 0

@@ -3,19 +3,30 @@
 Signals go to the process *group* only while its leader is not reaped: an unreaped
 leader (alive or zombie) keeps its pid, hence the group id, from being reused, so
 ``killpg`` can never reach a stranger. Descendants that left the group are found
-with psutil, whose process handles refuse to signal a reused pid.
+with psutil, whose process handles refuse to signal a reused pid: by parentage,
+and by the ``CORRAL_APP_INSTANCE`` marker in their environment, which finds even
+one that ``setsid`` and a double fork took out of both group and ancestry.
+
+:func:`enable_subreaper` makes the node a child subreaper (Linux), so such
+orphans are re-parented to the node instead of init; ``reap_orphans`` collects
+their exit status once they die, and only theirs (``orphans_to_reap``): the exit
+status of a process the launcher (or anything else in the node) waits for is
+never taken from it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import datetime
 import json
 import logging
 import os
 import signal
 import subprocess
+import sys
 import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import psutil
@@ -25,7 +36,16 @@ from corral.actors.process_supervisor._errors import SpawnFailed
 from corral.actors.process_supervisor._launcher import LaunchSpec
 from corral.actors.process_supervisor._layout import AppPaths
 from corral.actors.process_supervisor._logs import RotatingLog
-from corral.actors.process_supervisor._policy import ObservedProcess, PidRecord, is_leftover
+from corral.actors.process_supervisor._policy import (
+    INSTANCE_VAR,
+    ChildProcess,
+    ObservedProcess,
+    PidRecord,
+    is_leftover,
+    is_marked_leftover,
+    orphans_to_reap,
+    parse_instance_marker,
+)
 
 log = logging.getLogger("corral.actors.process_supervisor")
 
@@ -97,12 +117,10 @@ class _ParentMap:
         return found
 
 
-def _parent_pids() -> list[tuple[int, int]]:
-    """(pid, parent pid) of every process: straight from ``/proc/<pid>/stat`` on Linux
-    (a few milliseconds for hundreds of processes), through psutil elsewhere."""
-    if not os.path.isdir("/proc/self"):  # pragma: no cover - not Linux
-        return [(p.pid, p.ppid()) for p in psutil.process_iter() if _alive(p)]
-    pairs = []
+def _proc_stats() -> Iterator[tuple[int, list[bytes]]]:
+    """(pid, the fields of ``/proc/<pid>/stat`` after the command name) of every
+    process (Linux only): field 0 is the state, 1 the parent pid, 3 the session, 19
+    the start time in clock ticks."""
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
@@ -112,10 +130,171 @@ def _parent_pids() -> list[tuple[int, int]]:
         except OSError:
             continue
         # "pid (comm) state ppid ...": comm may hold spaces and parentheses
-        fields = stat[stat.rfind(b")") + 2 :].split(b" ", 2)
-        if len(fields) >= 2 and fields[1].isdigit():
-            pairs.append((int(name), int(fields[1])))
-    return pairs
+        yield int(name), stat[stat.rfind(b")") + 2 :].split()
+
+
+def _parent_pids() -> list[tuple[int, int]]:
+    """(pid, parent pid) of every process: straight from ``/proc/<pid>/stat`` on Linux
+    (a few milliseconds for hundreds of processes), through psutil elsewhere."""
+    if not _HAS_PROC:  # pragma: no cover - not Linux
+        return [(p.pid, p.ppid()) for p in psutil.process_iter() if _alive(p)]
+    return [
+        (pid, int(fields[1]))
+        for pid, fields in _proc_stats()
+        if len(fields) >= 2 and fields[1].isdigit()
+    ]
+
+
+_HAS_PROC = os.path.isdir("/proc/self")
+_MARKER_PREFIX = INSTANCE_VAR.encode() + b"="
+
+
+def _marker_of(pid: int) -> str | None:
+    """The ``CORRAL_APP_INSTANCE`` of a live process, or None (none, not ours to read,
+    a zombie, gone)."""
+    if not _HAS_PROC:  # pragma: no cover - not Linux
+        with contextlib.suppress(psutil.Error, OSError):
+            return psutil.Process(pid).environ().get(INSTANCE_VAR)
+        return None
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as file:
+            data = file.read()
+    except OSError:
+        return None
+    if data.startswith(_MARKER_PREFIX):
+        start = len(_MARKER_PREFIX)
+    else:
+        at = data.find(b"\0" + _MARKER_PREFIX)
+        if at < 0:
+            return None
+        start = at + 1 + len(_MARKER_PREFIX)
+    end = data.find(b"\0", start)
+    return data[start : end if end >= 0 else len(data)].decode("utf-8", "replace")
+
+
+class _MarkerMap:
+    """pid -> marker of every live process that carries one, rebuilt at most every
+    ``max_age`` seconds (or on demand): a stop of many apps at once shares one scan."""
+
+    def __init__(self, max_age: float = 0.05) -> None:
+        self.max_age = max_age
+        self._at = -float("inf")
+        self._markers: dict[int, str] = {}
+
+    def scan(self, *, fresh: bool = False) -> dict[int, str]:
+        if fresh or time.monotonic() - self._at > self.max_age:
+            me = os.getpid()
+            pids = (
+                [int(n) for n in os.listdir("/proc") if n.isdigit()] if _HAS_PROC else psutil.pids()
+            )
+            markers = {}
+            for pid in pids:
+                if pid != me and (marker := _marker_of(pid)) is not None:
+                    markers[pid] = marker
+            self._markers, self._at = markers, time.monotonic()
+        return self._markers
+
+    def carriers(self, marker: str, *, fresh: bool = False) -> list[psutil.Process]:
+        """The live processes carrying exactly ``marker``."""
+        if not marker:
+            return []
+        found = []
+        for pid, seen in self.scan(fresh=fresh).items():
+            if seen == marker:
+                with contextlib.suppress(psutil.Error):
+                    found.append(psutil.Process(pid))
+        return found
+
+
+_markers = _MarkerMap()
+
+
+def _merge(*groups: Iterable[psutil.Process]) -> list[psutil.Process]:
+    merged: dict[int, psutil.Process] = {}
+    for group in groups:
+        for proc in group:
+            merged.setdefault(proc.pid, proc)
+    return list(merged.values())
+
+
+# --------------------------------------------------------------------------- subreaper
+
+#: Leaders this interpreter's launchers started and have not reaped: pid -> marker.
+_launched: dict[int, str] = {}
+#: Spawns under way: their pid is not in ``_launched`` yet, so no orphan scan runs.
+_spawning = 0
+_subreaper = False
+#: Adopted orphans seen alive (pid -> start ticks), for the next scan.
+_adopted: dict[int, int] = {}
+
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def enable_subreaper() -> bool:
+    """Make this process a child subreaper: orphaned descendants (an app's daemon that
+    double-forked away) are re-parented to it rather than to init, so they stay in
+    reach and their exit status is collected by ``reap_orphans``.
+
+    Returns:
+        True when enabled; False where the kernel has no such thing (not Linux) or
+        refused (the reason is logged). Nothing else changes either way.
+    """
+    global _subreaper
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+            err = ctypes.get_errno()
+            log.warning("cannot become a child subreaper: %s", os.strerror(err))
+            return False
+    except (OSError, AttributeError) as exc:
+        log.warning("cannot become a child subreaper: %s", exc)
+        return False
+    _subreaper = True
+    return True
+
+
+def _children() -> list[ChildProcess]:
+    me = os.getpid()
+    found = []
+    for pid, fields in _proc_stats():
+        if len(fields) < 20 or fields[1] != str(me).encode():
+            continue
+        zombie = fields[0] == b"Z"
+        found.append(
+            ChildProcess(
+                pid=pid,
+                start_ticks=int(fields[19]),
+                session=int(fields[3]),
+                zombie=zombie,
+                marker=None if zombie or pid in _launched else _marker_of(pid),
+            )
+        )
+    return found
+
+
+def reap_orphans_now() -> int:
+    """Collect every adopted orphan that has died (see ``orphans_to_reap``); return how
+    many. Does nothing unless :func:`enable_subreaper` succeeded, or while a spawn is
+    under way."""
+    global _adopted
+    if not _subreaper or _spawning or not _HAS_PROC:
+        return 0
+    scan = orphans_to_reap(
+        _children(),
+        own_session=os.getsid(0),
+        own_marker=os.environ.get(INSTANCE_VAR),
+        launched=frozenset(_launched),
+        adopted=_adopted,
+    )
+    _adopted = dict(scan.adopted)
+    reaped = 0
+    for pid in scan.reap:
+        with contextlib.suppress(ChildProcessError):
+            done, _ = os.waitpid(pid, os.WNOHANG)
+            reaped += done == pid
+    return reaped
 
 
 _parents = _ParentMap()
@@ -233,23 +412,45 @@ class OsProcess:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.pid, sig)
 
+    def _whole_tree(self, *, fresh: bool = False) -> list[psutil.Process]:
+        """Descendants by parentage, and every process carrying this start's marker
+        (those that left both the group and the ancestry)."""
+        return _merge(
+            self._tree,
+            _descendants(self.pid),
+            _markers.carriers(self._spec.instance, fresh=fresh),
+        )
+
     def kill(self) -> None:
         self._signal_group(signal.SIGKILL)
+        self._tree = _merge(self._tree, _markers.carriers(self._spec.instance, fresh=True))
         _signal_all(self._tree, signal.SIGKILL)
 
     async def finish(self) -> int:
         await self.wait_exited()
-        # The zombie leader still holds the group id: end what it left in its group.
-        self._tree = _descendants(self.pid)
+        # The zombie leader still holds the group id: end what it left in its group,
+        # and what it left outside of it.
+        self._tree = self._whole_tree()
         self.kill()
         await self._tree_gone()
         return await self.reap()
 
     async def _tree_gone(self) -> None:
-        """SIGKILL is not instant: wait (up to 2 s) until every member of the tree died."""
-        with trio.move_on_after(2.0):
-            while any(_alive(p) for p in self._tree):  # noqa: ASYNC110 - psutil polls only
-                await trio.sleep(0.01)
+        """SIGKILL is not instant: wait (up to 2 s) until every member of the tree died;
+        then look again for marked processes forked meanwhile (a few rounds at most)."""
+        for _ in range(3):
+            with trio.move_on_after(2.0):
+                while any(_alive(p) for p in self._tree):  # noqa: ASYNC110 - psutil polls
+                    await trio.sleep(0.01)
+            late = [
+                p
+                for p in _markers.carriers(self._spec.instance, fresh=True)
+                if p.pid not in {q.pid for q in self._tree}
+            ]
+            if not late:
+                return
+            self._tree = _merge(self._tree, late)
+            _signal_all(late, signal.SIGKILL)
 
     async def stop(self, grace: float) -> int:
         if self._stop_started:
@@ -258,7 +459,7 @@ class OsProcess:
         self._stop_started = True
         try:
             if not self._reaped:
-                self._tree = _descendants(self.pid)
+                self._tree = self._whole_tree()
                 self._signal_group(signal.SIGTERM)
                 _signal_all(self._tree, signal.SIGTERM)
                 with trio.move_on_after(grace):
@@ -278,6 +479,7 @@ class OsProcess:
             return code
         self._reaped = True
         self._returncode = code
+        _launched.pop(self.pid, None)
         self._forget_pid_file()
         # Let the pumps write what the pipes still hold, then end them (a descendant
         # that escaped the group could keep a pipe open forever).
@@ -310,11 +512,12 @@ def _observe(pid: int) -> tuple[psutil.Process, ObservedProcess] | None:
         cmdline = tuple(proc.cmdline())
     except psutil.Error:
         return None
-    app = node = None
+    app = node = instance = None
     with contextlib.suppress(psutil.Error, OSError):
         environ = proc.environ()
         app, node = environ.get("CORRAL_APP"), environ.get("CORRAL_NODE")
-    return proc, ObservedProcess(create_time, cmdline, app, node)
+        instance = environ.get(INSTANCE_VAR)
+    return proc, ObservedProcess(create_time, cmdline, app, node, instance)
 
 
 class OsLauncher:
@@ -330,14 +533,22 @@ class OsLauncher:
         self.log_backups = log_backups
 
     async def spawn(self, spec: LaunchSpec, nursery: trio.Nursery) -> OsProcess:
+        global _spawning
         if not spec.command:
             raise SpawnFailed(f"app {spec.app!r} has an empty command; deploy it with a command")
-        spec.paths.logs.mkdir(parents=True, exist_ok=True)
+        try:
+            spec.paths.logs.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise SpawnFailed(
+                f"cannot start app {spec.app!r}: cannot create its log directory "
+                f"{spec.paths.logs}: {exc.strerror or exc}; check the data directory"
+            ) from exc
         sizes = {"max_bytes": self.log_max_bytes, "backups": self.log_backups}
         logs = (
             RotatingLog(spec.paths.stdout_log, **sizes),
             RotatingLog(spec.paths.stderr_log, **sizes),
         )
+        _spawning += 1
         try:
             process = await trio.lowlevel.open_process(
                 list(spec.command),
@@ -348,14 +559,26 @@ class OsLauncher:
                 stderr=subprocess.PIPE,
                 start_new_session=True,
             )
-        except OSError as exc:
+            _launched[process.pid] = spec.instance
+        except BaseException as exc:
             for sink in logs:
                 sink.close()
-            raise SpawnFailed(
-                f"cannot start app {spec.app!r}: {list(spec.command)!r} in {spec.cwd}: "
-                f"{exc.strerror or exc}; check the deployment's command and that its program "
-                "exists in the artifact or on the node's PATH"
-            ) from exc
+            if isinstance(exc, OSError):
+                raise SpawnFailed(
+                    f"cannot start app {spec.app!r}: {list(spec.command)!r} in {spec.cwd}: "
+                    f"{exc.strerror or exc}; check the deployment's command and that its "
+                    "program exists in the artifact or on the node's PATH"
+                ) from exc
+            if isinstance(exc, ValueError | TypeError):
+                # e.g. "embedded null byte": an argument or variable the OS cannot take
+                raise SpawnFailed(
+                    f"cannot start app {spec.app!r}: its command or environment cannot be "
+                    f"passed to the OS ({type(exc).__name__}: {exc}); fix the deployment's "
+                    "command and env (no NUL bytes, no '=' in variable names)"
+                ) from exc
+            raise
+        finally:
+            _spawning -= 1
         logs[1].write(
             _banner(f"{spec.app} revision {spec.revision[:12]} started as pid {process.pid}")
         )
@@ -365,7 +588,13 @@ class OsLauncher:
         if observed is not None:
             _, seen = observed
             record = PidRecord(
-                spec.app, spec.node_id, process.pid, seen.create_time, seen.cmdline, spec.revision
+                spec.app,
+                spec.node_id,
+                process.pid,
+                seen.create_time,
+                seen.cmdline,
+                spec.revision,
+                spec.instance,
             )
             try:
                 write_json_atomically(spec.paths.pid_file, record.to_json(), durable=False)
@@ -373,8 +602,10 @@ class OsLauncher:
                 log.exception("cannot write pid file %s", spec.paths.pid_file)
         return launched
 
-    async def end_leftovers(self, data_dir: Path, grace: float) -> list[PidRecord]:
-        found: list[tuple[PidRecord, psutil.Process, Path]] = []
+    async def end_leftovers(
+        self, data_dir: Path, grace: float, *, node_id: str | None = None
+    ) -> list[PidRecord]:
+        found: list[tuple[PidRecord, psutil.Process, Path | None]] = []
         for pid_file in sorted(AppPaths.apps_root(data_dir).glob("*/process.json")):
             try:
                 record = PidRecord.from_json(json.loads(pid_file.read_text()))
@@ -385,25 +616,49 @@ class OsLauncher:
                 found.append((record, seen[0], pid_file))
             else:
                 pid_file.unlink(missing_ok=True)
+        if node_id is not None:
+            found += self._marked_leftovers(node_id, {record.pid for record, _, _ in found})
         if found:
             async with trio.open_nursery() as nursery:
-                for record, proc, pid_file in found:
-                    nursery.start_soon(self._end_leftover, record, proc, pid_file, grace)
+                for record, proc, where in found:
+                    nursery.start_soon(self._end_leftover, record, proc, where, grace)
         return [record for record, _, _ in found]
 
     @staticmethod
+    def _marked_leftovers(
+        node_id: str, known: set[int]
+    ) -> list[tuple[PidRecord, psutil.Process, Path | None]]:
+        """Processes carrying a marker of an earlier life of ``node_id`` that no pid
+        file named: descendants that escaped their group (and their leader's death)."""
+        live = frozenset(_launched.values())
+        found: list[tuple[PidRecord, psutil.Process, Path | None]] = []
+        for pid, marker in sorted(_markers.scan(fresh=True).items()):
+            if pid in known or not is_marked_leftover(marker, node_id=node_id, live=live):
+                continue
+            observed = _observe(pid)
+            parsed = parse_instance_marker(marker)
+            if observed is None or parsed is None or observed[1].instance != marker:
+                continue
+            proc, seen = observed
+            record = PidRecord(parsed[1], node_id, pid, seen.create_time, seen.cmdline, "", marker)
+            found.append((record, proc, None))
+        return found
+
+    @staticmethod
     async def _end_leftover(
-        record: PidRecord, leader: psutil.Process, pid_file: Path, grace: float
+        record: PidRecord, leader: psutil.Process, pid_file: Path | None, grace: float
     ) -> None:
         log.warning(
             "ending pid %d of app %s left running by a previous life of this node",
             record.pid,
             record.app,
         )
-        tree = [leader, *_descendants(record.pid)]
+        tree = _merge([leader], _descendants(record.pid), _markers.carriers(record.instance))
+        # Only a pid file's leader heads a group of its own (it was started with one).
+        owns_group = pid_file is not None
 
         def signal_tree(sig: signal.Signals) -> None:
-            if _alive(leader):
+            if owns_group and _alive(leader):
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(record.pid, sig)
             _signal_all(tree, sig)
@@ -413,4 +668,9 @@ class OsLauncher:
         if alive:
             signal_tree(signal.SIGKILL)
             await trio.to_thread.run_sync(lambda: psutil.wait_procs(alive, timeout=5.0))
-        pid_file.unlink(missing_ok=True)  # noqa: ASYNC240 - one small local file
+        if pid_file is not None:
+            pid_file.unlink(missing_ok=True)  # noqa: ASYNC240 - one small local file
+
+    async def reap_orphans(self) -> int:
+        await trio.lowlevel.checkpoint()
+        return reap_orphans_now()

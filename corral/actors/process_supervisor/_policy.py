@@ -6,12 +6,24 @@ A supervised app runs as one process (the *leader*, alone in its own process
 group). When the leader exits without being asked to, the supervisor restarts
 it after a delay chosen here:
 
-* the delay grows exponentially with the crashes since the last *stable* run
-  (one that stayed up ``stable_after`` seconds): ``initial * factor**(n-1)``,
+* every exit that came before the run was *stable* (up ``stable_after``
+  seconds), and every start that failed outright, counts as one more
+  *consecutive* failure; a stable run resets the count to zero;
+* the delay grows exponentially with that count: ``initial * factor**(n-1)``,
   capped at ``max_backoff``;
-* ``crash_loop_crashes`` exits inside ``crash_loop_window`` seconds make a
-  **crash loop**: the app is reported as ``crash-loop`` and waits the maximum
-  backoff instead of spinning. A stable run clears the flag.
+* ``crash_loop_crashes`` consecutive failures make a **crash loop**: the app is
+  reported as ``crash-loop`` and waits the maximum backoff instead of spinning.
+  It stays one, however long the backoff, until a run lasts ``stable_after``
+  seconds (a time window would forget a loop whose backoff outgrew it).
+
+Every process this node starts carries ``CORRAL_APP_INSTANCE=<node>/<app>/<token>``
+in its environment, inherited by all it forks. A descendant that escapes the
+process group (``setsid`` and a double fork) is still found by that *marker*, on
+stop and by the next life of the node after a crash; :func:`instance_marker` and
+:func:`parse_instance_marker` are the one place that knows its shape. When the
+node is a child subreaper such orphans become its children, and
+:func:`orphans_to_reap` decides which zombies it may collect without stealing
+the exit status of a process someone in the node waits for.
 
 Processes left running by a previous life of the node are recognised from
 their pid file, never by pid alone: the pid must still exist with the same
@@ -26,16 +38,21 @@ from __future__ import annotations
 
 import math
 import os.path
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass
 from typing import Final, Literal, TypeAlias
 
-ProcessState: TypeAlias = Literal["starting", "running", "backoff", "stopping", "stopped"]
+ProcessState: TypeAlias = Literal["starting", "running", "backoff", "failed", "stopping", "stopped"]
 """``starting``: spawned, not answering yet; ``running``: answering on its port (or up
-long enough); ``backoff``: exited on its own, waiting to be restarted; ``stopping``:
-being terminated; ``stopped``: nothing of it runs."""
+long enough); ``backoff``: exited on its own, waiting to be restarted; ``failed``: could
+not be started (or watched, or stopped) at all, waiting to be tried again (the reason
+is in ``last_error``); ``stopping``: being terminated; ``stopped``: nothing of it runs."""
 
-LIVE_STATES: Final[frozenset[str]] = frozenset({"starting", "running", "backoff"})
+LIVE_STATES: Final[frozenset[str]] = frozenset({"starting", "running", "backoff", "failed"})
+"""States of an app the supervisor keeps running (or will try again)."""
+
+#: The environment variable that ties a process, and all it forks, to one start of an app.
+INSTANCE_VAR: Final = "CORRAL_APP_INSTANCE"
 
 #: Environment variables of the node that an app never inherits (they may hold secrets
 #: or describe the node rather than the app); every ``CORRAL_*`` the app sees is set here.
@@ -50,9 +67,9 @@ class RestartPolicy:
         initial_backoff: seconds before the first restart after a stable run.
         backoff_factor: growth of the delay per further crash.
         max_backoff: the cap; also the delay of every restart in a crash loop.
-        stable_after: seconds of uptime after which earlier crashes are forgotten.
-        crash_loop_crashes: this many exits ...
-        crash_loop_window: ... within this many seconds make a crash loop.
+        stable_after: seconds of uptime after which earlier failures are forgotten.
+        crash_loop_crashes: this many consecutive failures (quick exits or failed
+            starts, with no stable run between them) make a crash loop.
     """
 
     initial_backoff: float = 0.5
@@ -60,29 +77,28 @@ class RestartPolicy:
     max_backoff: float = 30.0
     stable_after: float = 30.0
     crash_loop_crashes: int = 5
-    crash_loop_window: float = 60.0
 
     def __post_init__(self) -> None:
         if not (0 <= self.initial_backoff <= self.max_backoff):
             raise ValueError("RestartPolicy needs 0 <= initial_backoff <= max_backoff")
         if self.backoff_factor < 1:
             raise ValueError("RestartPolicy.backoff_factor must be >= 1")
-        if self.crash_loop_crashes < 1 or self.crash_loop_window <= 0:
-            raise ValueError("RestartPolicy needs crash_loop_crashes >= 1 and a positive window")
+        if self.crash_loop_crashes < 1:
+            raise ValueError("RestartPolicy.crash_loop_crashes must be >= 1")
         if self.stable_after <= 0:
             raise ValueError("RestartPolicy.stable_after must be positive")
 
 
 @dataclass(frozen=True, slots=True)
 class CrashHistory:
-    """What the policy remembers of an app's recent exits.
+    """What the policy remembers of an app's failures: ``consecutive`` counts quick
+    exits and failed starts since the last stable run (or since it was first started)."""
 
-    ``exits`` are the exit times (ascending) still inside the crash-loop window;
-    ``consecutive`` counts exits since the last stable run.
-    """
-
-    exits: tuple[float, ...] = ()
     consecutive: int = 0
+
+    def crash_loop(self, policy: RestartPolicy) -> bool:
+        """Whether these failures make a crash loop under ``policy``."""
+        return self.consecutive >= policy.crash_loop_crashes
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,42 +111,39 @@ class RestartDecision:
 
 
 def decide_restart(
-    policy: RestartPolicy, history: CrashHistory, *, exited_at: float, uptime: float
+    policy: RestartPolicy, history: CrashHistory, *, uptime: float
 ) -> RestartDecision:
-    """Decide when to restart a process that exited on its own.
+    """Decide when to restart a process that exited on its own (or failed to start).
 
     Args:
         policy: the restart policy.
-        history: the app's crash history before this exit.
-        exited_at: when the process exited (any monotonic clock, seconds).
-        uptime: how long this run lasted, seconds.
+        history: the app's failures before this one.
+        uptime: how long this run lasted, seconds (0 for a start that failed).
 
     Returns:
         The delay before the restart, whether the app is now in a crash loop, and the
         history to keep for the next exit.
     """
+    # A run that lasted stable_after seconds forgave what came before it: this exit is
+    # the first of a new series.
     consecutive = 1 if uptime >= policy.stable_after else history.consecutive + 1
-    horizon = exited_at - policy.crash_loop_window
-    exits = (*(t for t in history.exits if t > horizon), exited_at)
-    crash_loop = len(exits) >= policy.crash_loop_crashes
-    if crash_loop:
-        delay = policy.max_backoff
-    else:
-        # min() before the power keeps huge crash counts from overflowing the float.
-        steps = min(consecutive - 1, 64)
-        delay = min(policy.max_backoff, policy.initial_backoff * policy.backoff_factor**steps)
-    keep = exits[-policy.crash_loop_crashes :]
-    return RestartDecision(delay, crash_loop, CrashHistory(keep, consecutive))
+    kept = CrashHistory(consecutive)
+    if kept.crash_loop(policy):
+        return RestartDecision(policy.max_backoff, True, kept)
+    # min() before the power keeps huge counts from overflowing the float.
+    steps = min(consecutive - 1, 64)
+    delay = min(policy.max_backoff, policy.initial_backoff * policy.backoff_factor**steps)
+    return RestartDecision(delay, False, kept)
 
 
 def backoff_schedule(policy: RestartPolicy, crashes: int, *, spacing: float) -> list[float]:
-    """The delays of ``crashes`` quick crashes ``spacing`` seconds apart (for docs and tests)."""
-    history, now, delays = CrashHistory(), 0.0, []
+    """The delays of ``crashes`` exits, each after ``spacing`` seconds of uptime (for docs
+    and tests)."""
+    history, delays = CrashHistory(), []
     for _ in range(crashes):
-        decision = decide_restart(policy, history, exited_at=now, uptime=spacing)
+        decision = decide_restart(policy, history, uptime=spacing)
         delays.append(decision.delay)
         history = decision.history
-        now += spacing + decision.delay
     return delays
 
 
@@ -146,13 +159,15 @@ def process_environment(
     public_port: int,
     internal_port: int,
     bind_host: str,
+    instance: str = "",
 ) -> dict[str, str]:
     """The environment of an app's process.
 
     The node's own environment (``base``) minus its ``CORRAL_*`` variables, then the
     deployment's ``app_env``, then the variables corral sets, which win:
     ``PORT`` (= the public port), ``CORRAL_PUBLIC_PORT``, ``CORRAL_INTERNAL_PORT``,
-    ``CORRAL_APP``, ``CORRAL_NODE`` and ``CORRAL_BIND_HOST``.
+    ``CORRAL_APP``, ``CORRAL_NODE``, ``CORRAL_BIND_HOST`` and, when ``instance`` is
+    given, ``CORRAL_APP_INSTANCE`` (see :func:`instance_marker`).
     """
     env = {k: v for k, v in base.items() if not k.startswith(_PRIVATE_PREFIX)}
     env.update(app_env)
@@ -166,7 +181,26 @@ def process_environment(
             "CORRAL_BIND_HOST": bind_host,
         }
     )
+    if instance:
+        env[INSTANCE_VAR] = instance
     return env
+
+
+def instance_marker(node_id: str, app: str, token: str) -> str:
+    """The ``CORRAL_APP_INSTANCE`` value of one start of ``app`` on ``node_id``.
+
+    Node ids and app names are DNS labels, so ``/`` separates them unambiguously;
+    ``token`` tells starts apart (a fresh one per spawn).
+    """
+    return f"{node_id}/{app}/{token}"
+
+
+def parse_instance_marker(value: str) -> tuple[str, str, str] | None:
+    """``(node_id, app, token)`` of a marker, or None when ``value`` is not one."""
+    parts = value.split("/")
+    if len(parts) != 3 or not all(parts):
+        return None
+    return parts[0], parts[1], parts[2]
 
 
 # --------------------------------------------------------------------------- leftovers
@@ -182,6 +216,7 @@ class PidRecord:
     create_time: float
     cmdline: tuple[str, ...]
     revision: str = ""
+    instance: str = ""
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -192,6 +227,7 @@ class PidRecord:
             "create_time": self.create_time,
             "cmdline": list(self.cmdline),
             "revision": self.revision,
+            "instance": self.instance,
         }
 
     @classmethod
@@ -203,6 +239,7 @@ class PidRecord:
             pid, create_time = obj["pid"], obj["create_time"]
             cmdline, app, node = obj["cmdline"], obj["app"], obj["node"]
             revision = obj.get("revision", "")
+            instance = obj.get("instance", "")
         except KeyError:
             return None
         if (
@@ -216,20 +253,22 @@ class PidRecord:
             or not isinstance(app, str)
             or not isinstance(node, str)
             or not isinstance(revision, str)
+            or not isinstance(instance, str)
         ):
             return None
-        return cls(app, node, pid, float(create_time), tuple(cmdline), revision)
+        return cls(app, node, pid, float(create_time), tuple(cmdline), revision, instance)
 
 
 @dataclass(frozen=True, slots=True)
 class ObservedProcess:
     """What psutil saw at a pid: start time, command line and (if readable) the
-    ``CORRAL_APP`` / ``CORRAL_NODE`` of its environment."""
+    ``CORRAL_APP`` / ``CORRAL_NODE`` / ``CORRAL_APP_INSTANCE`` of its environment."""
 
     create_time: float
     cmdline: tuple[str, ...]
     corral_app: str | None = None
     corral_node: str | None = None
+    instance: str | None = None
 
 
 #: psutil derives start times from clock ticks since boot: equal processes agree to
@@ -241,9 +280,10 @@ def is_leftover(record: PidRecord, observed: ObservedProcess | None) -> bool:
     """Whether the process at ``record.pid`` is the one the pid file describes.
 
     It is only when it still exists, started at the recorded time (a reused pid
-    has another start time), and either runs the recorded command line (allowing
-    a launcher that exec'd the real program with the same arguments, such as a
-    version-manager shim) or carries this app's and node's corral environment.
+    has another start time), and either carries the recorded instance marker, or
+    runs the recorded command line (allowing a launcher that exec'd the real program
+    with the same arguments, such as a version-manager shim), or carries this app's
+    and node's corral environment.
 
     Args:
         record: the pid file's content.
@@ -256,6 +296,8 @@ def is_leftover(record: PidRecord, observed: ObservedProcess | None) -> bool:
         return False
     if not math.isclose(observed.create_time, record.create_time, abs_tol=CREATE_TIME_TOLERANCE):
         return False
+    if record.instance and observed.instance == record.instance:
+        return True
     if observed.corral_app == record.app and observed.corral_node == record.node_id:
         return True
     return _same_command(record.cmdline, observed.cmdline)
@@ -275,3 +317,82 @@ def _same_command(recorded: Sequence[str], observed: Sequence[str]) -> bool:
         and tuple(observed[-len(args) :]) == args
         and any(os.path.basename(part).startswith(program) for part in observed[: -len(args)])
     )
+
+
+def is_marked_leftover(marker: str | None, *, node_id: str, live: Set[str]) -> bool:
+    """Whether a process whose environment carries ``marker`` was started by an earlier
+    life of ``node_id`` (so the node may end it): the marker names this node, and is
+    not the marker of a process this life started (``live``)."""
+    if marker is None or marker in live:
+        return False
+    parsed = parse_instance_marker(marker)
+    return parsed is not None and parsed[0] == node_id
+
+
+# --------------------------------------------------------------------------- orphans
+
+
+@dataclass(frozen=True, slots=True)
+class ChildProcess:
+    """What ``/proc`` says of one child of the node.
+
+    ``session`` is its session id; ``marker`` its ``CORRAL_APP_INSTANCE`` (None when it
+    has none, or it is a zombie: a zombie's environment cannot be read).
+    """
+
+    pid: int
+    start_ticks: int
+    session: int
+    zombie: bool
+    marker: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class OrphanScan:
+    """What :func:`orphans_to_reap` decided: the zombies to collect, and the adopted
+    children to remember (pid -> start ticks) for the next scan."""
+
+    reap: tuple[int, ...]
+    adopted: Mapping[int, int]
+
+
+def orphans_to_reap(
+    children: Iterable[ChildProcess],
+    *,
+    own_session: int,
+    own_marker: str | None,
+    launched: Set[int],
+    adopted: Mapping[int, int],
+) -> OrphanScan:
+    """Which zombie children of a subreaper node are adopted orphans it must collect.
+
+    A process the node forked itself starts in the node's session, or becomes the
+    leader of a new one (``setsid``: its session id is its pid). A child in any other
+    session was forked by someone else: it is an orphan the kernel handed to the node.
+    A child seen alive carrying an app's marker (not the node's own, for a node that is
+    itself someone's app) and not one of the launcher's processes is one too, and is
+    remembered, so that once a zombie it is collected even if it was a session leader.
+    Nothing else is touched: its parent in the node waits for it.
+
+    Args:
+        children: the node's children, as ``/proc`` showed them.
+        own_session: the node's session id.
+        own_marker: the node's own ``CORRAL_APP_INSTANCE``, if it has one.
+        launched: pids of processes the launcher started and has not collected.
+        adopted: what the previous scan remembered.
+
+    Returns:
+        The pids to collect and what to remember.
+    """
+    reap: list[int] = []
+    keep: dict[int, int] = {}
+    for child in sorted(children, key=lambda c: c.pid):
+        if child.pid in launched:
+            continue
+        known = adopted.get(child.pid) == child.start_ticks
+        if child.zombie:
+            if known or child.session not in (own_session, child.pid):
+                reap.append(child.pid)
+        elif known or (child.marker is not None and child.marker != own_marker):
+            keep[child.pid] = child.start_ticks
+    return OrphanScan(tuple(reap), keep)

@@ -4,12 +4,21 @@ The table is declarative: :meth:`ProcessTable.ensure` says "run this", and
 :meth:`ProcessTable.stop` says "run nothing"; the app's runner task works out the
 rest (start, stop the old revision before starting a new one, restart after a
 crash with backoff, report crash loops). The actor only forwards messages.
+
+One app's trouble stays its own: whatever a runner meets while starting,
+watching or stopping its process (a launcher error, a ``ValueError`` for a NUL
+byte in an argument, a bug) marks that app ``failed`` with the reason, and the
+runner tries again after its backoff. It never ends the runner's task, so it
+never crashes the actor, and never touches another app's process.
 """
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import logging
 import os
+import secrets
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -18,7 +27,11 @@ from typing import Any
 
 import trio
 
-from corral.actors.process_supervisor._errors import ProcessStillRunning, SpawnFailed
+from corral.actors.process_supervisor._errors import (
+    ProcessStillRunning,
+    ProcessSupervisorError,
+    SpawnFailed,
+)
 from corral.actors.process_supervisor._launcher import LaunchedProcess, Launcher, LaunchSpec
 from corral.actors.process_supervisor._layout import AppPaths
 from corral.actors.process_supervisor._policy import (
@@ -27,6 +40,7 @@ from corral.actors.process_supervisor._policy import (
     ProcessState,
     RestartPolicy,
     decide_restart,
+    instance_marker,
     process_environment,
 )
 
@@ -55,8 +69,10 @@ class StartRequest:
 class ProcessInfo:
     """One row of the node's process table (``corral ps``, ``GET /v1/state``).
 
-    ``state`` is the supervisor's view (starting, running, backoff, stopping, stopped);
-    ``crash_loop`` says whether the app is in a crash loop. ``started_at`` is wall time.
+    ``state`` is the supervisor's view (starting, running, backoff, failed, stopping,
+    stopped); ``crash_loop`` says whether the app is in a crash loop (consecutive quick
+    exits or failed starts, until a run lasts long enough); ``last_error`` why its last
+    start (or stop) failed. ``started_at`` is wall time.
     """
 
     app: str
@@ -196,6 +212,9 @@ class ProcessTable:
         self._idle.set()
         self._closing = False
         self.generation = 0
+        # Per spawn: this table's life and a count make each start's marker unique.
+        self._life = secrets.token_hex(4)
+        self._spawns = itertools.count(1)
 
     # ------------------------------------------------------------------ commands
 
@@ -304,6 +323,7 @@ class ProcessTable:
 
     def _launch_spec(self, request: StartRequest) -> LaunchSpec:
         host = self.bind_host if self.bind_host not in ("", "0.0.0.0", "::") else "127.0.0.1"
+        instance = instance_marker(self.node_id, request.app, f"{self._life}.{next(self._spawns)}")
         return LaunchSpec(
             app=request.app,
             node_id=self.node_id,
@@ -313,6 +333,7 @@ class ProcessTable:
             paths=AppPaths.of(self.data_dir, request.app),
             public_port=request.public_port,
             internal_port=request.internal_port,
+            instance=instance,
             env=process_environment(
                 self._base_env,
                 request.env,
@@ -321,6 +342,7 @@ class ProcessTable:
                 public_port=request.public_port,
                 internal_port=request.internal_port,
                 bind_host=self.bind_host,
+                instance=instance,
             ),
             ready_host=host,
             ready_timeout=self.ready_timeout,
@@ -333,7 +355,11 @@ class ProcessTable:
                 request = slot.desired
                 if request is None:
                     break
-                outcome = await self._run_once(slot, request)
+                try:
+                    outcome = await self._run_once(slot, request)
+                except Exception as exc:
+                    # Anything at all: this app is failed, the others go on.
+                    outcome = self._failed(slot, request, exc)
                 if not outcome.exited_on_its_own:
                     continue
                 await self._back_off(slot, outcome)
@@ -347,14 +373,28 @@ class ProcessTable:
                 self._idle.set()
             self._changed()
 
+    def _failed(self, slot: _Slot, request: StartRequest, exc: BaseException) -> _Outcome:
+        phase = "stop" if slot.state == "stopping" else "start" if slot.pid is None else "run"
+        error = _bounded(f"could not {phase} app {slot.app!r}: {describe(exc)}")
+        # The traceback once; a retry that fails the same way says only the line.
+        repeated = error == slot.last_error
+        slot.last_error = error
+        slot.current = request
+        slot.state = "failed"
+        slot.pid = None
+        slot.process = None
+        log.error("%s", error, exc_info=None if repeated else exc)
+        self._emit("process.failed", app=slot.app, phase=phase, error=slot.last_error)
+        self._changed()
+        return _Outcome(True, None, 0.0)
+
     async def _back_off(self, slot: _Slot, outcome: _Outcome) -> None:
-        decision = decide_restart(
-            self.policy, slot.history, exited_at=trio.current_time(), uptime=outcome.uptime
-        )
+        decision = decide_restart(self.policy, slot.history, uptime=outcome.uptime)
         slot.history = decision.history
         entering_loop = decision.crash_loop and not slot.crash_loop
         slot.crash_loop = decision.crash_loop
-        slot.state = "backoff"
+        if slot.state != "failed":
+            slot.state = "backoff"
         self._changed()
         self._emit(
             "process.exited",
@@ -365,17 +405,18 @@ class ProcessTable:
         )
         if entering_loop:
             log.warning(
-                "app %s is crash-looping (%d exits within %gs); restarting every %gs",
+                "app %s is crash-looping (%d exits or failed starts in a row, none up %gs); "
+                "restarting every %gs",
                 slot.app,
-                len(decision.history.exits),
-                self.policy.crash_loop_window,
+                decision.history.consecutive,
+                self.policy.stable_after,
                 decision.delay,
             )
             self._emit(
                 "process.crash-loop",
                 app=slot.app,
-                exits=len(decision.history.exits),
-                window=self.policy.crash_loop_window,
+                exits=decision.history.consecutive,
+                stable_after=self.policy.stable_after,
                 backoff=decision.delay,
                 last_exit_code=outcome.code,
             )
@@ -392,10 +433,12 @@ class ProcessTable:
                 try:
                     proc = await self._launcher.spawn(spec, nursery)
                 except SpawnFailed as exc:
-                    slot.last_error = str(exc)
+                    slot.last_error = _bounded(str(exc))
                     slot.current = request
+                    slot.state = "failed"
                     log.error("%s", exc)
-                    self._emit("process.spawn-failed", app=slot.app, error=str(exc))
+                    self._emit("process.spawn-failed", app=slot.app, error=slot.last_error)
+                    self._changed()
                     return _Outcome(True, None, 0.0)
                 spawned_at = trio.current_time()
                 slot.process = proc
@@ -427,15 +470,26 @@ class ProcessTable:
                 return _Outcome(not woken, code, uptime)
             finally:
                 if proc is not None and not proc.reaped:
-                    # Cancelled: the actor (or the node) is going away, and nothing may
-                    # outlive it. Still SIGTERM first, shielded, bounded by the grace.
+                    # Cancelled (the actor or the node is going away, and nothing may
+                    # outlive it), or something failed: still SIGTERM first, shielded,
+                    # bounded by the grace.
                     with trio.CancelScope(shield=True):
-                        with trio.move_on_after(self.grace + 5.0):
-                            await proc.stop(self.grace)
-                        if not proc.reaped:
-                            proc.kill()
-                            with trio.move_on_after(5.0):
-                                await proc.reap()
+                        await self._end_quietly(slot, proc)
+
+    async def _end_quietly(self, slot: _Slot, proc: LaunchedProcess) -> None:
+        """Stop ``proc`` on a path that is already failing or cancelled: an error here is
+        logged, never raised over the one that brought us here."""
+        try:
+            with trio.move_on_after(self.grace + 5.0):
+                await proc.stop(self.grace)
+            if not proc.reaped:
+                proc.kill()
+                with trio.move_on_after(5.0):
+                    await proc.reap()
+        except Exception:
+            log.exception("app %s: ending pid %d failed; sending SIGKILL", slot.app, proc.pid)
+            with contextlib.suppress(Exception):
+                proc.kill()
 
     async def _watch(self, slot: _Slot, proc: LaunchedProcess) -> bool:
         """Wait until the process exits (False) or the slot is woken (True); meanwhile
@@ -468,6 +522,7 @@ class ProcessTable:
                     self._changed()
 
             async def stable() -> None:
+                # The one place a crash loop ends: a run that lasted long enough.
                 await trio.sleep(self.policy.stable_after)
                 slot.history = CrashHistory()
                 if slot.crash_loop:
@@ -480,3 +535,21 @@ class ProcessTable:
             race.start_soon(ready)
             race.start_soon(stable)
         return woken
+
+
+#: How much of an error message a process row keeps (it is published in the node record).
+MAX_ERROR_CHARS = 400
+
+
+def _bounded(text: str) -> str:
+    return text if len(text) <= MAX_ERROR_CHARS else text[: MAX_ERROR_CHARS - 3] + "..."
+
+
+def describe(exc: BaseException) -> str:
+    """``Type: message`` of an exception; the leaves of an exception group, joined."""
+    if isinstance(exc, BaseExceptionGroup):
+        return "; ".join(describe(inner) for inner in exc.exceptions)
+    if isinstance(exc, ProcessSupervisorError):
+        return str(exc)
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

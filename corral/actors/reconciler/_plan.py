@@ -36,6 +36,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal, TypeAlias
 
+from corral.actors.process_supervisor import LIVE_STATES
 from corral.registry import (
     AppRecord,
     NodeRecord,
@@ -47,7 +48,6 @@ STOP_TEARDOWN: Final = "runtime teardown is pending"
 STOP_NOT_SERVED: Final = "application is no longer served by this node"
 
 Phase: TypeAlias = Literal["live", "stopping", "stopped"]
-_LIVE_STATES: Final = frozenset({"starting", "running", "backoff"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,7 +234,7 @@ def process_views(rows: Iterable[Mapping[str, Any]]) -> dict[str, ProcessView]:
     for row in rows:
         state = row["state"]
         phase: Phase = (
-            "live" if state in _LIVE_STATES else "stopping" if state == "stopping" else "stopped"
+            "live" if state in LIVE_STATES else "stopping" if state == "stopping" else "stopped"
         )
         views[row["app"]] = ProcessView(row["app"], row["revision"], phase)
     return views
@@ -245,15 +245,18 @@ def process_views(rows: Iterable[Mapping[str, Any]]) -> dict[str, ProcessView]:
 
 def serving_set(rows: Iterable[Mapping[str, Any]]) -> dict[str, ServingEntry]:
     """What this node serves, from its process-table rows: every live process with its
-    revision, ports, restarts and state (``crash-loop`` when crash-looping; ``starting``
-    until it answers or while it waits to be restarted)."""
+    revision, ports, restarts and state (``failed`` when it could not be started,
+    ``crash-loop`` when crash-looping, both with the reason; ``starting`` until it
+    answers or while it waits to be restarted)."""
     serving = {}
     for row in rows:
         state = row["state"]
-        if state not in _LIVE_STATES:
+        if state not in LIVE_STATES:
             continue
-        shown: Literal["starting", "running", "crash-loop"]
-        if row.get("crash_loop"):
+        shown: Literal["starting", "running", "crash-loop", "failed"]
+        if state == "failed":
+            shown = "failed"
+        elif row.get("crash_loop"):
             shown = "crash-loop"
         elif state == "running":
             shown = "running"
@@ -265,8 +268,16 @@ def serving_set(rows: Iterable[Mapping[str, Any]]) -> dict[str, ServingEntry]:
             internal_port=row["internal_port"],
             state=shown,
             restarts=row.get("restarts", 0),
+            reason=_trouble(row) if shown in ("failed", "crash-loop") else "",
         )
     return serving
+
+
+def _trouble(row: Mapping[str, Any]) -> str:
+    """Why a failed or crash-looping process is so, in one line."""
+    if row.get("last_error"):
+        return str(row["last_error"])
+    return f"it keeps exiting (last exit code {row.get('last_exit_code')})"
 
 
 def with_serving(record: NodeRecord, serving: Mapping[str, ServingEntry]) -> NodeRecord | None:

@@ -248,9 +248,7 @@ async def test_a_restarted_node_reuses_its_ports_or_moves_off_a_taken_one(
 
 async def test_a_crash_loop_backs_off_and_is_reported(tmp_path: Path) -> None:
     registry = MemoryRegistry()
-    policy = RestartPolicy(
-        initial_backoff=0.05, max_backoff=3.0, crash_loop_crashes=3, crash_loop_window=30.0
-    )
+    policy = RestartPolicy(initial_backoff=0.05, max_backoff=3.0, crash_loop_crashes=3)
     with trio.fail_after(30):
         async with agent_on(tmp_path, registry, restart_policy=policy) as agent:
             await deploy(registry, "crasher", [sys.executable, "-c", "import sys; sys.exit(4)"])

@@ -149,3 +149,150 @@ async def test_registers_once_the_registry_comes_back(autojump_clock: object) ->
         await trio.sleep(10.5)
         assert await read_node(registry) is not None
         assert (await ref.ask(GetRegistration()))["registered"] is True
+
+
+# ---------------------------------------------------------------- one process per node id
+
+OTHER = "b" * 32
+
+
+def newcomer_record(change_token: int = 7) -> NodeRecord:
+    return NodeRecord(
+        id="n1", peer_address="127.0.0.1:7100", api_address="127.0.0.1:7101",
+        instance=OTHER, pid=4242, hostname="elsewhere", change_token=change_token,
+    )
+
+
+async def test_a_node_cut_off_past_its_ttl_stops_when_a_newcomer_took_its_id(
+    autojump_clock: object,
+) -> None:
+    registry = MemoryRegistry()
+    gate = RegistryGate(registry, name="n1")
+    taken: list[str] = []
+    spec = node_registration_child_spec(
+        IDENTITY, gate, capacity_probe=lambda: CAPACITY, lease_ttl=30.0,
+        on_taken=lambda held: taken.append(held.taken_message()),
+    )
+    async with open_actor_system("n1") as system:
+        ref = await system.spawn(spec)
+        mine = (await ref.ask(GetRegistration()))["instance"]
+        assert len(mine) == 32
+        gate.fail()  # as good as paused: nothing it sends reaches the registry
+        await trio.sleep(31)  # past the TTL: the lease lapses and the record with it
+        assert await read_node(registry) is None
+        # A second process starts with the same node id and registers.
+        lease = await registry.grant(30.0)
+        await registry.put(node_key("n1"), newcomer_record().encode(), lease=lease.id)
+        before = await registry.get(node_key("n1"))
+        gate.restore()  # the first one resumes
+        t0 = trio.current_time()
+        while not taken:
+            await trio.sleep(0.5)
+        assert trio.current_time() - t0 <= 10.0 + 0.5  # by its next keepalive
+        assert taken == [
+            "node n1: another corral process (instance bbbbbbbbbbbb…, pid 4242 on host "
+            "elsewhere, peer 127.0.0.1:7100, api 127.0.0.1:7101) now holds nodes/n1; this "
+            "process stops. Give each node its own --node-id, or stop the other one."
+        ]
+        state = await ref.ask(GetRegistration())
+        assert (state["registered"], state["instance"]) == (False, mine)
+        assert state["taken_by"].startswith("instance bbbbbbbbbbbb…")
+        async with trio.open_nursery() as newcomer:
+
+            async def keep_alive() -> None:
+                while True:
+                    await registry.keepalive(lease.id)
+                    await trio.sleep(10)
+
+            newcomer.start_soon(keep_alive)
+            await trio.sleep(120)  # it writes nothing more: no keepalive, no refresh, no retake
+            assert len(taken) == 1
+            assert await registry.get(node_key("n1")) == before
+            await system.stop(ref)
+            assert await registry.get(node_key("n1")) == before  # the newcomer's record stays
+            newcomer.cancel_scope.cancel()
+
+
+async def test_a_record_absent_after_a_pause_is_simply_written_again(
+    autojump_clock: object,
+) -> None:
+    registry = MemoryRegistry()
+    gate = RegistryGate(registry, name="n1")
+    taken: list[object] = []
+    spec = node_registration_child_spec(
+        IDENTITY, gate, capacity_probe=lambda: CAPACITY, lease_ttl=30.0, on_taken=taken.append
+    )
+    async with open_actor_system("n1") as system:
+        ref = await system.spawn(spec)
+        gate.fail()
+        await trio.sleep(31)
+        assert await read_node(registry) is None
+        gate.restore()
+        await trio.sleep(10.5)
+        record = await read_node(registry)
+        assert record is not None
+        assert record.instance == (await ref.ask(GetRegistration()))["instance"]
+        assert taken == []
+
+
+async def test_the_first_write_refuses_a_live_record_of_another_instance(
+    autojump_clock: object,
+) -> None:
+    """Two processes raced past the start check; the one that wrote second stops."""
+    registry = MemoryRegistry()
+    lease = await registry.grant(30.0)
+    await registry.put(node_key("n1"), newcomer_record().encode(), lease=lease.id)
+    taken: list[str] = []
+    spec = node_registration_child_spec(
+        IDENTITY, registry, capacity_probe=lambda: CAPACITY, lease_ttl=30.0,
+        on_taken=lambda held: taken.append(held.instance),
+    )
+    async with open_actor_system("n1") as system:
+        ref = await system.spawn(spec)
+        assert taken == [OTHER]
+        record = await read_node(registry)
+        assert record is not None
+        assert record.instance == OTHER
+        assert (await ref.ask(GetRegistration()))["registered"] is False
+
+
+async def test_a_gone_previous_life_is_replaced_when_the_start_allowed_it(
+    autojump_clock: object,
+) -> None:
+    registry = MemoryRegistry()
+    lease = await registry.grant(30.0)
+    await registry.put(node_key("n1"), newcomer_record(change_token=7).encode(), lease=lease.id)
+    taken: list[object] = []
+    spec = node_registration_child_spec(
+        IDENTITY, registry, capacity_probe=lambda: CAPACITY, lease_ttl=30.0,
+        on_taken=taken.append, replaces=OTHER,
+    )
+    async with open_actor_system("n1") as system:
+        ref = await system.spawn(spec)
+        record = await read_node(registry)
+        assert record is not None
+        assert record.instance == (await ref.ask(GetRegistration()))["instance"]
+        assert (record.change_token, record.serving, taken) == (8, {}, [])
+
+
+async def test_a_restarted_registration_writes_as_the_same_process(autojump_clock: object) -> None:
+    registry = MemoryRegistry()
+    taken: list[object] = []
+    spec = node_registration_child_spec(
+        IDENTITY, registry, capacity_probe=lambda: CAPACITY, lease_ttl=30.0, on_taken=taken.append
+    )
+    async with open_actor_system("n1") as system:
+        first = await system.spawn(spec)
+        instance = (await first.ask(GetRegistration()))["instance"]
+        kv = await registry.get(node_key("n1"))
+        assert kv is not None
+        assert kv.lease is not None
+        # The actor dies without its cleanup (its lease and record stay), and the spec
+        # builds it again, as its supervisor would.
+        await registry.put(node_key("n1"), kv.value)  # detach: the record outlives the lease
+        await system.stop(first)
+        second = await system.spawn(spec)
+        assert (await second.ask(GetRegistration()))["instance"] == instance
+        record = await read_node(registry)
+        assert record is not None
+        assert (record.instance, taken) == (instance, [])

@@ -157,9 +157,7 @@ async def test_a_command_that_does_not_exist_fails_to_spawn(tmp_path: Path) -> N
 
 async def test_crash_loop_of_a_real_process_backs_off(tmp_path: Path) -> None:
     events: list[str] = []
-    policy = RestartPolicy(
-        initial_backoff=0.05, max_backoff=1.0, crash_loop_crashes=3, crash_loop_window=30
-    )
+    policy = RestartPolicy(initial_backoff=0.05, max_backoff=1.0, crash_loop_crashes=3)
     with trio.fail_after(30):
         async with trio.open_nursery() as nursery:
             table = ProcessTable(

@@ -7,13 +7,19 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from corral.actors.process_supervisor import (
+    INSTANCE_VAR,
+    ChildProcess,
     CrashHistory,
     ObservedProcess,
     PidRecord,
     RestartPolicy,
     backoff_schedule,
     decide_restart,
+    instance_marker,
     is_leftover,
+    is_marked_leftover,
+    orphans_to_reap,
+    parse_instance_marker,
     process_environment,
 )
 
@@ -23,8 +29,11 @@ POLICY = RestartPolicy(
     max_backoff=30.0,
     stable_after=30.0,
     crash_loop_crashes=5,
-    crash_loop_window=60.0,
 )
+
+#: Uptimes of runs that end before they are stable (0: a start that failed outright).
+quick = st.floats(min_value=0, max_value=POLICY.stable_after, exclude_max=True)
+stable = st.floats(min_value=POLICY.stable_after, max_value=1e9)
 
 
 def test_quick_crashes_back_off_exponentially_then_report_a_crash_loop() -> None:
@@ -33,41 +42,63 @@ def test_quick_crashes_back_off_exponentially_then_report_a_crash_loop() -> None
 
 def test_a_stable_run_resets_the_backoff() -> None:
     history = CrashHistory()
-    for t in (0.0, 1.0, 3.0):
-        history = decide_restart(POLICY, history, exited_at=t, uptime=0.5).history
-    after_stable = decide_restart(POLICY, history, exited_at=100.0, uptime=40.0)
+    for _ in range(3):
+        history = decide_restart(POLICY, history, uptime=0.5).history
+    after_stable = decide_restart(POLICY, history, uptime=40.0)
     assert after_stable.delay == POLICY.initial_backoff
     assert not after_stable.crash_loop
 
 
-def test_exits_spread_beyond_the_window_are_no_crash_loop() -> None:
+def test_a_crash_loop_outlasting_any_window_stays_a_crash_loop() -> None:
+    # Regression: the flag was "5 exits within 60 s"; at the 30 s cap only two fit in
+    # the window, so a process exiting forever was shown as merely restarting.
     history = CrashHistory()
-    for i in range(20):
-        decision = decide_restart(POLICY, history, exited_at=i * 20.0, uptime=1.0)
+    for i in range(200):
+        decision = decide_restart(POLICY, history, uptime=29.0)
         history = decision.history
-        assert not decision.crash_loop
+        assert decision.crash_loop == (i + 1 >= POLICY.crash_loop_crashes)
+    assert history.consecutive == 200
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(
-    gaps=st.lists(st.floats(min_value=0, max_value=100), min_size=1, max_size=30),
-    uptimes=st.lists(st.floats(min_value=0, max_value=100), min_size=30, max_size=30),
+    before=st.integers(min_value=0, max_value=50),
+    after=st.lists(quick, min_size=1, max_size=300),
 )
-def test_delay_is_bounded_and_crash_loop_means_n_exits_in_the_window(
-    gaps: list[float], uptimes: list[float]
+def test_crash_loop_holds_for_any_number_of_quick_exits_past_the_threshold(
+    before: int, after: list[float]
 ) -> None:
-    history, now, exits = CrashHistory(), 0.0, []
-    for gap, uptime in zip(gaps, uptimes, strict=False):
-        now += gap
-        exits.append(now)
-        decision = decide_restart(POLICY, history, exited_at=now, uptime=uptime)
+    history = CrashHistory(before)
+    for n, uptime in enumerate(after, start=1):
+        decision = decide_restart(POLICY, history, uptime=uptime)
         history = decision.history
-        assert 0 <= decision.delay <= POLICY.max_backoff
-        recent = [t for t in exits if t > now - POLICY.crash_loop_window]
-        assert decision.crash_loop == (len(recent) >= POLICY.crash_loop_crashes)
+        assert history.consecutive == before + n
+        assert decision.crash_loop == (before + n >= POLICY.crash_loop_crashes)
+        assert decision.crash_loop == history.crash_loop(POLICY)
         if decision.crash_loop:
             assert decision.delay == POLICY.max_backoff
-        assert len(history.exits) <= POLICY.crash_loop_crashes
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    uptimes=st.lists(st.one_of(quick, stable), min_size=1, max_size=60),
+    start=st.integers(min_value=0, max_value=1000),
+)
+def test_a_stable_run_starts_a_new_series_and_delays_stay_bounded(
+    uptimes: list[float], start: int
+) -> None:
+    history = CrashHistory(start)
+    since_stable = start
+    for uptime in uptimes:
+        decision = decide_restart(POLICY, history, uptime=uptime)
+        history = decision.history
+        since_stable = 1 if uptime >= POLICY.stable_after else since_stable + 1
+        assert history.consecutive == since_stable
+        assert decision.crash_loop == (since_stable >= POLICY.crash_loop_crashes)
+        assert 0 <= decision.delay <= POLICY.max_backoff
+        if not decision.crash_loop:
+            expected = POLICY.initial_backoff * POLICY.backoff_factor ** (since_stable - 1)
+            assert decision.delay == min(POLICY.max_backoff, expected)
 
 
 @pytest.mark.parametrize(
@@ -133,3 +164,141 @@ def test_environment_strips_node_secrets_and_sets_ports() -> None:
         "CORRAL_NODE": "node-a",
         "CORRAL_BIND_HOST": "127.0.0.1",
     }
+
+
+def test_environment_carries_the_instance_marker_which_an_app_cannot_spoof() -> None:
+    marker = instance_marker("node-a", "hello", "ab12.3")
+    env = process_environment(
+        {"PATH": "/bin", INSTANCE_VAR: "node-x/outer/1"},
+        {INSTANCE_VAR: "node-a/other/9"},
+        app="hello",
+        node_id="node-a",
+        public_port=24001,
+        internal_port=24500,
+        bind_host="127.0.0.1",
+        instance=marker,
+    )
+    assert env[INSTANCE_VAR] == "node-a/hello/ab12.3"
+    assert parse_instance_marker(marker) == ("node-a", "hello", "ab12.3")
+
+
+@pytest.mark.parametrize("bad", ["", "node-a", "node-a/hello", "a/b/c/d", "a//c", "/b/c"])
+def test_a_malformed_marker_is_no_marker(bad: str) -> None:
+    assert parse_instance_marker(bad) is None
+    assert not is_marked_leftover(bad, node_id="a", live=frozenset())
+
+
+def test_marked_leftovers_are_this_nodes_and_not_of_this_life() -> None:
+    mine = instance_marker("node-a", "hello", "1")
+    live = frozenset({instance_marker("node-a", "hello", "2")})
+    assert is_marked_leftover(mine, node_id="node-a", live=live)
+    assert not is_marked_leftover(next(iter(live)), node_id="node-a", live=live)
+    assert not is_marked_leftover(
+        instance_marker("node-b", "hello", "1"), node_id="node-a", live=live
+    )
+    assert not is_marked_leftover(None, node_id="node-a", live=live)
+
+
+def test_a_leftover_is_recognised_by_its_recorded_instance_marker() -> None:
+    record = PidRecord("hello", "node-a", 4242, 1000.25, ("sh",), "", "node-a/hello/7")
+    assert PidRecord.from_json(record.to_json()) == record
+    marked = ObservedProcess(1000.25, ("/other/prog",), instance="node-a/hello/7")
+    assert is_leftover(record, marked)
+    assert not is_leftover(record, ObservedProcess(1000.25, ("/other/prog",), instance="x/y/z"))
+    assert not is_leftover(record, ObservedProcess(9.0, ("sh",), instance="node-a/hello/7"))
+
+
+OWN_SESSION = 100
+
+
+def child(pid: int, *, session: int, zombie: bool, marker: str | None = None) -> ChildProcess:
+    return ChildProcess(
+        pid=pid, start_ticks=pid * 10, session=session, zombie=zombie, marker=marker
+    )
+
+
+def test_orphans_in_a_foreign_session_are_reaped_direct_children_never() -> None:
+    children = [
+        child(10, session=OWN_SESSION, zombie=True),  # forked by the node: its parent waits
+        child(11, session=11, zombie=True),  # the node's child that called setsid
+        child(12, session=77, zombie=True),  # an orphan from an app's session
+        child(13, session=77, zombie=True),  # launched leader (never in its own session)
+    ]
+    scan = orphans_to_reap(
+        children, own_session=OWN_SESSION, own_marker=None, launched={13}, adopted={}
+    )
+    assert scan.reap == (12,)
+
+
+def test_an_orphan_seen_alive_with_a_marker_is_reaped_once_it_died() -> None:
+    marker = "node-a/hello/1"
+    alive = [child(20, session=20, zombie=False, marker=marker)]
+    first = orphans_to_reap(
+        alive, own_session=OWN_SESSION, own_marker=None, launched=set(), adopted={}
+    )
+    assert first.reap == ()
+    assert first.adopted == {20: 200}
+    dead = [child(20, session=20, zombie=True)]
+    second = orphans_to_reap(
+        dead, own_session=OWN_SESSION, own_marker=None, launched=set(), adopted=first.adopted
+    )
+    assert second.reap == (20,)
+    assert second.adopted == {}
+
+
+def test_the_nodes_own_marker_and_reused_pids_adopt_nothing() -> None:
+    own = "outer/node/1"
+    scan = orphans_to_reap(
+        [child(30, session=30, zombie=False, marker=own)],
+        own_session=OWN_SESSION,
+        own_marker=own,
+        launched=set(),
+        adopted={},
+    )
+    assert scan.adopted == {}
+    # A remembered pid now held by another process (another start time) is not it.
+    reused = orphans_to_reap(
+        [child(31, session=31, zombie=True)],
+        own_session=OWN_SESSION,
+        own_marker=None,
+        launched=set(),
+        adopted={31: 1},
+    )
+    assert reused.reap == ()
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    children=st.lists(
+        st.builds(
+            ChildProcess,
+            pid=st.integers(2, 60),
+            start_ticks=st.integers(0, 3),
+            session=st.sampled_from([OWN_SESSION, 7, 8]),
+            zombie=st.booleans(),
+            marker=st.one_of(st.none(), st.sampled_from(["a/b/1", "own/x/1"])),
+        ),
+        unique_by=lambda c: c.pid,
+    ),
+    launched=st.frozensets(st.integers(2, 60)),
+    adopted=st.dictionaries(st.integers(2, 60), st.integers(0, 3)),
+)
+def test_reaping_never_touches_launched_live_or_own_session_children(
+    children: list[ChildProcess], launched: frozenset[int], adopted: dict[int, int]
+) -> None:
+    scan = orphans_to_reap(
+        children,
+        own_session=OWN_SESSION,
+        own_marker="own/x/1",
+        launched=launched,
+        adopted=adopted,
+    )
+    by_pid = {c.pid: c for c in children}
+    for pid in scan.reap:
+        c = by_pid[pid]
+        assert c.zombie
+        assert pid not in launched
+        assert c.session != OWN_SESSION or adopted.get(pid) == c.start_ticks
+        assert c.session != pid or adopted.get(pid) == c.start_ticks
+    assert not set(scan.adopted) & launched
+    assert all(not by_pid[pid].zombie for pid in scan.adopted)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -196,7 +197,8 @@ async def test_a_command_that_cannot_start_backs_off_with_its_error(
         await until(lambda: "process.spawn-failed" in h.kinds())
         info = h.table.info("hello")
         assert info is not None
-        assert info.state == "backoff"
+        assert info.state == "failed"
+        assert info.live  # it is tried again after its backoff
         assert info.last_error is not None
         assert "no such file" in info.last_error
         await h.table.shutdown()
@@ -228,3 +230,118 @@ async def test_cancellation_still_stops_every_process_gracefully(
         nursery.cancel_scope.cancel()
     assert h.launcher.alive() == []
     assert all(p.signals == ["SIGTERM"] for p in h.launcher.spawned)
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        ValueError("embedded null byte"),
+        RuntimeError("launcher bug"),
+        KeyError("CORRAL_APP"),
+    ],
+)
+async def test_a_start_that_raises_fails_that_app_alone(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path, error: Exception
+) -> None:
+    async with trio.open_nursery() as nursery:
+        h = Harness(nursery, tmp_path)
+        for app in ("alpha", "omega"):
+            h.table.ensure(request(app, public=24010 if app == "alpha" else 24020))
+        await until(lambda: len(h.launcher.alive()) == 2)
+        pids = {p.spec.app: p.pid for p in h.launcher.alive()}
+        h.launcher.behave("broken", Behaviour(spawn_raises=error))
+        h.table.ensure(request("broken", public=24030))
+        await until(lambda: "process.failed" in h.kinds())
+        info = h.table.info("broken")
+        assert info is not None
+        assert (info.state, info.pid) == ("failed", None)
+        assert info.last_error is not None
+        assert type(error).__name__ in info.last_error
+        assert "could not start app 'broken'" in info.last_error
+        # Tried again with backoff, never spinning, and never touching the others.
+        await trio.sleep(300)
+        assert {p.spec.app: p.pid for p in h.launcher.alive()} == pids
+        assert all(p.signals == [] for p in h.launcher.spawned)
+        failures = [f for kind, f in h.events if kind == "process.failed"]
+        assert 5 <= len(failures) < 20
+        info = h.table.info("broken")
+        assert info is not None
+        assert info.crash_loop
+        # A fixed launcher gets it going at the next try.
+        h.launcher.behave("broken", Behaviour())
+        await until(lambda: (h.table.info("broken") or info).state == "running")
+        assert (h.table.info("broken") or info).last_error is None
+        await h.table.shutdown()
+    assert h.launcher.alive() == []
+
+
+class _StopBreaks(MemoryLauncher):
+    """Processes whose stop raises (as a buggy launcher or psutil might)."""
+
+    async def spawn(self, spec: Any, nursery: trio.Nursery) -> Any:
+        process = await super().spawn(spec, nursery)
+        if spec.app == "sticky":
+
+            async def broken_stop(grace: float) -> int:
+                await trio.lowlevel.checkpoint()
+                raise OSError("stop went wrong")
+
+            process.stop = broken_stop  # type: ignore[method-assign]
+        return process
+
+
+async def test_a_stop_that_raises_fails_that_app_alone(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    async with trio.open_nursery() as nursery:
+        h = Harness(nursery, tmp_path)
+        h.launcher = launcher = _StopBreaks()
+        h.table._launcher = launcher
+        h.table.ensure(request("other", public=24010))
+        h.table.ensure(request("sticky", public=24020))
+        await until(lambda: len(launcher.alive()) == 2)
+        (other,) = launcher.processes("other")
+        assert h.table.stop("sticky", "test")
+        await until(lambda: (h.table.info("sticky") or request()).state == "stopped")  # type: ignore[union-attr]
+        info = h.table.info("sticky")
+        assert info is not None
+        assert info.last_error is not None
+        assert "could not stop app 'sticky'" in info.last_error
+        assert "stop went wrong" in info.last_error
+        (sticky,) = launcher.processes("sticky")
+        assert not sticky.alive  # it was killed all the same
+        assert other.alive
+        assert launcher.alive() == [other]
+        await h.table.shutdown()
+
+
+async def test_restart_delays_are_exact_and_the_crash_loop_never_clears_while_it_exits(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    async with trio.open_nursery() as nursery:
+        h = Harness(nursery, tmp_path)
+        h.launcher.behave("hello", Behaviour(exit_after=2.0, exit_code=7))
+        h.table.ensure(request())
+        seen: list[bool] = []
+        while len(h.launcher.spawned) < 12:
+            await trio.sleep(0.25)
+            info = h.table.info("hello")
+            assert info is not None
+            seen.append(info.crash_loop)
+        processes = h.launcher.spawned
+        delays = [
+            round(b.started_at - (a.ended_at or 0.0), 6) for a, b in itertools.pairwise(processes)
+        ]
+        # 0.5 * 2**n for the first four, then the crash loop's 30 s, again and again
+        assert delays == [0.5, 1.0, 2.0, 4.0] + [30.0] * 7
+        # Once in the loop it stays (the old 60 s window forgot it at the 30 s cap).
+        first = seen.index(True)
+        assert all(seen[first:])
+        info = h.table.info("hello")
+        assert info is not None
+        assert (info.state, info.crash_loop, info.restarts) in {
+            ("starting", True, 11),
+            ("running", True, 11),
+        }
+        assert h.kinds().count("process.crash-loop") == 1
+        await h.table.shutdown()
