@@ -113,9 +113,6 @@ class ApiServices:
     #: instances still in their cooldown), or ``{"holder": ..., "error": ...}`` saying
     #: why it cannot be had; None: there is no coordinator to ask.
     coordinator: Callable[[], Awaitable[JSONDict]] | None = None
-    #: optional: app -> why this node cannot get its revision onto disk (``ps`` shows
-    #: those instances ``failed`` with the reason).
-    failed_here: Callable[[], Awaitable[dict[str, str]]] | None = None
     #: request bodies larger than this are refused with 413 while they stream in.
     max_body_bytes: int = MAX_BODY_BYTES
 
@@ -321,15 +318,8 @@ def build_api(services: ApiServices) -> ASGIApp:
             if services.coordinator is not None
             else {"holder": None, "error": "this node has no coordinator to ask"}
         )
-        here = await services.failed_here() if services.failed_here is not None else {}
         rows = ps_rows(
-            apps,
-            placements,
-            nodes,
-            intents,
-            now=services.wall_clock(),
-            coordinator=coordinator,
-            failed={(app, services.node_id): why for app, why in here.items()},
+            apps, placements, nodes, intents, now=services.wall_clock(), coordinator=coordinator
         )
         return JSONResponse(
             {"rows": [row.to_json() for row in rows], "coordinator": coordinator.to_json()}

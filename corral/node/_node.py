@@ -211,16 +211,6 @@ class NodeServices:
             # A view that cannot be had is reported in the state, never a 500.
             return {"error": str(exc)}
 
-    async def failed_revisions(self) -> dict[str, str]:
-        """App -> why this node cannot get its revision onto disk (from the last pass)."""
-        last = await self.ask(f"/{AGENT}/{AgentSpec.RECONCILER}", LastPass())
-        failed = last.get("failed") if isinstance(last, dict) else None
-        return {
-            str(item["app"]): f"revision {str(item['revision'])[:12]}: {item['reason']}"
-            for item in failed or ()
-            if isinstance(item, dict)
-        }
-
     async def state(self) -> dict[str, Any]:
         me = self.runtime.node_id
         state: dict[str, Any] = {"node_id": me, "data_dir": str(self.runtime.config.data_dir)}
@@ -325,7 +315,6 @@ def root_spec(
                 events=services.recent_events,
                 wall_clock=time.time,
                 coordinator=services.coordination,
-                failed_here=services.failed_revisions,
             )
         )
 

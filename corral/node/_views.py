@@ -193,16 +193,12 @@ def ps_rows(
     *,
     now: float | None = None,
     coordinator: CoordinatorView | None = None,
-    failed: Mapping[tuple[str, str], str] | None = None,
 ) -> list[PsRow]:
     """Rows sorted by app then node. Keys of every mapping are names (not registry keys).
 
     ``now`` (wall-clock) and ``coordinator`` let RELOC tell an instance still in its
-    cooldown; without them the cooldown is not shown. ``failed``: (app, node) -> why
-    that node cannot get the app's revision onto disk (as far as the answering node
-    knows: its own); such an instance not serving is ``failed`` with that reason.
+    cooldown; without them the cooldown is not shown.
     """
-    failed = failed or {}
     rows: list[PsRow] = []
     for name in sorted(apps):
         app = apps[name]
@@ -224,11 +220,8 @@ def ps_rows(
             reason = stopped_reason(node_id) if node_id in stopped_on else None
             if entry is not None:
                 state = entry.state if node_id in placed_on else "stopping"
-                reason = failed.get((name, node_id), reason)  # the new revision's failure
             elif reason is not None:
                 state = "stopped"
-            elif (name, node_id) in failed and record is not None:
-                state, reason = "failed", failed[(name, node_id)]
             elif record is None:
                 state = "node-gone"
             else:
@@ -252,8 +245,9 @@ def ps_rows(
                     app=name,
                     node=node_id,
                     state=state,
-                    public_port=entry.public_port if entry else None,
-                    internal_port=entry.internal_port if entry else None,
+                    # a revision that never got onto disk has no ports yet (0)
+                    public_port=(entry.public_port or None) if entry else None,
+                    internal_port=(entry.internal_port or None) if entry else None,
                     restarts=entry.restarts if entry else 0,
                     revision=entry.revision if entry else None,
                     reloc=reloc,

@@ -1,5 +1,5 @@
-"""An instance whose revision this node cannot get onto disk is shown failed, with the
-reason, in ps (rows, API, table) and in state."""
+"""An instance whose revision a node cannot get onto disk is published failed, with the
+reason and no ports, and every node's ps and state show it so."""
 
 from __future__ import annotations
 
@@ -23,39 +23,30 @@ from corral.registry import (
     placement_key,
 )
 
-REV, OLD = "b" * 64, "a" * 64
-WHY = "revision bbbbbbbbbbbb: artifact: refused: too large (member 'zeros')"
+REV = "b" * 64
+WHY = "cannot get revision bbbbbbbbbbbb onto disk: artifact: refused: too large (member 'zeros')"
 
 
 def records() -> tuple[dict[str, AppRecord], dict[str, PlacementRecord], dict[str, NodeRecord]]:
     apps = {"web": AppRecord(name="web", replicas=2, deployment=Deployment(REV, ["true"]))}
     placements = {"web": PlacementRecord(nodes=["n1", "n2"], decided_at=0.0, fence=1)}
-    nodes = {"n1": NodeRecord(id="n1"), "n2": NodeRecord(id="n2")}
+    failed = ServingEntry(REV, 0, 0, "failed", 0, WHY)
+    nodes = {"n1": NodeRecord(id="n1", serving={"web": failed}), "n2": NodeRecord(id="n2")}
     return apps, placements, nodes
 
 
-def test_a_placed_instance_that_cannot_unpack_is_failed_with_its_reason() -> None:
+def test_a_published_unpack_failure_is_a_failed_row_with_its_reason_and_no_ports() -> None:
     apps, placements, nodes = records()
-    rows = ps_rows(apps, placements, nodes, {}, failed={("web", "n1"): WHY})
-    assert [(r.node, r.state, r.reason) for r in rows] == [
-        ("n1", "failed", WHY),
-        ("n2", "starting", None),  # another node's failure is not known here
+    rows = ps_rows(apps, placements, nodes, {})
+    assert [(r.node, r.state, r.reason, r.public_port, r.internal_port) for r in rows] == [
+        ("n1", "failed", WHY, None, None),
+        ("n2", "starting", None, None, None),
     ]
-    assert [r.state for r in ps_rows(apps, placements, nodes, {})] == ["starting", "starting"]
-
-
-def test_an_old_revision_still_running_keeps_its_state_and_shows_why_the_new_one_waits() -> None:
-    apps, placements, nodes = records()
-    nodes["n1"] = NodeRecord(
-        id="n1", serving={"web": ServingEntry(OLD, 24001, 24002, "running", 0)}
-    )
-    (row, _) = ps_rows(apps, placements, nodes, {}, failed={("web", "n1"): WHY})
-    assert (row.state, row.revision, row.reason) == ("running", OLD, WHY)
 
 
 def test_the_ps_table_and_the_state_summary_say_why() -> None:
     apps, placements, nodes = records()
-    rows = [r.to_json() for r in ps_rows(apps, placements, nodes, {}, failed={("web", "n1"): WHY})]
+    rows = [r.to_json() for r in ps_rows(apps, placements, nodes, {})]
     assert f"failed web on n1: {WHY}" in ps_table(rows)
     state = {
         "node_id": "n1",
@@ -83,7 +74,7 @@ def test_the_ps_table_and_the_state_summary_say_why() -> None:
     ) in text
 
 
-async def test_get_ps_shows_this_nodes_failed_instances(tmp_path: Any) -> None:
+async def test_get_ps_on_any_node_shows_the_failed_instance(tmp_path: Any) -> None:
     registry = MemoryRegistry()
     apps, placements, nodes = records()
     await registry.put(app_key("web"), apps["web"].encode())
@@ -94,21 +85,17 @@ async def test_get_ps_shows_this_nodes_failed_instances(tmp_path: Any) -> None:
     async def state() -> dict[str, Any]:
         return {}
 
-    async def failed_here() -> dict[str, str]:
-        return {"web": WHY}
-
     app = build_api(
         ApiServices(
             token="t",
             secret="s",
-            node_id="n1",
+            node_id="n2",  # not the node that failed
             registry=registry,
-            artifacts=ArtifactStore(registry, tmp_path, node_id="n1", secret="s"),
+            artifacts=ArtifactStore(registry, tmp_path, node_id="n2", secret="s"),
             state=state,
             actors=dict,
             events=list,
             wall_clock=lambda: 1_700_000_000.0,
-            failed_here=failed_here,
         )
     )
     async with httpx.AsyncClient(

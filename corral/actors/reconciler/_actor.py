@@ -427,7 +427,7 @@ class Reconciler(Actor):
             summary.actions.append(outcome)
 
         rows = await self._processes.ask(ListProcesses(), self._ask_timeout)
-        serving = serving_set(rows)
+        serving = serving_set(rows, self._failed.values())
         summary.serving = len(serving)
         summary.published = await self._publish(serving, summary)
         self._assigned = {name for name, view in views.items() if view.assigned}

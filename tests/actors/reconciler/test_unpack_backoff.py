@@ -60,7 +60,9 @@ async def test_a_refused_revision_is_retried_at_exact_growing_then_capped_waits(
     async with running_agent(tmp_path, **agent_options(materializer)) as agent:
         await deploy(agent.registry, "hello")
         await place(agent.registry, "hello", NODE)
-        await trio.sleep(1300)
+        await trio.sleep(1)
+        published = (await agent.node_record()).change_token
+        await trio.sleep(1299)
         times = [t for t, _ in materializer.calls]
         gaps = [round(later - earlier, 6) for earlier, later in itertools.pairwise(times)]
         # each try comes at its wait plus the pass's 0.05 s debounce, not every 5 s pass
@@ -75,6 +77,15 @@ async def test_a_refused_revision_is_retried_at_exact_growing_then_capped_waits(
         assert failed["attempts"] == 10
         assert "too large (member 'zeros')" in failed["reason"]
         assert 0 < failed["retry_in"] <= 300
+        # published in the node record, so every node's ps shows it
+        record = await agent.node_record()
+        assert record.change_token == published  # retries change nothing to publish
+        entry = record.serving["hello"]
+        assert (entry.state, entry.revision, entry.public_port) == ("failed", R1, 0)
+        assert entry.reason == (
+            f"cannot get revision {R1[:12]} onto disk: "
+            "artifact: refused: too large (member 'zeros')"
+        )
 
 
 async def test_a_pass_in_between_holds_the_start_back_and_reports_it_failed(
@@ -110,6 +121,8 @@ async def test_a_new_revision_is_tried_at_once_and_success_forgets_the_failure(
         assert [revision for _, revision in materializer.calls] == [R1, R2]
         assert len(agent.launcher.alive()) == 1
         assert (await agent.reconciler.ask(LastPass()))["failed"] == []
+        entry = (await agent.node_record()).serving["hello"]
+        assert (entry.revision, entry.state, entry.reason) == (R2, "running", "")
 
 
 async def test_an_app_that_fails_does_not_hold_back_another(
