@@ -21,6 +21,7 @@ from corral.actors.reconciler import (
     forget_settled,
     record_failure,
     retry_delay,
+    serving_set,
 )
 from corral.registry import Deployment
 
@@ -182,3 +183,21 @@ def test_forget_settled_keeps_only_failures_still_wanted_here() -> None:
 def test_retry_delay_refuses_a_zeroth_attempt() -> None:
     with pytest.raises(ValueError, match="from 1"):
         retry_delay(0)
+
+
+def test_the_serving_set_shows_an_unpack_failure_unless_a_process_still_runs() -> None:
+    failures = [record_failure(None, "new", R1, "refused", 0.0)]
+    old = record_failure(None, "old", R2, "refused", 0.0)
+    running = {
+        "app": "old",
+        "revision": R1,
+        "state": "running",
+        "public_port": 24001,
+        "internal_port": 24002,
+    }
+    serving = serving_set([running], [*failures, old])
+    assert serving["new"].state == "failed"
+    assert (serving["new"].public_port, serving["new"].internal_port) == (0, 0)
+    assert serving["new"].reason == f"cannot get revision {R1[:12]} onto disk: refused"
+    # the old revision keeps serving while the new one cannot be unpacked
+    assert (serving["old"].state, serving["old"].revision) == ("running", R1)
