@@ -15,7 +15,8 @@ target is relative, stays inside when resolved from the link's directory, and
 does not itself go through another symlink (the CVE-2025-4517 chain needs
 exactly that). The member count and the unpacked size are bounded while the
 gzip stream is decompressed — by :class:`ArtifactLimits`' absolute cap and by a
-ratio to the compressed size — so a bomb is refused before its bytes exist.
+ratio to the compressed size — so a bomb is refused before its bytes exist; the
+headers before one member (which tarfile buffers whole) are bounded on their own.
 :func:`unpack_artifact` is the same loop with a writer that creates every
 directory itself and opens every file ``O_EXCL | O_NOFOLLOW``: what was checked
 is what is written, and tarfile's extraction filters are not relied on.
@@ -58,6 +59,8 @@ RATIO_FLOOR_BYTES = 32 * 1024 * 1024
 MAX_PATH_BYTES = 1024
 MAX_NAME_BYTES = 255
 MAX_DEPTH = 48
+#: Header bytes (pax or GNU long-name records included) allowed before one member.
+MAX_HEADER_BYTES = 256 * 1024
 #: corral.toml and Procfile are read into memory: they are small by nature.
 MAX_MANIFEST_BYTES = 1024 * 1024
 #: Linux refuses a single argv or environment string longer than this (MAX_ARG_STRLEN).
@@ -352,7 +355,12 @@ def _refuse(rule: str, member: str | None, detail: str) -> ArtifactInvalid:
 class _BoundedGzip:
     """The decompressed bytes of every gzip member in turn, refusing to produce more
     than ``budget`` of them: the bound holds while streaming, before anything is
-    written or even buffered."""
+    written or even buffered.
+
+    Outside a file's content (:meth:`content`), what is read is tar headers, which
+    tarfile holds in memory whole (a pax header is read in one piece): those bytes,
+    counted from the last member on, are bounded by :data:`MAX_HEADER_BYTES`, so a
+    bomb hidden in a header cannot fill the memory either."""
 
     def __init__(self, data: bytes, budget: int, rule: str, bound: str) -> None:
         self._gzip = gzip.GzipFile(fileobj=io.BytesIO(data), mode="rb")
@@ -360,6 +368,14 @@ class _BoundedGzip:
         self._rule = rule
         self._bound = bound
         self.produced = 0
+        self._in_content = False
+        self._header_bytes = 0
+
+    def content(self, inside: bool) -> None:
+        """Entering (True) or leaving (False) a file's content; either starts a new
+        count of header bytes."""
+        self._in_content = inside
+        self._header_bytes = 0
 
     def read(self, size: int = -1) -> bytes:
         want = self._budget - self.produced + 1
@@ -372,6 +388,12 @@ class _BoundedGzip:
         self.produced += len(chunk)
         if self.produced > self._budget:
             raise _refuse(self._rule, None, f"it unpacks to {self._bound}")
+        if not self._in_content:
+            self._header_bytes += len(chunk)
+            if self._header_bytes > MAX_HEADER_BYTES:
+                raise _refuse(
+                    "oversized tar header", None, f"more than {MAX_HEADER_BYTES} bytes of headers"
+                )
         return chunk
 
     def close(self) -> None:
@@ -471,6 +493,7 @@ class _Writer:
 class _Walk:
     """What one pass over an archive saw."""
 
+    source: _BoundedGzip
     members: int = 0
     declared: int = 0
     kinds: dict[str, str] = field(default_factory=dict)
@@ -485,12 +508,13 @@ def _walk_archive(data: bytes, limits: ArtifactLimits, writer: _Writer | None) -
     write it. Validation and unpacking are this one loop, so they cannot disagree."""
     budget, rule, bound = limits.budget(len(data))
     source = _BoundedGzip(data, budget, rule, bound)
-    walk = _Walk()
+    walk = _Walk(source)
     try:
         # Stream mode over our own multi-member gzip reader: forward only, no seeks
         # that could decompress past the budget in one call.
         with tarfile.open(fileobj=source, mode="r|") as tar:  # type: ignore[call-overload]
             for info in tar:
+                source.content(False)  # this member's headers are in: count afresh
                 _take_member(tar, info, limits, (budget, rule, bound), walk, writer)
     except tarfile.TarError as exc:
         raise ArtifactInvalid("artifact", f"not a gzipped tar archive: {exc}") from exc
@@ -579,7 +603,9 @@ def _take_member(
     keep = path in (MANIFEST_FILE, PROCFILE)
     if keep and info.size > MAX_MANIFEST_BYTES:
         raise _refuse("manifest too large", name, f"more than {MAX_MANIFEST_BYTES} bytes")
+    walk.source.content(True)
     _copy_content(tar, info, parts, walk, writer, keep=keep)
+    walk.source.content(False)
 
 
 def _copy_content(

@@ -320,12 +320,33 @@ def test_a_bomb_is_refused_by_its_ratio_below_the_absolute_cap(sandbox: Sandbox)
     assert sandbox.bytes_written() < 64 * 1024
 
 
-def test_a_bomb_in_a_pax_header_is_stopped_while_streaming(sandbox: Sandbox) -> None:
+def pax_bomb(size: int) -> bytes:
+    """A member whose pax header holds ``size`` bytes: tarfile reads a header whole."""
     info = tarfile.TarInfo("f")
-    info.pax_headers = {"comment": "x" * (8 * MIB)}
-    data = archive([(info, None)])
-    message = refused(data, sandbox, ArtifactLimits(max_unpacked_bytes=1 * MIB))
-    assert "too large: it unpacks to more than the 1048576 bytes" in message
+    info.pax_headers = {"comment": "x" * size}
+    return archive([(info, None)])
+
+
+def test_a_bomb_in_a_pax_header_is_stopped_before_tarfile_buffers_it(sandbox: Sandbox) -> None:
+    message = refused(pax_bomb(8 * MIB), sandbox)  # default limits: the cap is far away
+    assert "refused: oversized tar header: more than 262144 bytes of headers" in message
+
+
+def test_the_unpacked_budget_holds_for_headers_too(sandbox: Sandbox) -> None:
+    message = refused(pax_bomb(200 * 1024), sandbox, ArtifactLimits(max_unpacked_bytes=64 * 1024))
+    assert "refused: too large: it unpacks to more than the 65536 bytes" in message
+
+
+def test_many_members_with_modest_headers_pass(tmp_path: Path) -> None:
+    # the header count starts afresh at each member: only one header's size is bounded
+    members = []
+    for i in range(64):
+        info = tarfile.TarInfo(f"f{i}")
+        info.pax_headers = {"comment": "x" * (16 * 1024)}
+        members.append((info, None))
+    data = archive(members)
+    unpack_artifact(data, digest_of(data), tmp_path / "out")
+    assert len(list((tmp_path / "out").iterdir())) == 64
 
 
 def test_too_many_implied_directories_are_refused(sandbox: Sandbox) -> None:
