@@ -364,7 +364,11 @@ def build_api(services: ApiServices) -> ASGIApp:
     async def deploy(request: Request) -> Response:
         deploy_request = parse_deploy(request.path_params["name"], await body_of(request))
         result = await ops.deploy(
-            registry, deploy_request, services.artifacts.store, services.wall_clock()
+            registry,
+            deploy_request,
+            services.artifacts.store,
+            services.wall_clock(),
+            inspect=services.artifacts.inspect,
         )
         response = JSONResponse(
             {

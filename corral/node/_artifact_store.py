@@ -26,7 +26,15 @@ from pathlib import Path
 import httpx
 import trio
 
-from corral.node._artifacts import REGISTRY_ARTIFACT_LIMIT, digest_of, unpack_artifact
+from corral.node._artifacts import (
+    DEFAULT_LIMITS,
+    REGISTRY_ARTIFACT_LIMIT,
+    ArtifactLimits,
+    Manifest,
+    digest_of,
+    inspect_artifact,
+    unpack_artifact,
+)
 from corral.node._errors import ArtifactError, ArtifactNotFound, DigestMismatch
 from corral.registry import (
     Compare,
@@ -72,6 +80,7 @@ class ArtifactStore:
         secret: str,
         fetch_from_peer: FetchFromPeer = fetch_over_http,
         registry_limit: int = REGISTRY_ARTIFACT_LIMIT,
+        limits: ArtifactLimits = DEFAULT_LIMITS,
     ) -> None:
         self._registry = registry
         self._directory = directory
@@ -79,6 +88,21 @@ class ArtifactStore:
         self._secret = secret
         self._fetch_from_peer = fetch_from_peer
         self._registry_limit = registry_limit
+        self._limits = limits
+
+    @property
+    def limits(self) -> ArtifactLimits:
+        """What an artifact may unpack to on this node."""
+        return self._limits
+
+    async def inspect(self, data: bytes) -> Manifest:
+        """Check artifact bytes against this node's limits in a worker thread (the
+        loop keeps serving while a large archive is read); return the manifest.
+
+        Raises:
+            ArtifactInvalid: as :func:`corral.node._artifacts.inspect_artifact`.
+        """
+        return await trio.to_thread.run_sync(inspect_artifact, data, self._limits)
 
     @property
     def registry_limit(self) -> int:
@@ -170,7 +194,9 @@ class Materializer:
                 return target
             data = await self._store.fetch(deployment.revision)
             try:
-                await trio.to_thread.run_sync(_unpack_atomically, data, deployment.revision, target)
+                await trio.to_thread.run_sync(
+                    _unpack_atomically, data, deployment.revision, target, self._store.limits
+                )
             except DigestMismatch:
                 raise
             except OSError as exc:
@@ -180,11 +206,11 @@ class Materializer:
         return target
 
 
-def _unpack_atomically(data: bytes, digest: str, target: Path) -> None:
+def _unpack_atomically(data: bytes, digest: str, target: Path, limits: ArtifactLimits) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_name(f".{target.name}.{uuid.uuid4().hex}.partial")
     try:
-        unpack_artifact(data, digest, partial)
+        unpack_artifact(data, digest, partial, limits)
         try:
             os.rename(partial, target)
         except OSError:

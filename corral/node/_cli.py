@@ -86,6 +86,7 @@ def _node_run_options(run: argparse.ArgumentParser) -> None:
     run.add_argument("--lease-ttl-ms", metavar="MS", help="coordinator lease TTL (45000)")
     run.add_argument("--node-ttl-ms", metavar="MS", help="node record lease TTL (15000)")
     run.add_argument("--shutdown-grace-ms", metavar="MS", help="grace per actor on stop (10000)")
+    run.add_argument("--max-artifact-mb", metavar="MB", help="max unpacked artifact (1024)")
 
 
 def _positive_seconds(text: str) -> float:

@@ -35,6 +35,7 @@ DEFAULT_PORT_QUARANTINE_MS = 600_000
 DEFAULT_LEASE_TTL_MS = 45_000
 DEFAULT_NODE_TTL_MS = 15_000
 DEFAULT_SHUTDOWN_GRACE_MS = 10_000
+DEFAULT_MAX_ARTIFACT_MB = 1024
 
 # name -> kind; kind is how the raw text is parsed.
 SETTINGS: dict[str, str] = {
@@ -61,6 +62,7 @@ SETTINGS: dict[str, str] = {
     "lease-ttl-ms": "ms",
     "node-ttl-ms": "ms",
     "shutdown-grace-ms": "ms",
+    "max-artifact-mb": "mb",
 }
 
 
@@ -115,6 +117,8 @@ class NodeConfig:
     lease_ttl_ms: int = DEFAULT_LEASE_TTL_MS
     node_ttl_ms: int = DEFAULT_NODE_TTL_MS
     shutdown_grace_ms: int = DEFAULT_SHUTDOWN_GRACE_MS
+    #: the most one artifact may unpack to, in MiB (checked at deploy and at unpack).
+    max_artifact_mb: int = DEFAULT_MAX_ARTIFACT_MB
     registry_options: RegistryOptions = field(default_factory=RegistryOptions)
 
 
@@ -326,5 +330,6 @@ def resolve_node_config(
         shutdown_grace_ms=number(
             "shutdown-grace-ms", DEFAULT_SHUTDOWN_GRACE_MS, low=0, high=600_000
         ),
+        max_artifact_mb=number("max-artifact-mb", DEFAULT_MAX_ARTIFACT_MB, low=1, high=1024 * 1024),
         registry_options=registry_options,
     )

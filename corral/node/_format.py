@@ -235,6 +235,12 @@ def _reconcile_line(reconcile: Mapping[str, Any], now: float) -> str:
     errors = reconcile.get("errors") or []
     if errors:
         text += f"; errors: {'; '.join(str(e) for e in errors)}"
+    for item in reconcile.get("failed") or ():
+        text += (
+            f"\nfailed      {item.get('app')} revision {str(item.get('revision'))[:12]}: "
+            f"{item.get('reason')} (attempt {item.get('attempts')}, next try in "
+            f"{duration(float(item.get('retry_in') or 0))})"
+        )
     return text
 
 

@@ -57,6 +57,7 @@ from corral.actors.process_supervisor import ListProcesses, enable_subreaper
 from corral.actors.reconciler import AgentSpec, LastPass
 from corral.node._api import ApiServices, build_api, record_json
 from corral.node._artifact_store import ArtifactStore, Materializer
+from corral.node._artifacts import ArtifactLimits
 from corral.node._config import SETTINGS, NodeConfig, load_config_file, resolve_node_config
 from corral.node._errors import ConfigError
 from corral.node._events import EventLog
@@ -293,7 +294,11 @@ def root_spec(
     grace = config.shutdown_grace_ms / 1000
     identity = runtime.identity()
     artifacts = ArtifactStore(
-        registry, runtime.artifacts_dir, node_id=runtime.node_id, secret=runtime.secret
+        registry,
+        runtime.artifacts_dir,
+        node_id=runtime.node_id,
+        secret=runtime.secret,
+        limits=ArtifactLimits.from_mb(config.max_artifact_mb),
     )
     materialize = Materializer(artifacts, runtime.apps_dir)
 

@@ -11,7 +11,9 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 
-from corral.node._artifacts import read_artifact_manifest
+import trio
+
+from corral.node._artifacts import DEFAULT_LIMITS, Manifest, inspect_artifact
 from corral.node._errors import Conflict, NotFound, OperationRefused
 from corral.node._requests import DeployRequest, Replicas
 from corral.registry import (
@@ -35,6 +37,12 @@ from corral.registry import (
 GUARDED_WRITE_ATTEMPTS = 8
 
 StoreArtifact = Callable[[bytes], Awaitable[str]]
+InspectArtifact = Callable[[bytes], Awaitable[Manifest]]
+
+
+async def inspect_with_default_limits(data: bytes) -> Manifest:
+    """Check an artifact against the default limits in a worker thread."""
+    return await trio.to_thread.run_sync(inspect_artifact, data, DEFAULT_LIMITS)
 
 
 @dataclass(frozen=True)
@@ -112,15 +120,30 @@ def apply_deploy(
 
 
 async def deploy(
-    registry: Registry, request: DeployRequest, store_artifact: StoreArtifact, now: float
+    registry: Registry,
+    request: DeployRequest,
+    store_artifact: StoreArtifact,
+    now: float,
+    *,
+    inspect: InspectArtifact = inspect_with_default_limits,
 ) -> DeployResult:
-    """Store the artifact and point ``apps/<name>`` at it in one guarded write.
+    """Check the artifact, store it and point ``apps/<name>`` at it in one guarded write.
+
+    Every member of the archive is checked by ``inspect`` (off the event loop: an
+    archive can take seconds to read) with the very rules a node unpacks by, before
+    anything is written to the registry or to disk, so an artifact no node would
+    unpack is refused here rather than left ``starting`` forever.
+
+    Args:
+        inspect: checks the artifact bytes and returns its manifest (e.g.
+            :meth:`ArtifactStore.inspect`, with the node's ``--max-artifact-mb``).
 
     Raises:
-        ArtifactInvalid: the artifact is not a tar.gz naming a command (nothing written).
+        ArtifactInvalid: (field ``artifact``) the archive breaks a rule, named in the
+            message; (``command``, ``env``) its manifest is invalid. Nothing is written.
         OperationRefused, Conflict: as :func:`_guarded_update`.
     """
-    manifest = read_artifact_manifest(request.artifact)
+    manifest = await inspect(request.artifact)
     await _read_app(registry, request.name)  # refuse an unreadable record before storing
     digest = await store_artifact(request.artifact)
     env = {**manifest.env, **(request.env or {})}

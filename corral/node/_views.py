@@ -245,8 +245,9 @@ def ps_rows(
                     app=name,
                     node=node_id,
                     state=state,
-                    public_port=entry.public_port if entry else None,
-                    internal_port=entry.internal_port if entry else None,
+                    # a revision that never got onto disk has no ports yet (0)
+                    public_port=(entry.public_port or None) if entry else None,
+                    internal_port=(entry.internal_port or None) if entry else None,
                     restarts=entry.restarts if entry else 0,
                     revision=entry.revision if entry else None,
                     reloc=reloc,

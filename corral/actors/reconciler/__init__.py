@@ -14,6 +14,12 @@ from corral.actors.reconciler._actor import (
     Tick,
 )
 from corral.actors.reconciler._agent import AgentSpec
+from corral.actors.reconciler._backoff import (
+    FailedRevision,
+    forget_settled,
+    record_failure,
+    retry_delay,
+)
 from corral.actors.reconciler._errors import PassFailed, ReconcilerError
 from corral.actors.reconciler._plan import (
     STOP_NOT_SERVED,
@@ -40,6 +46,7 @@ __all__ = [
     "Action",
     "AgentSpec",
     "AppView",
+    "FailedRevision",
     "Kick",
     "LastPass",
     "Materialize",
@@ -56,8 +63,11 @@ __all__ = [
     "Stop",
     "Tick",
     "app_views",
+    "forget_settled",
     "plan_pass",
     "process_views",
+    "record_failure",
+    "retry_delay",
     "serving_set",
     "should_skip",
     "with_serving",

@@ -13,6 +13,7 @@ from typing import Any
 
 import trio
 
+from corral._errors import CorralError
 from corral.actors.port_allocator import EnsurePair, ReleasePorts
 from corral.actors.process_supervisor import (
     AppPaths,
@@ -22,6 +23,13 @@ from corral.actors.process_supervisor import (
     ProcessGeneration,
     StartProcess,
     StopProcess,
+)
+from corral.actors.reconciler._backoff import (
+    DEFAULT_BASE,
+    DEFAULT_CAP,
+    FailedRevision,
+    forget_settled,
+    record_failure,
 )
 from corral.actors.reconciler._plan import (
     Action,
@@ -104,7 +112,9 @@ class LastPass:
 @dataclass(slots=True)
 class PassSummary:
     """What one pass did: when (wall time), at which change token, whether it skipped,
-    the actions taken (each with ``ok`` and, on failure, ``error``) and other errors."""
+    the actions taken (each with ``ok`` and, on failure, ``error``; a start held back
+    by the unpack backoff has ``deferred``), other errors, and the revisions this node
+    failed to get onto disk (``failed``: app, revision, reason, attempts, retry_in)."""
 
     time: float
     token: int | None
@@ -115,6 +125,7 @@ class PassSummary:
     duration: float = 0.0
     serving: int = 0
     published: bool = False
+    failed: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -128,6 +139,7 @@ class PassSummary:
             "duration": self.duration,
             "serving": self.serving,
             "published": self.published,
+            "failed": [dict(f) for f in self.failed],
         }
 
 
@@ -189,7 +201,11 @@ class Reconciler(Actor):
         ask_timeout: seconds to wait for a sibling's reply.
         debounce: seconds to gather more triggers before a pass starts.
         materialize_timeout: seconds one ``materialize`` call may take before the start
-            is given up for this pass (and retried on the next).
+            is given up (and counted as a failure).
+        materialize_backoff, materialize_backoff_cap: after a revision failed to get
+            onto disk, its next try waits ``materialize_backoff`` seconds, doubled for
+            each failure in a row up to the cap (see :mod:`._backoff`); meanwhile the
+            instance is reported failed with the reason.
     """
 
     def __init__(
@@ -207,6 +223,8 @@ class Reconciler(Actor):
         ask_timeout: float = 30.0,
         debounce: float = 0.05,
         materialize_timeout: float = 300.0,
+        materialize_backoff: float = DEFAULT_BASE,
+        materialize_backoff_cap: float = DEFAULT_CAP,
     ) -> None:
         super().__init__()
         self._node_id = node_id
@@ -220,6 +238,8 @@ class Reconciler(Actor):
         self._ask_timeout = ask_timeout
         self._debounce = debounce
         self._materialize_timeout = materialize_timeout
+        self._backoff = (materialize_backoff, materialize_backoff_cap)
+        self._failed: dict[str, FailedRevision] = {}
         self._wake = trio.Event()
         self._force = False
         self._reasons: list[str] = []
@@ -325,7 +345,13 @@ class Reconciler(Actor):
             token = await self._registry.revision()
             summary.token = token
             generation = await self._processes.ask(ProcessGeneration(), self._ask_timeout)
-            timer_due = force or self._retry_due or trio.current_time() >= self._next_full
+            now = trio.current_time()
+            timer_due = (
+                force
+                or self._retry_due
+                or now >= self._next_full
+                or any(f.retry_at <= now for f in self._failed.values())
+            )
             if should_skip(
                 token=token,
                 last_token=self._last_token,
@@ -344,6 +370,9 @@ class Reconciler(Actor):
             log.warning("reconcile pass failed: %s", exc)
         finally:
             summary.duration = trio.current_time() - t0
+            summary.failed = [
+                self._failed[app].to_dict(trio.current_time()) for app in sorted(self._failed)
+            ]
         self._retry_due = bool(summary.errors)
         return summary
 
@@ -364,6 +393,14 @@ class Reconciler(Actor):
             c.app for c in claims.values() if isinstance(c, PortClaim) and c.node == self._node_id
         }
         views = app_views(self._node_id, records.values(), by_app)
+        self._failed = forget_settled(
+            self._failed,
+            {
+                name: view.revision
+                for name, view in views.items()
+                if view.should_run and view.revision is not None
+            },
+        )
         actions = plan_pass(
             PassInputs(
                 apps=views,
@@ -374,6 +411,11 @@ class Reconciler(Actor):
         )
         for action in actions:
             outcome = action.to_dict()
+            waiting = self._waiting(action)
+            if waiting is not None:
+                outcome.update(ok=False, deferred=True, error=waiting)
+                summary.actions.append(outcome)
+                continue
             error = await self._apply(action, records)
             outcome["ok"] = error is None
             if error is not None:
@@ -385,7 +427,7 @@ class Reconciler(Actor):
             summary.actions.append(outcome)
 
         rows = await self._processes.ask(ListProcesses(), self._ask_timeout)
-        serving = serving_set(rows)
+        serving = serving_set(rows, self._failed.values())
         summary.serving = len(serving)
         summary.published = await self._publish(serving, summary)
         self._assigned = {name for name, view in views.items() if view.assigned}
@@ -404,6 +446,43 @@ class Reconciler(Actor):
         return names
 
     # ------------------------------------------------------------------ acting
+
+    def _waiting(self, action: Action) -> str | None:
+        """Why a start must wait out the unpack backoff, or None when it may go."""
+        if not isinstance(action, Start | Restart):
+            return None
+        failure = self._failed.get(action.app)
+        now = trio.current_time()
+        if failure is None or not failure.waiting(action.revision, now):
+            return None
+        return (
+            f"app {action.app}: revision {action.revision[:12]} failed to get onto disk "
+            f"{failure.attempts} time(s) in a row ({failure.reason}); next try in "
+            f"{failure.retry_at - now:.3g} s"
+        )
+
+    def _failed_to_materialize(self, app: str, revision: str, reason: str) -> str:
+        """Record the failure, schedule the retry; returns the pass error."""
+        now = trio.current_time()
+        base, cap = self._backoff
+        failure = record_failure(
+            self._failed.get(app), app, revision, reason, now, base=base, cap=cap
+        )
+        self._failed[app] = failure
+        delay = failure.retry_at - now
+        self.ctx.after(delay, Kick(f"retry {app} revision {revision[:12]}"))
+        self.ctx.emit(
+            "reconcile.unpack_failed",
+            app=app,
+            revision=revision,
+            reason=reason,
+            attempts=failure.attempts,
+            retry_in=delay,
+        )
+        return (
+            f"app {app}: cannot get revision {revision[:12]} onto disk: {reason} "
+            f"(attempt {failure.attempts}; next try in {delay:g} s)"
+        )
 
     async def _apply(self, action: Action, records: Mapping[str, AppRecord]) -> str | None:
         app = action.app
@@ -430,13 +509,19 @@ class Reconciler(Actor):
             with trio.fail_after(self._materialize_timeout):
                 directory = await self._materialize(app, deployment)
         except trio.TooSlowError:
-            return (
-                f"app {app}: getting revision {action.revision[:12]} onto disk took longer "
-                f"than {self._materialize_timeout:g} s; retrying on a later pass"
+            return self._failed_to_materialize(
+                app, action.revision, f"took longer than {self._materialize_timeout:g} s"
             )
         except Exception as exc:
-            log.warning("app %s: cannot materialize %s", app, action.revision, exc_info=True)
-            return f"app {app}: cannot get revision {action.revision[:12]} onto disk: {exc}"
+            log.warning(
+                "app %s: cannot materialize %s: %s",
+                app,
+                action.revision,
+                exc,
+                exc_info=not isinstance(exc, CorralError),  # a refusal needs no traceback
+            )
+            return self._failed_to_materialize(app, action.revision, str(exc))
+        self._failed.pop(app, None)
         verify = isinstance(action, Start) and not action.after_stop
         reply = await self._ports.ask(EnsurePair(app, verify=verify), self._ask_timeout)
         if not reply.get("ok"):

@@ -12,6 +12,7 @@ from typing import ClassVar
 from corral.actors.port_allocator import PortAllocator, bind_probe
 from corral.actors.process_supervisor import Launcher, ProcessSupervisor, RestartPolicy
 from corral.actors.reconciler._actor import Materialize, Reconciler
+from corral.actors.reconciler._backoff import DEFAULT_BASE, DEFAULT_CAP
 from corral.registry import Registry
 from corral.supervision import ChildSpec, Restart, Strategy, SupervisorSpec
 
@@ -46,6 +47,8 @@ class AgentSpec:
         full_pass_every: a full pass at least this often even when nothing moved.
         ready_timeout: seconds after which a process that never answered on its port
             counts as running.
+        materialize_backoff, materialize_backoff_cap: the wait before a revision that
+            failed to get onto disk is tried again, doubled per failure up to the cap.
         name: the supervisor's name in the tree.
     """
 
@@ -71,6 +74,8 @@ class AgentSpec:
     interval: float = 5.0
     full_pass_every: float = 60.0
     ready_timeout: float = 30.0
+    materialize_backoff: float = DEFAULT_BASE
+    materialize_backoff_cap: float = DEFAULT_CAP
     name: str = "agent"
 
     def children(self) -> list[ChildSpec]:
@@ -122,6 +127,8 @@ class AgentSpec:
                     port_allocator=self.PORT_ALLOCATOR,
                     process_supervisor=self.PROCESS_SUPERVISOR,
                     wall_clock=self.clock,
+                    materialize_backoff=self.materialize_backoff,
+                    materialize_backoff_cap=self.materialize_backoff_cap,
                 ),
                 restart=Restart.PERMANENT,
                 shutdown_grace=5.0,

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal, TypeAlias
 
 from corral.actors.process_supervisor import LIVE_STATES
+from corral.actors.reconciler._backoff import FailedRevision
 from corral.registry import (
     AppRecord,
     NodeRecord,
@@ -243,11 +244,15 @@ def process_views(rows: Iterable[Mapping[str, Any]]) -> dict[str, ProcessView]:
 # --------------------------------------------------------------------------- publishing
 
 
-def serving_set(rows: Iterable[Mapping[str, Any]]) -> dict[str, ServingEntry]:
+def serving_set(
+    rows: Iterable[Mapping[str, Any]], unpack_failures: Iterable[FailedRevision] = ()
+) -> dict[str, ServingEntry]:
     """What this node serves, from its process-table rows: every live process with its
     revision, ports, restarts and state (``failed`` when it could not be started,
     ``crash-loop`` when crash-looping, both with the reason; ``starting`` until it
-    answers or while it waits to be restarted)."""
+    answers or while it waits to be restarted). An app with no live process whose
+    revision could not be got onto disk (``unpack_failures``) is ``failed`` too, with
+    the reason and no ports (0): it never got that far."""
     serving = {}
     for row in rows:
         state = row["state"]
@@ -270,6 +275,15 @@ def serving_set(rows: Iterable[Mapping[str, Any]]) -> dict[str, ServingEntry]:
             restarts=row.get("restarts", 0),
             reason=_trouble(row) if shown in ("failed", "crash-loop") else "",
         )
+    for failure in unpack_failures:
+        if failure.app not in serving:
+            serving[failure.app] = ServingEntry(
+                revision=failure.revision,
+                public_port=0,
+                internal_port=0,
+                state="failed",
+                reason=f"cannot get revision {failure.revision[:12]} onto disk: {failure.reason}",
+            )
     return serving
 
 

@@ -23,7 +23,14 @@ from corral.actors.process_supervisor import (
     RestartPolicy,
     StartProcess,
 )
-from corral.actors.reconciler import STOP_NOT_SERVED, STOP_TEARDOWN, AgentSpec, LastPass, RunPass
+from corral.actors.reconciler import (
+    STOP_NOT_SERVED,
+    STOP_TEARDOWN,
+    AgentSpec,
+    LastPass,
+    Materialize,
+    RunPass,
+)
 from corral.registry import (
     AppRecord,
     Deployment,
@@ -123,6 +130,7 @@ async def running_agent(
     launcher: MemoryLauncher | None = None,
     node_record: bool = True,
     failures: dict[str, int] | None = None,
+    materialize: Materialize | None = None,
     **options: Any,
 ) -> AsyncIterator[Agent]:
     registry = registry or CountingRegistry(MemoryRegistry())
@@ -132,7 +140,7 @@ async def running_agent(
         lease = await registry.grant(10**7)
         await registry.put(node_key(NODE), NodeRecord(NODE).encode(), lease=lease.id)
 
-    async def materialize(app: str, deployment: Deployment) -> Path:
+    async def fake_materialize(app: str, deployment: Deployment) -> Path:
         if failures and failures.get(app, 0) > 0:
             failures[app] -= 1
             raise OSError(f"artifact of {app} not reachable")
@@ -144,7 +152,7 @@ async def running_agent(
         node_id=NODE,
         data_dir=data_dir,
         registry=registry,
-        materialize=materialize,
+        materialize=materialize or fake_materialize,
         launcher=launcher,
         clock=clock,
         random=random.Random(7),
@@ -408,7 +416,7 @@ async def test_a_crashed_process_supervisor_gets_its_processes_back(
         assert (await agent.node_record()).serving["hello"].state == "running"
 
 
-async def test_a_revision_that_cannot_be_materialized_is_retried_on_the_next_pass(
+async def test_a_revision_that_cannot_be_materialized_is_retried_after_its_backoff(
     autojump_clock: trio.testing.MockClock, tmp_path: Path
 ) -> None:
     async with running_agent(tmp_path, failures={"hello": 1}) as agent:
@@ -422,9 +430,14 @@ async def test_a_revision_that_cannot_be_materialized_is_retried_on_the_next_pas
         (failed,) = [e.fields for e in agent.system.events() if e.kind == "reconcile.failed"]
         assert failed == {"app": "hello", "action": "start", "error": action["error"]}
         assert agent.launcher.spawned == []
-        # nothing moved in the registry, yet the failed start is retried
+        # a pass right after it holds the start back: no tight retry loop
         second = await agent.reconciler.ask(RunPass())
-        assert not second["skipped"]
-        assert [a["ok"] for a in second["actions"]] == [True]
+        (held,) = second["actions"]
+        assert held["deferred"]
+        assert "next try in 4.95 s" in held["error"]  # 5 s after the failure, 0.05 s ago
+        assert second["errors"] == []
+        # nothing moved in the registry, yet the failed start is retried once due
+        await trio.sleep(5.1)
         await agent.settle()
         assert len(agent.launcher.alive()) == 1
+        assert (await agent.reconciler.ask(LastPass()))["failed"] == []
