@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from corral.node._errors import ArtifactInvalid, DigestMismatch
+from corral.node._requests import env_name_problem, exec_string_problem
 
 MANIFEST_FILE = "corral.toml"
 PROCFILE = "Procfile"
@@ -186,10 +187,9 @@ def _parse_procfile(raw: bytes) -> Manifest:
 
 def _check_process_text(text: str, field_name: str, where: str) -> None:
     """Refuse text the kernel cannot pass to a process (argv or environment)."""
-    if "\x00" in text:
-        raise ArtifactInvalid(
-            field_name, f"{where} holds a NUL byte, which no process can be given; remove it"
-        )
+    problem = exec_string_problem(text)
+    if problem is not None:
+        raise ArtifactInvalid(field_name, f"{where} {problem}")
     if len(text.encode("utf-8", "surrogateescape")) > MAX_ARG_BYTES:
         raise ArtifactInvalid(
             field_name, f"{where} is longer than the {MAX_ARG_BYTES} bytes a process accepts"
@@ -197,14 +197,9 @@ def _check_process_text(text: str, field_name: str, where: str) -> None:
 
 
 def _check_env_name(name: str, *, where: str) -> None:
-    if (
-        not name
-        or not (name[0].isalpha() or name[0] == "_")
-        or not all(c.isalnum() or c == "_" for c in name)
-    ):
-        raise ArtifactInvalid(
-            "env", f"{where}: {name!r} is not an environment variable name (use A-Z, 0-9, _)"
-        )
+    problem = env_name_problem(name)
+    if problem is not None:
+        raise ArtifactInvalid("env", f"{where}: {problem}")
 
 
 def _tarinfo(name: str, path: Path, st: os.stat_result) -> tarfile.TarInfo:

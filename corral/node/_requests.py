@@ -113,6 +113,16 @@ def exec_string_problem(text: str) -> str | None:
     return None
 
 
+def env_name_problem(name: str) -> str | None:
+    """Why ``name`` cannot be an environment variable name, or None."""
+    if _ENV_NAME.fullmatch(name) is None or len(name) > MAX_ENV_NAME_CHARS:
+        return (
+            f"{name!r} is not an environment variable name (use A-Z, a-z, 0-9 and _, "
+            f"not starting with a digit, at most {MAX_ENV_NAME_CHARS} characters)"
+        )
+    return None
+
+
 def parse_env(value: object, field: str = "env") -> dict[str, str]:
     """Environment variables for an app, checked so that exec can pass every one.
 
@@ -132,12 +142,9 @@ def parse_env(value: object, field: str = "env") -> dict[str, str]:
         )
     total = 0
     for name, text in pairs.items():
-        if _ENV_NAME.fullmatch(name) is None or len(name) > MAX_ENV_NAME_CHARS:
-            raise RequestInvalid(
-                field,
-                f"{name!r} is not an environment variable name (use A-Z, a-z, 0-9 and _, "
-                f"not starting with a digit, at most {MAX_ENV_NAME_CHARS} characters)",
-            )
+        problem = env_name_problem(name)
+        if problem is not None:
+            raise RequestInvalid(field, problem)
         problem = exec_string_problem(text)
         if problem is not None:
             raise RequestInvalid(f"{field}.{name}", f"the value {problem}")
