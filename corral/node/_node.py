@@ -357,6 +357,7 @@ def agent_specs(
         port_quarantine_ms=config.port_quarantine_ms,
         bind_host=config.advertise,
         grace=min(PROCESS_STOP_GRACE, config.shutdown_grace_ms / 1000),
+        instance=runtime.instance,
         name=AGENT,
     )
     return [agent.supervisor_spec()]

@@ -206,6 +206,9 @@ class Reconciler(Actor):
             onto disk, its next try waits ``materialize_backoff`` seconds, doubled for
             each failure in a row up to the cap (see :mod:`._backoff`); meanwhile the
             instance is reported failed with the reason.
+        instance: this node process's instance token; when set, the serving set is
+            published only onto a node record that carries it, never onto one another
+            process with the same node id holds.
     """
 
     def __init__(
@@ -225,9 +228,11 @@ class Reconciler(Actor):
         materialize_timeout: float = 300.0,
         materialize_backoff: float = DEFAULT_BASE,
         materialize_backoff_cap: float = DEFAULT_CAP,
+        instance: str | None = None,
     ) -> None:
         super().__init__()
         self._node_id = node_id
+        self._instance = instance
         self._data_dir = Path(data_dir)
         self._registry = registry
         self._materialize = materialize
@@ -589,6 +594,12 @@ class Reconciler(Actor):
             record = decode_record(current.key, current.value)
             if not isinstance(record, NodeRecord):
                 summary.errors.append(f"node record {key} cannot be decoded; not publishing")
+                return False
+            if self._instance is not None and record.instance not in ("", self._instance):
+                summary.errors.append(
+                    f"node record {key} is held by another process (instance "
+                    f"{record.instance[:12]}); not publishing onto it"
+                )
                 return False
             updated = with_serving(record, serving)
             if updated is None:

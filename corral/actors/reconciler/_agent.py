@@ -49,6 +49,9 @@ class AgentSpec:
             counts as running.
         materialize_backoff, materialize_backoff_cap: the wait before a revision that
             failed to get onto disk is tried again, doubled per failure up to the cap.
+        instance: this node process's instance token; when set, the serving set is
+            published only onto a node record carrying it (a record another process
+            took over is left to that process).
         name: the supervisor's name in the tree.
     """
 
@@ -73,6 +76,7 @@ class AgentSpec:
     launcher: Launcher | None = None
     interval: float = 5.0
     full_pass_every: float = 60.0
+    instance: str | None = None
     ready_timeout: float = 30.0
     materialize_backoff: float = DEFAULT_BASE
     materialize_backoff_cap: float = DEFAULT_CAP
@@ -129,6 +133,7 @@ class AgentSpec:
                     wall_clock=self.clock,
                     materialize_backoff=self.materialize_backoff,
                     materialize_backoff_cap=self.materialize_backoff_cap,
+                    instance=self.instance,
                 ),
                 restart=Restart.PERMANENT,
                 shutdown_grace=5.0,

@@ -347,6 +347,21 @@ async def test_the_serving_set_waits_for_the_node_record(
         assert record.labels == {"k": "v"}
 
 
+async def test_a_record_another_process_took_over_is_not_published_onto(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    async with running_agent(tmp_path, node_record=False, instance="mine") as agent:
+        await deploy(agent.registry, "hello")
+        await place(agent.registry, "hello", NODE)
+        await agent.registry.put(node_key(NODE), NodeRecord(NODE, instance="theirs").encode())
+        summary = await agent.reconciler.ask(RunPass())
+        assert any("held by another process" in e for e in summary["errors"])
+        assert (await agent.node_record()).serving == {}
+        await agent.registry.put(node_key(NODE), NodeRecord(NODE, instance="mine").encode())
+        await agent.settle()
+        assert "hello" in (await agent.node_record()).serving
+
+
 async def test_a_crash_loop_is_published_and_reported(
     autojump_clock: trio.testing.MockClock, tmp_path: Path
 ) -> None:
