@@ -1,0 +1,53 @@
+"""Routing: the table of which backends serve each domain (the RoutingRenderer's pure core).
+
+:func:`render_routes` builds ``domain -> [full URLs]`` from apps' domains, aliases,
+placements and node records; :func:`next_table` versions it and says when nothing
+is to be written; :func:`changed` is the ``routing.changed`` event body. Proxies
+apply a :class:`RouteTable` (``corral.proxy``).
+"""
+
+from corral.actors.routing._render import (
+    MAX_BACKENDS_PER_DOMAIN,
+    MAX_DOMAINS,
+    HeldBack,
+    Instance,
+    NodeRoutes,
+    Rendered,
+    RoutesChanged,
+    RouteTable,
+    RoutingInputs,
+    TableVersion,
+    backend_url,
+    changed,
+    decode_table_cbor,
+    decode_table_json,
+    encode_table_cbor,
+    encode_table_json,
+    next_table,
+    node_routes_from_record,
+    normalize_domain,
+    render_routes,
+)
+
+__all__ = [
+    "MAX_BACKENDS_PER_DOMAIN",
+    "MAX_DOMAINS",
+    "HeldBack",
+    "Instance",
+    "NodeRoutes",
+    "Rendered",
+    "RouteTable",
+    "RoutesChanged",
+    "RoutingInputs",
+    "TableVersion",
+    "backend_url",
+    "changed",
+    "decode_table_cbor",
+    "decode_table_json",
+    "encode_table_cbor",
+    "encode_table_json",
+    "next_table",
+    "node_routes_from_record",
+    "normalize_domain",
+    "render_routes",
+]
