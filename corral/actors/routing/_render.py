@@ -39,6 +39,7 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
+from urllib.parse import urlsplit
 
 import cbor2
 
@@ -56,6 +57,7 @@ __all__ = [
     "RoutesChanged",
     "RoutingInputs",
     "TableVersion",
+    "backend_address",
     "backend_url",
     "changed",
     "decode_table_cbor",
@@ -256,6 +258,26 @@ def backend_url(host: str, port: int) -> str:
     if ":" in host and not host.startswith("["):
         host = f"[{host}]"
     return f"http://{host}:{port}"
+
+
+def backend_address(url: str) -> str:
+    """The inverse of :func:`backend_url`: ``http://host:port`` -> ``host:port``
+    (an IPv6 host in brackets), as proxies dial it.
+
+    Raises:
+        ValueError: ``url`` is not ``http://host:port``.
+    """
+    parts = urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    if parts.scheme != "http" or not parts.hostname or port is None:
+        raise ValueError(f"backend {url!r} is not http://host:port")
+    if parts.path or parts.query or parts.fragment or parts.username or parts.password:
+        raise ValueError(f"backend {url!r} has more than http://host:port")
+    host = parts.hostname
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def _valid_host(host: str) -> bool:
@@ -466,8 +488,10 @@ def _checked(table: object) -> RouteTable:
                 f"more than {MAX_BACKENDS_PER_DOMAIN}"
             )
         for url in urls:
-            if not url.startswith("http://"):
-                raise SchemaError(f"routing table: backend {url!r} of {domain} is not http://")
+            try:
+                backend_address(url)
+            except ValueError as exc:
+                raise SchemaError(f"routing table: domain {domain}: {exc}") from None
     if len(table.domains) > MAX_DOMAINS:
         raise SchemaError(f"routing table: {len(table.domains)} domains, more than {MAX_DOMAINS}")
     return table

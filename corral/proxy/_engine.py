@@ -1,0 +1,181 @@
+"""``corral proxy run``'s engine: a supervised proxy that applies each newer table."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import trio
+
+from corral.actors.routing import RouteTable, decode_table_json
+from corral.proxy._caddy import CaddyDriver
+from corral.proxy._driver import ProxyDriver
+from corral.proxy._errors import InvalidProxySetup, ProxyError
+from corral.proxy._haproxy import HaproxyDriver
+from corral.proxy._status import ProxyStatus, Verdict, verdict
+from corral.registry import ROUTING_KEY, Registry
+from corral.transport import SchemaError
+
+__all__ = ["ProxyEngine", "follow_routing", "open_proxy"]
+
+log = logging.getLogger("corral.proxy")
+
+
+@asynccontextmanager
+async def open_proxy(
+    kind: str,
+    *,
+    listen: str,
+    data_dir: Path,
+    binary: str | None = None,
+    admin: str | None = None,
+    proxy_id: str | None = None,
+    wall_clock: Callable[[], float] = time.time,
+) -> AsyncIterator[ProxyEngine]:
+    """Start the real proxy and yield its engine; stop the process by pid on exit.
+
+    Args:
+        kind: ``"haproxy"`` or ``"caddy"``.
+        listen: ``host:port`` to serve HTTP on (a loopback one in tests).
+        data_dir: the proxy's files: config, map, admin socket, log.
+        binary: the executable (default: Debian's path).
+        admin: Caddy's admin ``127.0.0.1:PORT`` (default: a free one).
+        proxy_id: the name recorded in ``proxies/<id>`` (default: ``<kind>``).
+        wall_clock: wall time for ``applied_at``.
+
+    Raises:
+        ProxyNotInstalled: the binary is missing.
+        ProxyStartFailed: the process did not come up.
+        InvalidProxySetup: an unusable kind, address or directory.
+    """
+    driver: HaproxyDriver | CaddyDriver
+    if kind == "haproxy":
+        driver = HaproxyDriver(listen=listen, data_dir=data_dir, binary=binary)
+    elif kind == "caddy":
+        driver = CaddyDriver(listen=listen, data_dir=data_dir, admin=admin, binary=binary)
+    else:
+        raise InvalidProxySetup(f"unknown proxy kind {kind!r}: use haproxy or caddy")
+    try:
+        await driver.start()
+        yield ProxyEngine(driver, proxy_id=proxy_id or kind, wall_clock=wall_clock)
+    finally:
+        await driver.aclose()
+
+
+class ProxyEngine:
+    """Applies tables to a driver in version order and keeps its status.
+
+    A table is applied only when it is newer, by (fence, revision), than the one
+    applied, and not under a fence below ``min_fence``; a failed apply keeps
+    the old table served and is retried when the same or a newer table is
+    offered again.
+    """
+
+    def __init__(
+        self,
+        driver: ProxyDriver,
+        *,
+        proxy_id: str,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.driver = driver
+        self._wall = wall_clock
+        self._status = ProxyStatus(id=proxy_id, kind=driver.kind, listen=driver.listen)
+        self._lock = trio.Lock()
+
+    @property
+    def status(self) -> ProxyStatus:
+        """What ``proxies/<id>`` should say now."""
+        return dataclasses.replace(self._status, reloads=self.driver.reloads)
+
+    async def offer(self, table: RouteTable, *, min_fence: int = 0) -> Verdict:
+        """Apply ``table`` if it is newer than the applied one.
+
+        Returns:
+            What was decided; after :attr:`Verdict.APPLY` check :attr:`status`
+            for the outcome (``error`` is set when the proxy refused it).
+        """
+        async with self._lock:
+            decided = verdict(self._status.applied, table.version, min_fence=min_fence)
+            seen = self._status
+            if seen.seen_fence is None or (seen.seen_fence, seen.seen_revision or 0) < (
+                table.fence,
+                table.revision,
+            ):
+                self._status = dataclasses.replace(
+                    seen, seen_fence=table.fence, seen_revision=table.revision
+                )
+            if decided is not Verdict.APPLY:
+                log.debug("%s: table %s not applied: %s", self._status.id, table.version, decided)
+                return decided
+            try:
+                applied = await self.driver.apply(table)
+            except ProxyError as exc:
+                log.warning("%s: table %s failed: %s", self._status.id, table.version, exc)
+                self._status = dataclasses.replace(self._status, error=str(exc))
+                return decided
+            self._status = dataclasses.replace(
+                self._status,
+                applied_fence=table.fence,
+                applied_revision=table.revision,
+                applied_at=self._wall(),
+                apply_s=applied.seconds,
+                error=None,
+            )
+            log.info(
+                "%s: applied %s (%s%s, %.1f ms)",
+                self._status.id,
+                table.version,
+                applied.how,
+                f": {applied.why}" if applied.why else "",
+                applied.seconds * 1000,
+            )
+            return decided
+
+
+async def follow_routing(
+    registry: Registry,
+    engine: ProxyEngine,
+    *,
+    on_status: Callable[[ProxyStatus], Awaitable[None]] | None = None,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Watch the ``routing`` key and offer every table to ``engine``; runs until cancelled.
+
+    Reads the key first, then watches from the next revision. A value that does
+    not decode is logged and skipped (the proxy keeps what it serves).
+
+    Args:
+        registry: where ``routing`` lives.
+        engine: the proxy to feed.
+        on_status: called with the status after each table (to write ``proxies/<id>``).
+    """
+    kv = await registry.get(ROUTING_KEY)
+    start = await registry.revision() + 1 if kv is None else kv.mod_revision + 1
+    if kv is not None:
+        await _offer_value(engine, kv.value, on_status)
+    task_status.started()
+    async with registry.watch(ROUTING_KEY, start_revision=start) as events:
+        async for event in events:
+            if event.kv.key != ROUTING_KEY or not event.kv.value:
+                continue
+            await _offer_value(engine, event.kv.value, on_status)
+
+
+async def _offer_value(
+    engine: ProxyEngine,
+    value: bytes,
+    on_status: Callable[[ProxyStatus], Awaitable[None]] | None,
+) -> None:
+    try:
+        table = decode_table_json(value)
+    except SchemaError as exc:
+        log.warning("routing key does not decode, keeping the table served: %s", exc)
+        return
+    await engine.offer(table)
+    if on_status is not None:
+        await on_status(engine.status)

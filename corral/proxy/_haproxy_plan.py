@@ -1,0 +1,270 @@
+"""HAProxy: the generated files and the Runtime API commands for a table (pure).
+
+Theory of operation
+-------------------
+Each domain gets its own backend, ``d_<domain>``, and one server per backend
+URL, named after the URL (``s`` + 16 hex digits of its sha256), so the same URL
+always is the same server. A map file (``hosts.map``) sends a request's
+``Host`` (lowercased, port stripped) to its backend; a host the map does not
+name goes to ``corral-unknown``, which answers 404.
+
+Two files are written for every table: the config and the map, always
+describing the whole table, so a (re)start or a reload serves exactly it. What
+changes in the running process is decided by :func:`plan_update` from what the
+running process holds (:class:`HaproxyState`):
+
+* **Reload** (``-W`` master, SIGUSR2) only for structural changes: a backend the
+  running process does not have (a new domain), or a server whose address is a
+  host name (servers added at runtime never resolve names).
+* Otherwise **Runtime API** commands, in an order that never leaves a domain
+  without a server it had: new servers are added (``add server``, then
+  ``set server ... state ready``: they start in maintenance), map entries are
+  added, changed or deleted (``add map`` / ``set map`` / ``del map``), then
+  servers leaving a backend are drained (``state drain``), put in maintenance
+  and deleted (``del server``). A server HAProxy refuses to delete (it still has
+  connections) stays *parked* in maintenance and is deleted by a later update.
+
+A domain removed from the table loses its map entry (so its host gets 404); its
+backend stays in the running process until the next reload drops it.
+
+Retries: ``retries 3``, ``option redispatch 1`` (every retry may go to another
+server) and ``retry-on conn-failure empty-response response-timeout``, so an
+instance that died between two tables costs no request.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from corral.actors.routing import RouteTable, backend_address
+from corral.proxy._errors import InvalidProxySetup
+
+__all__ = [
+    "UNKNOWN_BACKEND",
+    "HaproxyFiles",
+    "HaproxyState",
+    "RuntimePlan",
+    "backend_name",
+    "desired_state",
+    "plan_update",
+    "render_config",
+    "render_map",
+    "server_address",
+    "server_name",
+]
+
+UNKNOWN_BACKEND = "corral-unknown"
+
+_UNSAFE_PATH_CHARS = frozenset(" \t\r\n\"'#,()\\;%")
+
+
+@dataclass(frozen=True, slots=True)
+class HaproxyFiles:
+    """Where the generated files live and where HAProxy listens."""
+
+    config: str
+    map: str
+    admin_socket: str
+    pid_file: str
+    listen: str
+
+    def __post_init__(self) -> None:
+        for name in ("config", "map", "admin_socket", "pid_file"):
+            path = getattr(self, name)
+            bad = sorted(_UNSAFE_PATH_CHARS.intersection(path))
+            if bad or not path.startswith("/"):
+                raise InvalidProxySetup(
+                    f"haproxy {name} path {path!r} cannot be written into haproxy.cfg: use an "
+                    f"absolute data directory without {' '.join(repr(c) for c in bad) or 'them'}"
+                )
+        if len(self.admin_socket.encode()) > 100:
+            raise InvalidProxySetup(
+                f"haproxy admin socket path is {len(self.admin_socket.encode())} bytes, more "
+                "than the 100 a unix socket path may have here; use a shorter --data-dir"
+            )
+
+
+def backend_name(domain: str) -> str:
+    """The backend serving ``domain``."""
+    return f"d_{domain}"
+
+
+def server_name(url: str) -> str:
+    """The server standing for a backend URL: stable, short, always a valid name."""
+    return "s" + hashlib.sha256(url.encode()).hexdigest()[:16]
+
+
+def server_address(url: str) -> str:
+    """The ``host:port`` the proxy dials for a backend URL.
+
+    Raises:
+        InvalidProxySetup: not an ``http://host:port`` URL.
+    """
+    try:
+        return backend_address(url)
+    except ValueError as exc:
+        raise InvalidProxySetup(str(exc)) from None
+
+
+def _is_ip(address: str) -> bool:
+    host = address.rsplit(":", 1)[0].strip("[]")
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+@dataclass(frozen=True, slots=True)
+class HaproxyState:
+    """What a running HAProxy holds (or should hold).
+
+    Args:
+        hosts: domain -> backend, the map's entries.
+        backends: backend -> server name -> address.
+        parked: (backend, server) pairs in maintenance, waiting to be deleted.
+    """
+
+    hosts: Mapping[str, str] = field(default_factory=dict)
+    backends: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    parked: frozenset[tuple[str, str]] = frozenset()
+
+
+def desired_state(table: RouteTable) -> HaproxyState:
+    """The state that serves ``table`` exactly."""
+    hosts: dict[str, str] = {}
+    backends: dict[str, dict[str, str]] = {}
+    for domain, urls in table.domains.items():
+        name = backend_name(domain)
+        hosts[domain] = name
+        backends[name] = {server_name(url): server_address(url) for url in urls}
+    return HaproxyState(hosts=hosts, backends=backends)
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimePlan:
+    """How to go from the running state to the desired one.
+
+    ``reload`` names why a reload is needed (None: the commands suffice);
+    ``commands`` are Runtime API lines in order; ``after`` is the running state
+    once they all succeed (a ``del server`` that fails parks its server instead).
+    """
+
+    reload: str | None
+    commands: tuple[str, ...] = ()
+    after: HaproxyState = field(default_factory=HaproxyState)
+
+
+def plan_update(running: HaproxyState | None, desired: HaproxyState, map_path: str) -> RuntimePlan:
+    """Decide between a reload and Runtime API commands.
+
+    Args:
+        running: what the running process holds; None when it has not started.
+        desired: what the new table needs.
+        map_path: the map file as the config names it (the Runtime API's map id).
+
+    Returns:
+        The plan; with ``reload`` set, the process is reloaded from the files
+        and holds ``desired`` afterwards.
+    """
+    if running is None:
+        return RuntimePlan(reload="first start", after=desired)
+    new = sorted(set(desired.backends) - set(running.backends))
+    if new:
+        more = f" and {len(new) - 1} more" if len(new) > 1 else ""
+        return RuntimePlan(reload=f"new backend {new[0]}{more}", after=desired)
+    adds: list[str] = []
+    removals: list[str] = []
+    backends = {name: dict(servers) for name, servers in running.backends.items()}
+    parked = set(running.parked)
+    for name in sorted(desired.backends):
+        want = desired.backends[name]
+        have = backends[name]
+        for server in sorted(want):
+            address = want[server]
+            if server in have and have[server] == address:
+                if (name, server) in parked:
+                    adds.append(f"set server {name}/{server} state ready")
+                    parked.discard((name, server))
+                continue
+            if server in have:  # same name, new address: cannot happen with URL names
+                return RuntimePlan(reload=f"server {name}/{server} moved", after=desired)
+            if not _is_ip(address):
+                return RuntimePlan(
+                    reload=f"server {address} is a host name (runtime servers never resolve)",
+                    after=desired,
+                )
+            adds.append(f"add server {name}/{server} {address}")
+            adds.append(f"set server {name}/{server} state ready")
+            have[server] = address
+        for server in sorted(set(have) - set(want)):
+            if (name, server) not in parked:
+                removals.append(f"set server {name}/{server} state drain")
+                removals.append(f"set server {name}/{server} state maint")
+            removals.append(f"del server {name}/{server}")
+            del have[server]
+            parked.discard((name, server))
+    map_ops: list[str] = []
+    for domain in sorted(desired.hosts):
+        target = desired.hosts[domain]
+        current = running.hosts.get(domain)
+        if current is None:
+            map_ops.append(f"add map {map_path} {domain} {target}")
+        elif current != target:
+            map_ops.append(f"set map {map_path} {domain} {target}")
+    for domain in sorted(set(running.hosts) - set(desired.hosts)):
+        map_ops.append(f"del map {map_path} {domain}")
+    # Backends of removed domains keep their servers (no host reaches them) until a reload.
+    after = HaproxyState(hosts=dict(desired.hosts), backends=backends, parked=frozenset(parked))
+    return RuntimePlan(reload=None, commands=(*adds, *map_ops, *removals), after=after)
+
+
+def render_map(state: HaproxyState) -> str:
+    """The map file: one ``domain backend`` line per domain, sorted."""
+    return "".join(f"{domain} {state.hosts[domain]}\n" for domain in sorted(state.hosts))
+
+
+def render_config(state: HaproxyState, files: HaproxyFiles) -> str:
+    """The whole haproxy.cfg serving ``state``.
+
+    The frontend looks the lowercased ``Host`` (port stripped) up in the map;
+    an unmatched host reaches ``corral-unknown``: 404.
+    """
+    lines = [
+        "# Generated by corral for every routing table; edits are overwritten.",
+        "global",
+        f'    stats socket "{files.admin_socket}" mode 600 level admin expose-fd listeners',
+        "    stats timeout 2m",
+        f'    pidfile "{files.pid_file}"',
+        "    hard-stop-after 30s",
+        "",
+        "defaults",
+        "    mode http",
+        "    timeout connect 2s",
+        "    timeout client 30s",
+        "    timeout server 30s",
+        "    timeout http-request 10s",
+        "    retries 3",
+        "    option redispatch 1",
+        "    retry-on conn-failure empty-response response-timeout",
+        "",
+        "frontend corral",
+        f"    bind {files.listen}",
+        f"    use_backend %[req.hdr(host),lower,field(1,:),map({files.map},{UNKNOWN_BACKEND})]",
+        f"    default_backend {UNKNOWN_BACKEND}",
+        "",
+        f"backend {UNKNOWN_BACKEND}",
+        "    http-request return status 404 content-type text/plain"
+        ' string "no route for this host"',
+    ]
+    for name in sorted(state.backends):
+        lines.append("")
+        lines.append(f"backend {name}")
+        lines.append("    balance roundrobin")
+        servers = state.backends[name]
+        for server in sorted(servers):
+            lines.append(f"    server {server} {servers[server]}")
+    return "\n".join(lines) + "\n"
