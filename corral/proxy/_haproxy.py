@@ -85,6 +85,18 @@ def _is_success(command: str, reply: str) -> bool:
     return reply == ""
 
 
+def _with_parked(
+    after: HaproxyState, parked: frozenset[tuple[str, str]], *, before: HaproxyState | None
+) -> HaproxyState:
+    """``after``, plus the servers HAProxy refused to delete: still there, in maintenance."""
+    if not parked or before is None:
+        return after
+    backends = {name: dict(servers) for name, servers in after.backends.items()}
+    for backend, server in parked:
+        backends.setdefault(backend, {})[server] = before.backends[backend][server]
+    return HaproxyState(hosts=after.hosts, backends=backends, parked=after.parked | parked)
+
+
 class HaproxyDriver(ProxyDriver):
     """Runs ``haproxy -W`` with its files under ``data_dir``; see ``_haproxy_plan``.
 
@@ -232,11 +244,7 @@ class HaproxyDriver(ProxyDriver):
             except ProxyApplyFailed as exc:
                 log.warning("runtime update failed (%s); reloading from the files", exc)
                 return await self._reload(desired, t0, why=f"runtime update failed: {exc}")
-            self._running = HaproxyState(
-                hosts=plan.after.hosts,
-                backends=plan.after.backends,
-                parked=plan.after.parked | parked,
-            )
+            self._running = _with_parked(plan.after, parked, before=self._running)
             return Applied("runtime", trio.current_time() - t0, commands=len(plan.commands))
         return await self._reload(desired, t0, why=plan.reload)
 
