@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import socket
@@ -12,7 +11,7 @@ import httpx
 import trio
 
 from corral.actors.routing import RouteTable
-from corral.proxy._caddy_plan import caddy_document
+from corral.proxy._caddy_plan import caddy_config_bytes
 from corral.proxy._driver import Applied, ProxyDriver
 from corral.proxy._errors import InvalidProxySetup, ProxyApplyFailed, ProxyStartFailed
 from corral.proxy._process import ProxyProcess, find_binary, log_tail
@@ -86,10 +85,9 @@ class CaddyDriver(ProxyDriver):
         return None if self._process is None else self._process.pid
 
     def _document(self, table: RouteTable) -> bytes:
-        doc = caddy_document(
+        return caddy_config_bytes(
             table, listen=self._listen, admin=self._admin, storage=str(self._dir / "storage")
         )
-        return json.dumps(doc, separators=(",", ":")).encode()
 
     async def start(self) -> None:
         """Start caddy serving an empty table; returns once its admin API answers."""

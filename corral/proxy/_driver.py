@@ -17,7 +17,8 @@ class Applied:
     ``how`` is ``"runtime"`` (HAProxy Runtime API commands), ``"reload"`` (an
     HAProxy reload from the generated files, ``why`` says what made it
     structural), ``"start"`` (the process was (re)started) or ``"load"`` (a
-    Caddy ``POST /load``); ``commands`` counts Runtime API lines sent.
+    Caddy ``POST /load``); ``seconds`` runs until the proxy serves the table;
+    ``commands`` counts Runtime API lines sent.
     """
 
     how: str

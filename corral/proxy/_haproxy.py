@@ -237,7 +237,6 @@ class HaproxyDriver(ProxyDriver):
             await self._start(desired)
             return Applied("start", trio.current_time() - t0, why="process not running")
         plan = plan_update(self._running, desired, self._files.map)
-        self._write_files(desired)
         if plan.reload is None:
             try:
                 parked = await self._run_commands(plan.commands)
@@ -245,11 +244,16 @@ class HaproxyDriver(ProxyDriver):
                 log.warning("runtime update failed (%s); reloading from the files", exc)
                 return await self._reload(desired, t0, why=f"runtime update failed: {exc}")
             self._running = _with_parked(plan.after, parked, before=self._running)
-            return Applied("runtime", trio.current_time() - t0, commands=len(plan.commands))
+            served = trio.current_time() - t0
+            # The files follow once the change is served, so a later reload or restart
+            # serves this table too.
+            self._write_files(desired)
+            return Applied("runtime", served, commands=len(plan.commands))
         return await self._reload(desired, t0, why=plan.reload)
 
     async def _reload(self, desired: HaproxyState, t0: float, *, why: str) -> Applied:
         assert self._process is not None
+        self._write_files(desired)
         await self._check_config()
         old = await self._worker_pid()
         self._process.send_signal(signal.SIGUSR2)

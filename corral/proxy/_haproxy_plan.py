@@ -34,10 +34,12 @@ instance that died between two tables costs no request.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import ipaddress
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
 from corral.actors.routing import RouteTable, backend_address
 from corral.proxy._errors import InvalidProxySetup
@@ -87,6 +89,11 @@ class HaproxyFiles:
             )
 
 
+@functools.lru_cache(maxsize=1 << 17)
+def _server(url: str) -> tuple[str, str]:
+    return server_name(url), server_address(url)
+
+
 def backend_name(domain: str) -> str:
     """The backend serving ``domain``."""
     return f"d_{domain}"
@@ -133,14 +140,19 @@ class HaproxyState:
     parked: frozenset[tuple[str, str]] = frozenset()
 
 
+@functools.lru_cache(maxsize=1 << 16)  # one per domain; most stay as they were
+def _backend(urls: tuple[str, ...]) -> Mapping[str, str]:
+    return MappingProxyType(dict(_server(url) for url in urls))
+
+
 def desired_state(table: RouteTable) -> HaproxyState:
     """The state that serves ``table`` exactly."""
     hosts: dict[str, str] = {}
-    backends: dict[str, dict[str, str]] = {}
+    backends: dict[str, Mapping[str, str]] = {}
     for domain, urls in table.domains.items():
         name = backend_name(domain)
         hosts[domain] = name
-        backends[name] = {server_name(url): server_address(url) for url in urls}
+        backends[name] = _backend(urls)
     return HaproxyState(hosts=hosts, backends=backends)
 
 
@@ -172,17 +184,25 @@ def plan_update(running: HaproxyState | None, desired: HaproxyState, map_path: s
     """
     if running is None:
         return RuntimePlan(reload="first start", after=desired)
-    new = sorted(set(desired.backends) - set(running.backends))
+    new = sorted(desired.backends.keys() - running.backends.keys())
     if new:
         more = f" and {len(new) - 1} more" if len(new) > 1 else ""
         return RuntimePlan(reload=f"new backend {new[0]}{more}", after=desired)
     adds: list[str] = []
     removals: list[str] = []
-    backends = {name: dict(servers) for name, servers in running.backends.items()}
+    backends: dict[str, Mapping[str, str]] = dict(running.backends)  # copied on write
     parked = set(running.parked)
-    for name in sorted(desired.backends):
+    with_parked = {backend for backend, _ in parked}
+    touched = sorted(
+        name
+        for name, want in desired.backends.items()
+        # Unchanged backends are mostly the very same (cached) mapping: `is` is enough.
+        if name in with_parked or (want is not backends[name] and want != backends[name])
+    )
+    for name in touched:
         want = desired.backends[name]
-        have = backends[name]
+        have = dict(backends[name])
+        backends[name] = have
         for server in sorted(want):
             address = want[server]
             if server in have and have[server] == address:
@@ -208,14 +228,14 @@ def plan_update(running: HaproxyState | None, desired: HaproxyState, map_path: s
             del have[server]
             parked.discard((name, server))
     map_ops: list[str] = []
-    for domain in sorted(desired.hosts):
+    for domain in sorted(desired.hosts) if desired.hosts != running.hosts else ():
         target = desired.hosts[domain]
         current = running.hosts.get(domain)
         if current is None:
             map_ops.append(f"add map {map_path} {domain} {target}")
         elif current != target:
             map_ops.append(f"set map {map_path} {domain} {target}")
-    for domain in sorted(set(running.hosts) - set(desired.hosts)):
+    for domain in sorted(running.hosts.keys() - desired.hosts.keys()):
         map_ops.append(f"del map {map_path} {domain}")
     # Backends of removed domains keep their servers (no host reaches them) until a reload.
     after = HaproxyState(hosts=dict(desired.hosts), backends=backends, parked=frozenset(parked))
@@ -260,11 +280,14 @@ def render_config(state: HaproxyState, files: HaproxyFiles) -> str:
         "    http-request return status 404 content-type text/plain"
         ' string "no route for this host"',
     ]
-    for name in sorted(state.backends):
-        lines.append("")
-        lines.append(f"backend {name}")
-        lines.append("    balance roundrobin")
-        servers = state.backends[name]
-        for server in sorted(servers):
-            lines.append(f"    server {server} {servers[server]}")
-    return "\n".join(lines) + "\n"
+    text = "\n".join(lines) + "\n"
+    return text + "".join(
+        _backend_block(name, tuple(sorted(state.backends[name].items())))
+        for name in sorted(state.backends)
+    )
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _backend_block(name: str, servers: tuple[tuple[str, str], ...]) -> str:
+    head = f"\nbackend {name}\n    balance roundrobin\n"
+    return head + "".join(f"    server {server} {address}\n" for server, address in servers)

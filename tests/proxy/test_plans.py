@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -241,3 +243,13 @@ def test_exports_are_sorted_and_resolve() -> None:
     assert names == sorted(names, key=lambda name: (not name.isupper(), name))
     for name in names:
         assert hasattr(corral.proxy, name), name
+
+
+def test_caddy_bytes_are_the_document_encoded() -> None:
+    from corral.proxy._caddy_plan import caddy_config_bytes
+
+    t = RouteTable(1, 1, {"b.test": (URLS[1],), "a.test": (URLS[0], URLS[6])})
+    args = {"listen": "127.0.0.1:8080", "admin": "127.0.0.1:2019", "storage": "/d/s"}
+    assert json.loads(caddy_config_bytes(t, **args)) == caddy_document(t, **args)
+    empty = RouteTable(1, 2, {})
+    assert json.loads(caddy_config_bytes(empty, **args)) == caddy_document(empty, **args)

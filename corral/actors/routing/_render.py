@@ -35,6 +35,7 @@ No trio, no clock, no I/O.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -260,6 +261,7 @@ def backend_url(host: str, port: int) -> str:
     return f"http://{host}:{port}"
 
 
+@functools.lru_cache(maxsize=1 << 17)  # tables repeat the same URLs, table after table
 def backend_address(url: str) -> str:
     """The inverse of :func:`backend_url`: ``http://host:port`` -> ``host:port``
     (an IPv6 host in brackets), as proxies dial it.
