@@ -35,6 +35,7 @@ async def open_proxy(
     admin: str | None = None,
     proxy_id: str | None = None,
     wall_clock: Callable[[], float] = time.time,
+    emit: Callable[..., None] | None = None,
 ) -> AsyncIterator[ProxyEngine]:
     """Start the real proxy and yield its engine; stop the process by pid on exit.
 
@@ -46,6 +47,7 @@ async def open_proxy(
         admin: Caddy's admin ``127.0.0.1:PORT`` (default: a free one).
         proxy_id: the name recorded in ``proxies/<id>`` (default: ``<kind>``).
         wall_clock: wall time for ``applied_at``.
+        emit: told ``proxy.applied`` / ``proxy.failed`` events (see :class:`ProxyEngine`).
 
     Raises:
         ProxyNotInstalled: the binary is missing.
@@ -61,13 +63,16 @@ async def open_proxy(
         raise InvalidProxySetup(f"unknown proxy kind {kind!r}: use haproxy or caddy")
     try:
         await driver.start()
-        yield ProxyEngine(driver, proxy_id=proxy_id or kind, wall_clock=wall_clock)
+        yield ProxyEngine(driver, proxy_id=proxy_id or kind, wall_clock=wall_clock, emit=emit)
     finally:
         await driver.aclose()
 
 
 class ProxyEngine:
     """Applies tables to a driver in version order and keeps its status.
+
+    ``emit(kind, **fields)`` (an actor context's ``emit``, say) is told
+    ``proxy.applied`` and ``proxy.failed`` events.
 
     A table is applied only when it is newer, by (fence, revision), than the one
     applied, and not under a fence below ``min_fence``; a failed apply keeps
@@ -81,9 +86,11 @@ class ProxyEngine:
         *,
         proxy_id: str,
         wall_clock: Callable[[], float] = time.time,
+        emit: Callable[..., None] | None = None,
     ) -> None:
         self.driver = driver
         self._wall = wall_clock
+        self._emit = emit
         self._status = ProxyStatus(id=proxy_id, kind=driver.kind, listen=driver.listen)
         self._lock = trio.Lock()
 
@@ -117,6 +124,14 @@ class ProxyEngine:
             except ProxyError as exc:
                 log.warning("%s: table %s failed: %s", self._status.id, table.version, exc)
                 self._status = dataclasses.replace(self._status, error=str(exc))
+                if self._emit is not None:
+                    self._emit(
+                        "proxy.failed",
+                        proxy=self._status.id,
+                        fence=table.fence,
+                        revision=table.revision,
+                        error=str(exc),
+                    )
                 return decided
             self._status = dataclasses.replace(
                 self._status,
@@ -134,6 +149,15 @@ class ProxyEngine:
                 f": {applied.why}" if applied.why else "",
                 applied.seconds * 1000,
             )
+            if self._emit is not None:
+                self._emit(
+                    "proxy.applied",
+                    proxy=self._status.id,
+                    fence=table.fence,
+                    revision=table.revision,
+                    how=applied.how,
+                    seconds=applied.seconds,
+                )
             return decided
 
 

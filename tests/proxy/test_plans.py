@@ -21,6 +21,7 @@ from corral.proxy import (
     render_config,
     verdict,
 )
+from corral.proxy._caddy_plan import caddy_config_bytes
 from corral.proxy._haproxy_plan import HaproxyFiles, backend_name, render_map, server_name
 from corral.transport import SchemaError
 
@@ -246,8 +247,6 @@ def test_exports_are_sorted_and_resolve() -> None:
 
 
 def test_caddy_bytes_are_the_document_encoded() -> None:
-    from corral.proxy._caddy_plan import caddy_config_bytes
-
     t = RouteTable(1, 1, {"b.test": (URLS[1],), "a.test": (URLS[0], URLS[6])})
     args = {"listen": "127.0.0.1:8080", "admin": "127.0.0.1:2019", "storage": "/d/s"}
     assert json.loads(caddy_config_bytes(t, **args)) == caddy_document(t, **args)
