@@ -64,6 +64,7 @@ class CaddyDriver(ProxyDriver):
         self._process: ProxyProcess | None = None
         self._client: httpx.AsyncClient | None = None
         self._reloads = 0
+        self._closed = False
         self._lock = trio.Lock()
         self._current = RouteTable(0, 0)
 
@@ -141,6 +142,7 @@ class CaddyDriver(ProxyDriver):
 
     async def aclose(self) -> None:
         """Stop caddy by pid and close the admin client."""
+        self._closed = True
         if self._process is not None:
             await self._process.stop()
             self._process = None
@@ -150,6 +152,8 @@ class CaddyDriver(ProxyDriver):
             self._client = None
 
     async def apply(self, table: RouteTable) -> Applied:
+        if self._closed:
+            raise ProxyApplyFailed("the caddy driver is closed: its process was stopped")
         async with self._lock:
             return await self._apply(table)
 

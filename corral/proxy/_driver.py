@@ -56,3 +56,11 @@ class ProxyDriver(ABC):
         Raises:
             ProxyApplyFailed: the proxy refused it; it keeps serving what it had.
         """
+
+    async def tidy(self) -> int:
+        """Finish what an apply left pending (HAProxy: servers still to delete).
+
+        Returns:
+            How many items are still pending (0 for drivers with nothing to tidy).
+        """
+        return 0

@@ -166,6 +166,7 @@ async def follow_routing(
     engine: ProxyEngine,
     *,
     on_status: Callable[[ProxyStatus], Awaitable[None]] | None = None,
+    tidy_interval: float = 2.0,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Watch the ``routing`` key and offer every table to ``engine``; runs until cancelled.
@@ -177,7 +178,26 @@ async def follow_routing(
         registry: where ``routing`` lives.
         engine: the proxy to feed.
         on_status: called with the status after each table (to write ``proxies/<id>``).
+        tidy_interval: seconds between the driver's tidy-ups (:meth:`ProxyDriver.tidy`).
     """
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_tidy_every, engine.driver, tidy_interval)
+        await _follow(registry, engine, on_status, task_status)
+        nursery.cancel_scope.cancel()
+
+
+async def _tidy_every(driver: ProxyDriver, interval: float) -> None:
+    while True:
+        await trio.sleep(interval)
+        await driver.tidy()
+
+
+async def _follow(
+    registry: Registry,
+    engine: ProxyEngine,
+    on_status: Callable[[ProxyStatus], Awaitable[None]] | None,
+    task_status: trio.TaskStatus[None],
+) -> None:
     kv = await registry.get(ROUTING_KEY)
     start = await registry.revision() + 1 if kv is None else kv.mod_revision + 1
     if kv is not None:

@@ -20,6 +20,7 @@ from corral.proxy._haproxy_plan import (
     plan_update,
     render_config,
     render_map,
+    tidy_commands,
 )
 from corral.proxy._process import ProxyProcess, find_binary, log_tail
 
@@ -123,6 +124,7 @@ class HaproxyDriver(ProxyDriver):
         self._process: ProxyProcess | None = None
         self._running: HaproxyState | None = None
         self._reloads = 0
+        self._closed = False
         self._lock = trio.Lock()
 
     @property
@@ -163,6 +165,7 @@ class HaproxyDriver(ProxyDriver):
 
     async def aclose(self) -> None:
         """Stop the master (and so its workers) by pid."""
+        self._closed = True
         if self._process is not None:
             await self._process.stop()
             self._process = None
@@ -222,6 +225,8 @@ class HaproxyDriver(ProxyDriver):
         )
 
     async def apply(self, table: RouteTable) -> Applied:
+        if self._closed:
+            raise ProxyApplyFailed("the haproxy driver is closed: its process was stopped")
         async with self._lock:
             return await self._apply(table)
 
@@ -250,6 +255,25 @@ class HaproxyDriver(ProxyDriver):
             self._write_files(desired)
             return Applied("runtime", served, commands=len(plan.commands))
         return await self._reload(desired, t0, why=plan.reload)
+
+    async def tidy(self) -> int:
+        """Retry deleting parked servers; return how many are still parked."""
+        if self._closed:
+            return 0
+        async with self._lock:
+            running = self._running
+            if running is None or not running.parked or self._process is None:
+                return 0
+            try:
+                still = await self._run_commands(tidy_commands(running))
+            except ProxyApplyFailed as exc:
+                log.info("tidy-up of parked servers failed: %s", exc)
+                return len(running.parked)
+            backends = {name: dict(servers) for name, servers in running.backends.items()}
+            for backend, server in running.parked - still:
+                backends[backend].pop(server, None)
+            self._running = HaproxyState(hosts=running.hosts, backends=backends, parked=still)
+            return len(still)
 
     async def _reload(self, desired: HaproxyState, t0: float, *, why: str) -> Applied:
         assert self._process is not None

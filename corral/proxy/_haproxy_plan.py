@@ -22,7 +22,8 @@ running process holds (:class:`HaproxyState`):
   added, changed or deleted (``add map`` / ``set map`` / ``del map``), then
   servers leaving a backend are drained (``state drain``), put in maintenance
   and deleted (``del server``). A server HAProxy refuses to delete (it still has
-  connections) stays *parked* in maintenance and is deleted by a later update.
+  connections: requests in flight finish on it) stays *parked* in maintenance
+  and is deleted by a later update or tidy-up (:func:`tidy_commands`).
 
 A domain removed from the table loses its map entry (so its host gets 404); its
 backend stays in the running process until the next reload drops it.
@@ -45,6 +46,7 @@ from corral.actors.routing import RouteTable, backend_address
 from corral.proxy._errors import InvalidProxySetup
 
 __all__ = [
+    "SERVER_OPTIONS",
     "UNKNOWN_BACKEND",
     "HaproxyFiles",
     "HaproxyState",
@@ -56,9 +58,14 @@ __all__ = [
     "render_map",
     "server_address",
     "server_name",
+    "tidy_commands",
 ]
 
 UNKNOWN_BACKEND = "corral-unknown"
+#: Options of every server, in the config and in ``add server`` (which ignores
+#: ``default-server``). Idle connections to a server keep HAProxy from deleting it;
+#: purging them within a second lets a removed server go at the next tidy-up.
+SERVER_OPTIONS = "pool-purge-delay 1s"
 
 _UNSAFE_PATH_CHARS = frozenset(" \t\r\n\"'#,()\\;%")
 
@@ -217,7 +224,7 @@ def plan_update(running: HaproxyState | None, desired: HaproxyState, map_path: s
                     reload=f"server {address} is a host name (runtime servers never resolve)",
                     after=desired,
                 )
-            adds.append(f"add server {name}/{server} {address}")
+            adds.append(f"add server {name}/{server} {address} {SERVER_OPTIONS}")
             adds.append(f"set server {name}/{server} state ready")
             have[server] = address
         for server in sorted(set(have) - set(want)):
@@ -240,6 +247,11 @@ def plan_update(running: HaproxyState | None, desired: HaproxyState, map_path: s
     # Backends of removed domains keep their servers (no host reaches them) until a reload.
     after = HaproxyState(hosts=dict(desired.hosts), backends=backends, parked=frozenset(parked))
     return RuntimePlan(reload=None, commands=(*adds, *map_ops, *removals), after=after)
+
+
+def tidy_commands(running: HaproxyState) -> tuple[str, ...]:
+    """The ``del server`` commands that retry every parked server, sorted."""
+    return tuple(f"del server {b}/{s}" for b, s in sorted(running.parked))
 
 
 def render_map(state: HaproxyState) -> str:
@@ -270,6 +282,7 @@ def render_config(state: HaproxyState, files: HaproxyFiles) -> str:
         "    retries 3",
         "    option redispatch 1",
         "    retry-on conn-failure empty-response response-timeout",
+        f"    default-server {SERVER_OPTIONS}",
         "",
         "frontend corral",
         f"    bind {files.listen}",

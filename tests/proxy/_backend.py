@@ -1,4 +1,5 @@
-"""A tiny HTTP backend for the proxy tests: answers every GET with its own name.
+"""A tiny HTTP backend for the proxy tests: answers every GET with its own name
+(``/slow...`` after 0.8 s).
 
 Run as ``python _backend.py NAME PORT``; listens on 127.0.0.1:PORT until killed.
 """
@@ -6,6 +7,7 @@ Run as ``python _backend.py NAME PORT``; listens on 127.0.0.1:PORT until killed.
 from __future__ import annotations
 
 import sys
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
@@ -17,6 +19,8 @@ def main() -> None:
         protocol_version = "HTTP/1.1"
 
         def do_GET(self) -> None:
+            if self.path.startswith("/slow"):
+                time.sleep(0.8)
             self.send_response(200)
             self.send_header("Content-Type", "text/plain")
             self.send_header("Content-Length", str(len(body)))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+import socket
 from collections import Counter
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import pytest
 import trio
 
 from corral.actors.routing import RouteTable, encode_table_json
-from corral.proxy import Verdict, follow_routing, open_proxy
+from corral.proxy import ProxyStartFailed, Verdict, follow_routing, open_proxy
 from corral.registry import ROUTING_KEY, MemoryRegistry
 
 from .conftest import Backends, free_port
@@ -23,6 +24,11 @@ pytestmark = pytest.mark.slow
 async def ask(client: httpx.AsyncClient, listen: str, host: str) -> tuple[int, str]:
     response = await client.get(f"http://{listen}/", headers={"Host": host})
     return response.status_code, response.text
+
+
+async def ask_fresh(listen: str, host: str) -> tuple[int, str]:
+    async with httpx.AsyncClient() as client:
+        return await ask(client, listen, host)
 
 
 async def answers(client: httpx.AsyncClient, listen: str, host: str, n: int = 12) -> Counter[str]:
@@ -106,6 +112,8 @@ async def test_switching_an_alias_domain_changes_who_answers_within_one_apply(
         assert set(await answers(client, listen, "shop.test", 6)) == {"200 green"}
         await engine.offer(table(3, blue_test=blue, green_test=green, shop_test=blue))
         assert set(await answers(client, listen, "shop.test", 6)) == {"200 blue"}
+        if kind == "haproxy":  # only the first table reloaded: the flips were runtime updates
+            assert engine.driver.reloads == 1
 
 
 async def test_a_killed_backend_costs_no_request_thanks_to_retries(
@@ -196,3 +204,55 @@ async def test_a_dead_proxy_process_is_started_again_on_the_next_table(
         assert engine.status.error is None
         assert engine.driver.pid != pid  # type: ignore[attr-defined]
         assert await ask(client, listen, "a.test") == (200, "a1")
+
+
+async def test_a_taken_listen_port_fails_the_start_naming_the_log(
+    kind: str, data_dir: Path
+) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(ProxyStartFailed, match=r"(?s)exited with code .*log"):
+            async with open_proxy(kind, listen=f"127.0.0.1:{port}", data_dir=data_dir):
+                pass
+
+
+async def test_a_request_in_flight_to_a_removed_backend_completes(
+    kind: str, data_dir: Path, backends: Backends
+) -> None:
+    await backends.start("old", "new")
+    listen = f"127.0.0.1:{free_port()}"
+    async with open_proxy(kind, listen=listen, data_dir=data_dir) as engine:
+        driver = engine.driver
+        slow: list[tuple[int, str]] = []
+        async with httpx.AsyncClient() as client, trio.open_nursery() as nursery:
+            await engine.offer(table(1, shop_test=[backends.url("old")]))
+
+            async def slow_request() -> None:
+                response = await client.get(f"http://{listen}/slow", headers={"Host": "shop.test"})
+                slow.append((response.status_code, response.text))
+
+            nursery.start_soon(slow_request)
+            await trio.sleep(0.3)  # the request is now waiting on "old"
+            await engine.offer(table(2, shop_test=[backends.url("new")]))
+            assert engine.status.error is None
+            assert await ask(client, listen, "shop.test") == (200, "new")
+            if kind == "haproxy":  # drained, in maintenance, but busy: HAProxy keeps it
+                assert driver._running.parked  # type: ignore[attr-defined]
+        assert slow == [(200, "old")]
+        if kind == "haproxy":  # idle now: a tidy-up deletes it once its idle conns are purged
+            with trio.fail_after(10):
+                while await driver.tidy():
+                    await trio.sleep(0.2)
+            assert not driver._running.parked  # type: ignore[attr-defined]
+            assert driver.reloads == 1
+            assert await ask_fresh(listen, "shop.test") == (200, "new")
+
+
+async def test_a_closed_proxy_refuses_tables(kind: str, data_dir: Path) -> None:
+    async with open_proxy(kind, listen=f"127.0.0.1:{free_port()}", data_dir=data_dir) as engine:
+        pass
+    await engine.offer(table(1, a_test=["http://127.0.0.1:1"]))
+    assert engine.status.error is not None
+    assert "closed" in engine.status.error
