@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -11,18 +12,35 @@ from pathlib import Path
 
 import trio
 
-from corral.actors.routing import RouteTable, decode_table_json
+from corral.actors.routing import RouteTable, decode_table_json, validate_table
 from corral.proxy._caddy import CaddyDriver
 from corral.proxy._driver import ProxyDriver
-from corral.proxy._errors import InvalidProxySetup, ProxyError
+from corral.proxy._errors import InvalidProxySetup, ProxyApplyFailed, ProxyError
 from corral.proxy._haproxy import HaproxyDriver
 from corral.proxy._status import ProxyStatus, Verdict, verdict
-from corral.registry import ROUTING_KEY, Registry
+from corral.registry import ROUTING_KEY, Registry, RegistryUnavailable, RevisionCompacted
 from corral.transport import SchemaError
 
-__all__ = ["ProxyEngine", "follow_routing", "open_proxy"]
+__all__ = ["ProxyEngine", "check_listen", "follow_routing", "open_proxy"]
 
 log = logging.getLogger("corral.proxy")
+
+
+_LISTEN = re.compile(r"(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]+):([0-9]{1,5})")
+
+
+def check_listen(listen: str) -> str:
+    """Check a ``host:port`` listen address; return it.
+
+    Raises:
+        InvalidProxySetup: naming the form expected.
+    """
+    match = _LISTEN.fullmatch(listen) if isinstance(listen, str) else None
+    if match is None or not 1 <= int(match.group(2)) <= 65535:
+        raise InvalidProxySetup(
+            f"listen address {listen!r} is not HOST:PORT (e.g. 127.0.0.1:8080, [::1]:8080)"
+        )
+    return listen
 
 
 @asynccontextmanager
@@ -54,6 +72,7 @@ async def open_proxy(
         ProxyStartFailed: the process did not come up.
         InvalidProxySetup: an unusable kind, address or directory.
     """
+    check_listen(listen)
     driver: HaproxyDriver | CaddyDriver
     if kind == "haproxy":
         driver = HaproxyDriver(listen=listen, data_dir=data_dir, binary=binary)
@@ -120,6 +139,10 @@ class ProxyEngine:
                 log.debug("%s: table %s not applied: %s", self._status.id, table.version, decided)
                 return decided
             try:
+                try:
+                    validate_table(table)
+                except SchemaError as exc:
+                    raise ProxyApplyFailed(f"table {table.version} refused: {exc}") from None
                 applied = await self.driver.apply(table)
             except ProxyError as exc:
                 log.warning("%s: table %s failed: %s", self._status.id, table.version, exc)
@@ -167,23 +190,45 @@ async def follow_routing(
     *,
     on_status: Callable[[ProxyStatus], Awaitable[None]] | None = None,
     tidy_interval: float = 2.0,
+    retry_interval: float = 1.0,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Watch the ``routing`` key and offer every table to ``engine``; runs until cancelled.
 
-    Reads the key first, then watches from the next revision. A value that does
-    not decode is logged and skipped (the proxy keeps what it serves).
+    Reads the key first, then watches from the next revision; started once the
+    stored table was offered. A value that does not decode is logged and
+    skipped (the proxy keeps what it serves). A registry that fails, or a watch
+    whose revision was compacted, is read again from the start after
+    ``retry_interval`` seconds.
 
     Args:
         registry: where ``routing`` lives.
         engine: the proxy to feed.
         on_status: called with the status after each table (to write ``proxies/<id>``).
         tidy_interval: seconds between the driver's tidy-ups (:meth:`ProxyDriver.tidy`).
+        retry_interval: seconds before reading the registry again after it failed.
     """
+    started = False
+
+    def mark_started() -> None:
+        nonlocal started
+        if not started:
+            started = True
+            task_status.started()
+
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_tidy_every, engine.driver, tidy_interval)
-        await _follow(registry, engine, on_status, task_status)
-        nursery.cancel_scope.cancel()
+        while True:
+            try:
+                await _follow(registry, engine, on_status, mark_started)
+            except (RegistryUnavailable, RevisionCompacted) as exc:
+                log.warning(
+                    "%s: lost the routing watch (%s); reading it again in %.1f s",
+                    engine.status.id,
+                    exc,
+                    retry_interval,
+                )
+                await trio.sleep(retry_interval)
 
 
 async def _tidy_every(driver: ProxyDriver, interval: float) -> None:
@@ -196,14 +241,17 @@ async def _follow(
     registry: Registry,
     engine: ProxyEngine,
     on_status: Callable[[ProxyStatus], Awaitable[None]] | None,
-    task_status: trio.TaskStatus[None],
+    started: Callable[[], None],
 ) -> None:
+    # The revision first: a write between the two reads is then seen twice
+    # (harmless: the same version is not applied again), never missed.
+    revision = await registry.revision()
     kv = await registry.get(ROUTING_KEY)
-    start = await registry.revision() + 1 if kv is None else kv.mod_revision + 1
     if kv is not None:
         await _offer_value(engine, kv.value, on_status)
-    task_status.started()
-    async with registry.watch(ROUTING_KEY, start_revision=start) as events:
+        revision = max(revision, kv.mod_revision)
+    started()
+    async with registry.watch(ROUTING_KEY, start_revision=revision + 1) as events:
         async for event in events:
             if event.kv.key != ROUTING_KEY or not event.kv.value:
                 continue

@@ -2,21 +2,25 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
+import trio.testing
 
 from corral.actors.routing import RouteTable, encode_table_json
 from corral.proxy import (
     Applied,
+    InvalidProxySetup,
     ProxyApplyFailed,
     ProxyDriver,
     ProxyEngine,
     Verdict,
     follow_routing,
+    open_proxy,
 )
-from corral.registry import ROUTING_KEY, MemoryRegistry
+from corral.registry import ROUTING_KEY, MemoryRegistry, RegistryUnavailable
 
 
 class MemoryDriver(ProxyDriver):
@@ -103,3 +107,56 @@ async def test_follow_routing_skips_a_bad_value(bad: bytes) -> None:
                 await trio.sleep(0.001)
         nursery.cancel_scope.cancel()
     assert driver.calls == 1
+
+
+async def test_a_malformed_table_never_reaches_the_driver() -> None:
+    driver = MemoryDriver()
+    engine = ProxyEngine(driver, proxy_id="p1")
+    bad = RouteTable(1, 1, {"Bad_Domain\nbackend x": ("http://127.0.0.1:1",)})
+    await engine.offer(bad)
+    assert driver.calls == 0
+    assert engine.status.error is not None
+    assert "invalid domain" in engine.status.error
+    await engine.offer(RouteTable(1, 2, {"a.test": ("http://127.0.0.1:1/x",)}))
+    assert driver.calls == 0
+    assert "more than http://host:port" in (engine.status.error or "")
+
+
+@pytest.mark.parametrize("listen", ["8080", "127.0.0.1", "127.0.0.1:0", "a b:80", "h:99999"])
+async def test_bad_listen_addresses_are_refused(listen: str) -> None:
+    with pytest.raises(InvalidProxySetup, match="HOST:PORT"):
+        async with open_proxy("haproxy", listen=listen, data_dir=Path("/tmp/unused")):
+            pass
+
+
+async def test_an_unknown_kind_is_refused() -> None:
+    with pytest.raises(InvalidProxySetup, match="use haproxy or caddy"):
+        async with open_proxy("nginx", listen="127.0.0.1:1", data_dir=Path("/tmp/unused")):
+            pass
+
+
+class FlakyRegistry(MemoryRegistry):
+    """Fails its first ``revision()`` read, as an unreachable etcd would."""
+
+    failures = 1
+
+    async def revision(self) -> int:
+        if self.failures:
+            self.failures -= 1
+            raise RegistryUnavailable("etcd at 127.0.0.1:2379 is unreachable (test)")
+        return await super().revision()
+
+
+async def test_follow_routing_reads_again_after_the_registry_failed(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    registry = FlakyRegistry()
+    await registry.put(ROUTING_KEY, encode_table_json(t(1, 1)))
+    driver = MemoryDriver()
+    engine = ProxyEngine(driver, proxy_id="p1")
+    t0 = trio.current_time()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(follow_routing, registry, engine)
+        assert trio.current_time() - t0 == 1.0  # one retry_interval
+        assert engine.status.applied_revision == 1
+        nursery.cancel_scope.cancel()

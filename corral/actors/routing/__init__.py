@@ -28,6 +28,7 @@ from corral.actors.routing._render import (
     node_routes_from_record,
     normalize_domain,
     render_routes,
+    validate_table,
 )
 
 __all__ = [
@@ -52,4 +53,5 @@ __all__ = [
     "node_routes_from_record",
     "normalize_domain",
     "render_routes",
+    "validate_table",
 ]

@@ -69,6 +69,7 @@ __all__ = [
     "node_routes_from_record",
     "normalize_domain",
     "render_routes",
+    "validate_table",
 ]
 
 #: Most domains one table carries; more are held back (the first ones, sorted, stay).
@@ -473,16 +474,35 @@ def _body(table: RouteTable) -> dict[str, Any]:
     return body
 
 
-def _checked(table: object) -> RouteTable:
-    assert isinstance(table, RouteTable)
-    if isinstance(table.fence, bool) or table.fence < 0 or table.revision < 0:
-        raise SchemaError("routing table: fence and revision must be >= 0")
+def validate_table(table: object) -> RouteTable:
+    """Check a table as a proxy must before serving it.
+
+    Every domain is a normalized host name, every list has 1 to
+    :data:`MAX_BACKENDS_PER_DOMAIN` ``http://host:port`` URLs, there are at most
+    :data:`MAX_DOMAINS` domains, fence and revision are integers >= 0.
+
+    Returns:
+        ``table``.
+
+    Raises:
+        SchemaError: naming the first thing that does not fit.
+    """
+    if not isinstance(table, RouteTable):
+        raise SchemaError(f"routing table: expected a RouteTable, got {type(table).__name__}")
+    for name in ("fence", "revision"):
+        value = getattr(table, name)
+        if type(value) is not int or value < 0:
+            raise SchemaError(f"routing table: {name} must be an integer >= 0, got {value!r}")
+    if not isinstance(table.domains, dict):
+        raise SchemaError("routing table: domains must be a map of domain -> URLs")
+    if len(table.domains) > MAX_DOMAINS:
+        raise SchemaError(f"routing table: {len(table.domains)} domains, more than {MAX_DOMAINS}")
     for domain, urls in table.domains.items():
         try:
-            normalize_domain(domain)
+            validate_domain(domain)  # normalized already: lowercase, no trailing dot
         except InvalidName as exc:
             raise SchemaError(f"routing table: {exc}") from None
-        if not urls:
+        if not isinstance(urls, tuple | list) or not urls:
             raise SchemaError(f"routing table: domain {domain} lists no backend")
         if len(urls) > MAX_BACKENDS_PER_DOMAIN:
             raise SchemaError(
@@ -490,12 +510,12 @@ def _checked(table: object) -> RouteTable:
                 f"more than {MAX_BACKENDS_PER_DOMAIN}"
             )
         for url in urls:
+            if not isinstance(url, str):
+                raise SchemaError(f"routing table: domain {domain}: backend {url!r} is not text")
             try:
                 backend_address(url)
             except ValueError as exc:
                 raise SchemaError(f"routing table: domain {domain}: {exc}") from None
-    if len(table.domains) > MAX_DOMAINS:
-        raise SchemaError(f"routing table: {len(table.domains)} domains, more than {MAX_DOMAINS}")
     return table
 
 
@@ -525,7 +545,7 @@ def decode_table_json(data: bytes) -> RouteTable:
     version = obj.pop("v", None)
     if isinstance(version, bool) or version != _SCHEMA_VERSION:
         raise SchemaError(f"routing table: unknown schema version v={version!r} (reads v=1)")
-    return _checked(decode_message("routing.table", obj))
+    return validate_table(decode_message("routing.table", obj))
 
 
 def encode_table_cbor(table: RouteTable) -> bytes:
@@ -543,4 +563,4 @@ def decode_table_cbor(data: bytes) -> RouteTable:
         obj = cbor2.loads(data)
     except (cbor2.CBORDecodeError, ValueError, TypeError) as exc:
         raise SchemaError(f"routing table: not CBOR: {exc}") from None
-    return _checked(decode_message("routing.table", obj))
+    return validate_table(decode_message("routing.table", obj))
