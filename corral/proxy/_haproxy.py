@@ -50,8 +50,12 @@ class RuntimeApi:
     async def connect(cls, path: str) -> RuntimeApi:
         stream = await trio.open_unix_socket(path)
         api = cls(stream)
-        await stream.send_all(b"prompt\n")
-        await api._reply()
+        try:
+            await stream.send_all(b"prompt\n")
+            await api._reply()
+        except BaseException:
+            await stream.aclose()
+            raise
         return api
 
     async def _reply(self) -> str:
@@ -192,8 +196,8 @@ class HaproxyDriver(ProxyDriver):
     async def _worker_pid(self) -> int | None:
         try:
             api = await RuntimeApi.connect(self._files.admin_socket)
-        except OSError:
-            return None
+        except (OSError, trio.BrokenResourceError, ProxyApplyFailed):
+            return None  # not listening yet, or a worker going away
         try:
             info = await api.command("show info")
         except (OSError, trio.BrokenResourceError, ProxyApplyFailed):
@@ -293,7 +297,7 @@ class HaproxyDriver(ProxyDriver):
         parked: set[tuple[str, str]] = set()
         try:
             api = await RuntimeApi.connect(self._files.admin_socket)
-        except OSError as exc:
+        except (OSError, trio.BrokenResourceError) as exc:
             raise ProxyApplyFailed(f"cannot reach haproxy's admin socket: {exc}") from exc
         try:
             for line in commands:
