@@ -2,10 +2,12 @@
 
 :func:`render_routes` builds ``domain -> [full URLs]`` from apps' domains, aliases,
 placements and node records; :func:`next_table` versions it and says when nothing
-is to be written; :func:`changed` is the ``routing.changed`` event body. Proxies
+is to be written; :func:`changed` is the ``routing.changed`` event body;
+:func:`publish_routes` is one RoutingRenderer pass against the registry. Proxies
 apply a :class:`RouteTable` (``corral.proxy``).
 """
 
+from corral.actors.routing._publish import Published, inputs_from_records, publish_routes
 from corral.actors.routing._render import (
     MAX_BACKENDS_PER_DOMAIN,
     MAX_DOMAINS,
@@ -37,6 +39,7 @@ __all__ = [
     "HeldBack",
     "Instance",
     "NodeRoutes",
+    "Published",
     "Rendered",
     "RouteTable",
     "RoutesChanged",
@@ -49,9 +52,11 @@ __all__ = [
     "decode_table_json",
     "encode_table_cbor",
     "encode_table_json",
+    "inputs_from_records",
     "next_table",
     "node_routes_from_record",
     "normalize_domain",
+    "publish_routes",
     "render_routes",
     "validate_table",
 ]

@@ -321,7 +321,10 @@ def test_codecs_round_trip_and_stay_readable_by_the_registry_record(
         (b'{"v":1,"fence":"1","revision":1}', "fence"),
         (b'{"v":1,"fence":1,"revision":1,"domains":{"a.test":[]}}', "lists no backend"),
         (b'{"v":1,"fence":1,"revision":1,"domains":{"A_B":["http://x:1"]}}', "invalid domain"),
-        (b'{"v":1,"fence":1,"revision":1,"domains":{"a.test":["ftp://x:1"]}}', "not http://host:port"),
+        (
+            b'{"v":1,"fence":1,"revision":1,"domains":{"a.test":["ftp://x:1"]}}',
+            "not http://host:port",
+        ),
         (b'{"v":1,"fence":1,"revision":1,"extra":1}', "no field 'extra'"),
     ],
 )
