@@ -18,10 +18,16 @@ Measures, in one run:
   ``POST /load`` of the same documents, prebuilt (each differs from the last: Caddy skips
   an unchanged one).
 
+* ``flip``: with each proxy, fed by ``follow_routing`` from a SQLite registry: an alias
+  flip (``alias/shop.test`` rewritten, then :func:`publish_routes`) until a request through
+  the proxy is answered by the other app, against the baseline of one registry watch
+  notification plus the proxy's raw apply of that flip (Runtime API lines; a ``POST
+  /load``): ``propagation_ratio``.
+
 A proxy whose binary is missing is reported as skipped. Render times are CPU seconds of this
 process (``time.process_time``), best of a few runs; apply times are wall seconds (the work
-happens in the proxy process). Propagation end to end (a change in the registry until the
-proxy serves it) needs the node wiring and is not measured here yet.
+happens in the proxy process). Propagation of an instance becoming ready or lost needs the
+node wiring (readiness in node records) and is not measured here yet.
 
 Run: ``python bench/routing.py`` (well under a minute).
 """
@@ -31,6 +37,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -47,10 +54,34 @@ from corral.actors.routing import (
     RoutingInputs,
     encode_table_json,
     next_table,
+    publish_routes,
     render_routes,
 )
-from corral.proxy import DEFAULT_CADDY, DEFAULT_HAPROXY, desired_state, open_proxy, plan_update
+from corral.proxy import (
+    DEFAULT_CADDY,
+    DEFAULT_HAPROXY,
+    HaproxyState,
+    ProxyEngine,
+    desired_state,
+    follow_routing,
+    open_proxy,
+    plan_update,
+)
 from corral.proxy._haproxy import RuntimeApi
+from corral.registry import (
+    COORDINATOR_LEASE_KEY,
+    AliasRecord,
+    AppRecord,
+    CoordinatorLease,
+    NodeRecord,
+    PlacementRecord,
+    ServingEntry,
+    alias_key,
+    app_key,
+    node_key,
+    open_registry,
+    placement_key,
+)
 
 DOMAINS = 10_000
 BACKENDS = 3
@@ -219,6 +250,163 @@ async def bench_caddy(table: RouteTable, figures: dict[str, object]) -> None:
         shutil.rmtree(data, ignore_errors=True)
 
 
+_BACKEND = r"""
+import sys
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+name = sys.argv[1].encode()
+class H(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def do_GET(self):  # one write: headers and body in one segment (no Nagle stall)
+        head = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(name)
+        self.wfile.write(head + name)
+    def log_message(self, *args):
+        pass
+ThreadingHTTPServer(("127.0.0.1", int(sys.argv[2])), H).serve_forever()
+"""
+
+
+async def _wait_answer(client: httpx.AsyncClient, listen: str, host: str, want: str) -> None:
+    with trio.fail_after(30):
+        while True:
+            try:
+                response = await client.get(f"http://{listen}/", headers={"Host": host})
+                if response.text == want:
+                    return
+            except httpx.HTTPError:
+                pass
+            await trio.sleep(0.001)
+
+
+async def bench_flip(kind: str, figures: dict[str, object]) -> None:
+    """An alias flip written to the registry until the proxy answers with the new app."""
+    binary = DEFAULT_HAPROXY if kind == "haproxy" else DEFAULT_CADDY
+    if not os.access(binary, os.X_OK):
+        print(f"{kind:<11} flip skipped: {binary} is not installed")
+        return
+    data = Path(tempfile.mkdtemp(prefix="corral-bench-", dir="/tmp"))
+    procs: list[trio.Process] = []
+    try:
+        ports = {"blue": free_port(), "green": free_port()}
+        for name, port in ports.items():
+            procs.append(
+                await trio.lowlevel.open_process(
+                    [sys.executable, "-c", _BACKEND, name, str(port)],
+                    start_new_session=True,
+                    stderr=subprocess.DEVNULL,
+                )
+            )
+        async with open_registry(f"sqlite:///{data}/registry.db") as registry:
+            await registry.put(COORDINATOR_LEASE_KEY, CoordinatorLease("n1", 0.0).encode())
+            lease = await registry.get(COORDINATOR_LEASE_KEY)
+            assert lease is not None
+            fence = lease.create_revision
+            serving = {}
+            for name, port in ports.items():
+                await registry.put(
+                    app_key(name), AppRecord(name, domains=[f"{name}.test"]).encode()
+                )
+                placed = PlacementRecord(["n1"], decided_at=0.0, fence=fence)
+                await registry.put(placement_key(name), placed.encode())
+                serving[name] = ServingEntry("0" * 64, port, port + 1, state="running")
+            record = NodeRecord(id="n1", advertise_host="127.0.0.1", serving=serving)
+            await registry.put(node_key("n1"), record.encode())
+            await registry.put(alias_key("shop.test"), AliasRecord("blue").encode())
+            await publish_routes(registry, fence=fence)
+            listen = f"127.0.0.1:{free_port()}"
+            async with (
+                open_proxy(kind, listen=listen, data_dir=data / "proxy") as engine,
+                httpx.AsyncClient() as client,
+                trio.open_nursery() as nursery,
+            ):
+                await nursery.start(follow_routing, registry, engine)
+                await _wait_answer(client, listen, "shop.test", "blue")
+                flip = float("inf")
+                for i in range(RUNS):
+                    target = "green" if i % 2 == 0 else "blue"
+                    t0 = time.perf_counter()
+                    await registry.put(alias_key("shop.test"), AliasRecord(target).encode())
+                    await publish_routes(registry, fence=fence)
+                    await _wait_answer(client, listen, "shop.test", target)
+                    t2 = time.perf_counter()
+                    flip = min(flip, t2 - t0)
+                # Baseline: one watch notification plus the proxy's raw apply of the flip.
+                notify = float("inf")
+                async with registry.watch(alias_key("probe.test")) as events:
+                    for _ in range(RUNS):
+                        t0 = time.perf_counter()
+                        await registry.put(alias_key("probe.test"), AliasRecord("blue").encode())
+                        await events.__anext__()
+                        notify = min(notify, time.perf_counter() - t0)
+                raw = await _raw_flip(kind, engine, data / "proxy")
+                request = float("inf")  # for scale: one request through the proxy
+                for _ in range(RUNS):
+                    t0 = time.perf_counter()
+                    await client.get(f"http://{listen}/", headers={"Host": "blue.test"})
+                    request = min(request, time.perf_counter() - t0)
+                nursery.cancel_scope.cancel()
+        ratio = flip / (notify + raw)
+        print(f"{kind:<11} alias flip served    {flip * 1000:9.2f} ms (registry write -> answer)")
+        print(
+            f"{kind:<11} baseline             {(notify + raw) * 1000:9.2f} ms "
+            f"(watch {notify * 1000:.2f} + raw apply {raw * 1000:.2f}); ratio {ratio:.2f}"
+        )
+        print(f"{kind:<11} one request          {request * 1000:9.2f} ms (through the proxy)")
+        figures[f"{kind}_flip_ms"] = round(flip * 1000, 2)
+        figures[f"{kind}_request_ms"] = round(request * 1000, 2)
+        figures[f"{kind}_flip_baseline_ms"] = round((notify + raw) * 1000, 2)
+        figures[f"{kind}_propagation_ratio"] = round(ratio, 2)
+    finally:
+        for proc in procs:
+            proc.kill()
+            await proc.wait()
+        shutil.rmtree(data, ignore_errors=True)
+
+
+async def _raw_flip(kind: str, engine: ProxyEngine, data: Path) -> float:
+    """The proxy's own apply of a flip, sent raw: Runtime API lines, or one POST /load."""
+    served = engine.driver._running if kind == "haproxy" else None  # type: ignore[attr-defined]
+    best = float("inf")
+    if kind == "haproxy":
+        assert served is not None
+        other = dict(served.backends)
+        blue, green = other["d_blue.test"], other["d_green.test"]
+        states = [
+            HaproxyState(served.hosts, {**other, "d_shop.test": green}),
+            HaproxyState(served.hosts, {**other, "d_shop.test": blue}),
+        ]
+        api = await RuntimeApi.connect(str(data / "admin.sock"))
+        if served.backends["d_shop.test"] == green:
+            states.reverse()  # each flip must change something
+        current = served
+        for i in range(RUNS):
+            plan = plan_update(current, states[i % 2], str(data / "hosts.map"))
+            assert plan.commands
+            assert plan.reload is None
+            t0 = time.perf_counter()
+            for line in plan.commands:
+                await api.command(line)
+            best = min(best, time.perf_counter() - t0)
+            current = plan.after
+        await api.aclose()
+        return best
+    driver = engine.driver
+    tables = [
+        RouteTable(9, i, {"shop.test": (f"http://127.0.0.1:{1000 + i % 2}",)}) for i in (0, 1)
+    ]
+    bodies = [driver._document(t) for t in tables]  # type: ignore[attr-defined]
+    async with httpx.AsyncClient() as client:
+        for i in range(RUNS):
+            t0 = time.perf_counter()
+            response = await client.post(
+                f"http://{driver.admin}/load",  # type: ignore[attr-defined]
+                content=bodies[i % 2],
+                headers={"Content-Type": "application/json"},
+            )
+            best = min(best, time.perf_counter() - t0)
+            assert response.status_code == 200, response.text
+    return best
+
+
 def main() -> None:
     inputs = build_inputs()
     base = best_of(lambda: baseline(inputs))
@@ -252,6 +440,8 @@ def main() -> None:
     async def proxies() -> None:
         await bench_haproxy(table, figures)
         await bench_caddy(table, figures)
+        await bench_flip("haproxy", figures)
+        await bench_flip("caddy", figures)
 
     trio.run(proxies)
     print(json.dumps(figures, sort_keys=True))
