@@ -142,6 +142,13 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def one_domain_swapped(table: RouteTable) -> dict[str, tuple[str, ...]]:
+    """The table's domains with the first domain's three backends replaced."""
+    domains = dict(table.domains)
+    domains[next(iter(domains))] = tuple(f"http://10.9.9.9:{port}" for port in (1, 2, 3))
+    return domains
+
+
 async def bench_haproxy(table: RouteTable, figures: dict[str, object]) -> None:
     if not os.access(DEFAULT_HAPROXY, os.X_OK):
         print(f"haproxy     skipped: {DEFAULT_HAPROXY} is not installed")
@@ -153,9 +160,7 @@ async def bench_haproxy(table: RouteTable, figures: dict[str, object]) -> None:
             await e.offer(table)
             first = time.perf_counter() - t0
             assert e.status.error is None, e.status.error
-            domain = next(iter(table.domains))
-            changed = dict(table.domains)
-            changed[domain] = ("http://10.9.9.9:1", "http://10.9.9.9:2", "http://10.9.9.9:3")
+            changed = one_domain_swapped(table)
             flips = [
                 RouteTable(
                     table.fence, table.revision + 1 + i, changed if i % 2 == 0 else table.domains
@@ -210,9 +215,7 @@ async def bench_caddy(table: RouteTable, figures: dict[str, object]) -> None:
             await e.offer(table)
             first = time.perf_counter() - t0
             assert e.status.error is None, e.status.error
-            domain = next(iter(table.domains))
-            changed = dict(table.domains)
-            changed[domain] = ("http://10.9.9.9:1", "http://10.9.9.9:2", "http://10.9.9.9:3")
+            changed = one_domain_swapped(table)
             variants = [changed, table.domains]  # Caddy skips a load of an unchanged config
             bodies = [
                 e.driver._document(RouteTable(1, 1, v))  # type: ignore[attr-defined]

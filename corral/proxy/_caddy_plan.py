@@ -20,24 +20,12 @@ import functools
 import json
 from typing import Any, Final
 
-from corral.actors.routing import RouteTable, backend_address
-from corral.proxy._errors import InvalidProxySetup
+from corral.actors.routing import RouteTable
+from corral.proxy._driver import dial_address
 
-__all__ = ["NOT_FOUND_BODY", "caddy_config_bytes", "caddy_document", "dial_address"]
+__all__ = ["NOT_FOUND_BODY", "caddy_config_bytes", "caddy_document"]
 
 NOT_FOUND_BODY: Final = "no route for this host"
-
-
-def dial_address(url: str) -> str:
-    """The ``host:port`` the proxy dials for a backend URL.
-
-    Raises:
-        InvalidProxySetup: not an ``http://host:port`` URL.
-    """
-    try:
-        return backend_address(url)
-    except ValueError as exc:
-        raise InvalidProxySetup(str(exc)) from None
 
 
 def _route(domain: str, urls: tuple[str, ...], try_duration_ms: int) -> dict[str, Any]:

@@ -5,9 +5,22 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
-from corral.actors.routing import RouteTable
+from corral.actors.routing import RouteTable, backend_address
+from corral.proxy._errors import InvalidProxySetup
 
-__all__ = ["Applied", "ProxyDriver"]
+__all__ = ["Applied", "ProxyDriver", "dial_address"]
+
+
+def dial_address(url: str) -> str:
+    """The ``host:port`` a proxy dials for a backend URL (IPv6 as ``[addr]:port``).
+
+    Raises:
+        InvalidProxySetup: not an ``http://host:port`` URL.
+    """
+    try:
+        return backend_address(url)
+    except ValueError as exc:
+        raise InvalidProxySetup(str(exc)) from None
 
 
 @dataclass(frozen=True, slots=True)

@@ -42,7 +42,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from corral.actors.routing import RouteTable, backend_address
+from corral.actors.routing import RouteTable
+from corral.proxy._driver import dial_address
 from corral.proxy._errors import InvalidProxySetup
 
 __all__ = [
@@ -56,7 +57,6 @@ __all__ = [
     "plan_update",
     "render_config",
     "render_map",
-    "server_address",
     "server_name",
     "tidy_commands",
 ]
@@ -98,7 +98,7 @@ class HaproxyFiles:
 
 @functools.lru_cache(maxsize=1 << 17)
 def _server(url: str) -> tuple[str, str]:
-    return server_name(url), server_address(url)
+    return server_name(url), dial_address(url)
 
 
 def backend_name(domain: str) -> str:
@@ -109,18 +109,6 @@ def backend_name(domain: str) -> str:
 def server_name(url: str) -> str:
     """The server standing for a backend URL: stable, short, always a valid name."""
     return "s" + hashlib.sha256(url.encode()).hexdigest()[:16]
-
-
-def server_address(url: str) -> str:
-    """The ``host:port`` the proxy dials for a backend URL.
-
-    Raises:
-        InvalidProxySetup: not an ``http://host:port`` URL.
-    """
-    try:
-        return backend_address(url)
-    except ValueError as exc:
-        raise InvalidProxySetup(str(exc)) from None
 
 
 def _is_ip(address: str) -> bool:
