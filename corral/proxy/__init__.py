@@ -5,13 +5,14 @@ and yields a :class:`ProxyEngine`; :meth:`ProxyEngine.offer` applies a table onl
 when it is newer, by (fence, revision), than the one applied, and
 :attr:`ProxyEngine.status` is the ``proxies/<id>`` record. :func:`follow_routing`
 feeds an engine from the registry's ``routing`` key. The process is stopped by
-pid when the ``open_proxy`` block ends.
+pid when the ``open_proxy`` block ends. :func:`run_proxy` is ``corral proxy run``
+whole: registry, proxy and watch, until cancelled.
 """
 
 from corral.proxy._caddy import DEFAULT_CADDY, CaddyDriver
 from corral.proxy._caddy_plan import caddy_document
 from corral.proxy._driver import Applied, ProxyDriver
-from corral.proxy._engine import ProxyEngine, follow_routing, open_proxy
+from corral.proxy._engine import ProxyEngine, follow_routing, open_proxy, run_proxy
 from corral.proxy._errors import (
     InvalidProxySetup,
     ProxyApplyFailed,
@@ -52,5 +53,6 @@ __all__ = [
     "open_proxy",
     "plan_update",
     "render_config",
+    "run_proxy",
     "verdict",
 ]

@@ -21,7 +21,7 @@ from corral.proxy._status import ProxyStatus, Verdict, verdict
 from corral.registry import ROUTING_KEY, Registry, RegistryUnavailable, RevisionCompacted
 from corral.transport import SchemaError
 
-__all__ = ["ProxyEngine", "check_listen", "follow_routing", "open_proxy"]
+__all__ = ["ProxyEngine", "check_listen", "follow_routing", "open_proxy", "run_proxy"]
 
 log = logging.getLogger("corral.proxy")
 
@@ -271,3 +271,64 @@ async def _offer_value(
     await engine.offer(table)
     if on_status is not None:
         await on_status(engine.status)
+
+
+async def run_proxy(
+    kind: str,
+    *,
+    listen: str,
+    registry_url: str,
+    data_dir: Path,
+    proxy_id: str | None = None,
+    binary: str | None = None,
+    admin: str | None = None,
+    on_status: Callable[[ProxyStatus], Awaitable[None]] | None = None,
+    emit: Callable[..., None] | None = None,
+    task_status: trio.TaskStatus[ProxyEngine] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """``corral proxy run``: the real proxy, fed from the registry, until cancelled.
+
+    Opens the registry, starts the proxy (:func:`open_proxy`), serves the stored
+    table and every newer one (:func:`follow_routing`); on cancellation the proxy
+    process is stopped by pid and the registry closed.
+
+    Args:
+        kind: ``"haproxy"`` or ``"caddy"``.
+        listen: ``host:port`` to serve HTTP on.
+        registry_url: ``sqlite:///...`` or ``etcd://host:port``.
+        data_dir: the proxy's files.
+        proxy_id: its name in ``proxies/<id>`` (default: the kind).
+        binary, admin: see :func:`open_proxy`.
+        on_status: told the status after every table (to write ``proxies/<id>``).
+        emit: told ``proxy.applied`` / ``proxy.failed`` events.
+
+    ``task_status.started(engine)`` once the stored table is served.
+    """
+    from corral.registry import open_registry
+
+    async with (
+        open_registry(registry_url) as registry,
+        open_proxy(
+            kind,
+            listen=listen,
+            data_dir=data_dir,
+            binary=binary,
+            admin=admin,
+            proxy_id=proxy_id,
+            emit=emit,
+        ) as engine,
+    ):
+        await follow_routing(
+            registry, engine, on_status=on_status, task_status=_Relay(task_status, engine)
+        )
+
+
+class _Relay:
+    """Passes follow_routing's ``started()`` on as ``started(engine)``."""
+
+    def __init__(self, status: trio.TaskStatus[ProxyEngine], engine: ProxyEngine) -> None:
+        self._status = status
+        self._engine = engine
+
+    def started(self, value: object = None) -> None:
+        self._status.started(self._engine)

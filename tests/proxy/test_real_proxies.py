@@ -13,8 +13,8 @@ import pytest
 import trio
 
 from corral.actors.routing import RouteTable, encode_table_json
-from corral.proxy import ProxyStartFailed, Verdict, follow_routing, open_proxy
-from corral.registry import ROUTING_KEY, MemoryRegistry
+from corral.proxy import ProxyStartFailed, Verdict, follow_routing, open_proxy, run_proxy
+from corral.registry import ROUTING_KEY, MemoryRegistry, open_registry
 
 from .conftest import Backends, free_port
 
@@ -256,3 +256,30 @@ async def test_a_closed_proxy_refuses_tables(kind: str, data_dir: Path) -> None:
     await engine.offer(table(1, a_test=["http://127.0.0.1:1"]))
     assert engine.status.error is not None
     assert "closed" in engine.status.error
+
+
+async def test_run_proxy_serves_the_registry_table_until_cancelled(
+    kind: str, data_dir: Path, backends: Backends
+) -> None:
+    await backends.start("a1", "a2")
+    listen = f"127.0.0.1:{free_port()}"
+    url = f"sqlite:///{data_dir}/registry.db"
+    async with open_registry(url) as registry:
+        await registry.put(ROUTING_KEY, encode_table_json(table(1, shop_test=[backends.url("a1")])))
+        async with httpx.AsyncClient() as client, trio.open_nursery() as nursery:
+            engine = await nursery.start(
+                functools.partial(
+                    run_proxy, kind, listen=listen, registry_url=url, data_dir=data_dir / "p"
+                )
+            )
+            assert await ask(client, listen, "shop.test") == (200, "a1")
+            newer = table(2, shop_test=[backends.url("a2")])
+            await registry.put(ROUTING_KEY, encode_table_json(newer))
+            with trio.fail_after(10):
+                while engine.status.applied_revision != 2:
+                    await trio.sleep(0.01)
+            assert await ask(client, listen, "shop.test") == (200, "a2")
+            pid = engine.driver.pid
+            nursery.cancel_scope.cancel()
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
