@@ -474,6 +474,10 @@ def _body(table: RouteTable) -> dict[str, Any]:
     return body
 
 
+# Tables repeat their domains table after table; a refused name raises and is not cached.
+_valid_domain = functools.lru_cache(maxsize=1 << 17)(validate_domain)
+
+
 def validate_table(table: object) -> RouteTable:
     """Check a table as a proxy must before serving it.
 
@@ -499,8 +503,8 @@ def validate_table(table: object) -> RouteTable:
         raise SchemaError(f"routing table: {len(table.domains)} domains, more than {MAX_DOMAINS}")
     for domain, urls in table.domains.items():
         try:
-            validate_domain(domain)  # normalized already: lowercase, no trailing dot
-        except InvalidName as exc:
+            _valid_domain(domain)  # normalized already: lowercase, no trailing dot
+        except (InvalidName, TypeError) as exc:
             raise SchemaError(f"routing table: {exc}") from None
         if not isinstance(urls, tuple | list) or not urls:
             raise SchemaError(f"routing table: domain {domain} lists no backend")
