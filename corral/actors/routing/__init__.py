@@ -1,10 +1,15 @@
-"""Routing: the table of which backends serve each domain (the RoutingRenderer's pure core).
+"""Routing: the table of which backends serve each domain (the RoutingRenderer's core).
 
-:func:`render_routes` builds ``domain -> [full URLs]`` from apps' domains, aliases,
+Pure: :func:`render_routes` builds ``domain -> [full URLs]`` from apps' domains, aliases,
 placements and node records; :func:`next_table` versions it and says when nothing
 is to be written; :func:`changed` is the ``routing.changed`` event body;
-:func:`publish_routes` is one RoutingRenderer pass against the registry. Proxies
-apply a :class:`RouteTable` (``corral.proxy``).
+:func:`normalize_domain` is the one check of a domain name. I/O:
+:func:`publish_routes` is one RoutingRenderer pass against the registry (read,
+render, write under the fence only on change). Proxies apply a
+:class:`RouteTable` (``corral.proxy``).
+
+Node records carry no readiness yet: :func:`node_routes_from_record` counts a
+``running`` instance as ready unless told otherwise (its ``ready`` argument).
 """
 
 from corral.actors.routing._publish import Published, inputs_from_records, publish_routes
