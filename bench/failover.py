@@ -158,9 +158,11 @@ class Fleet:
         sent = time.time()
         self.procs[old].send_signal(sig)
         line = await self.wait_for(
-            lambda line: line["kind"] == "coordinator.pass"
-            and line["node"] != old
-            and line.get("trigger") == "acquired",
+            lambda line: (
+                line["kind"] == "coordinator.pass"
+                and line["node"] != old
+                and line.get("trigger") == "acquired"
+            ),
             after=mark,
             limit=limit,
         )
@@ -189,8 +191,10 @@ async def watch_floor(db: str) -> None:
         async with registry.watch("apps/") as events:
             print(json.dumps({"kind": "watching"}), flush=True)
             async for event in events:
-                print(json.dumps({"kind": "event", "key": event.kv.key, "wall": time.time()}),
-                      flush=True)
+                print(
+                    json.dumps({"kind": "event", "key": event.kv.key, "wall": time.time()}),
+                    flush=True,
+                )
     finally:
         await registry.aclose()
 

@@ -2,7 +2,7 @@
 
 The subpackages carry the full surface (messages, pure functions, errors):
 ``corral.actors.coordinator``, ``.node_record``, ``.planner``, ``.port_allocator``,
-``.process_supervisor`` and ``.reconciler``. This package re-exports the names a node
+``.process_supervisor``, ``.reconciler`` and ``.routing``. This package re-exports the names a node
 assembly needs.
 """
 
@@ -12,6 +12,7 @@ from corral.actors.planner import Decisions, PlanInput, Policy, plan
 from corral.actors.port_allocator import PortAllocator
 from corral.actors.process_supervisor import ProcessSupervisor
 from corral.actors.reconciler import AgentSpec, Reconciler
+from corral.actors.routing import RouteTable, RoutingInputs, render_routes
 
 __all__ = [
     "AgentSpec",
@@ -23,7 +24,10 @@ __all__ = [
     "PortAllocator",
     "ProcessSupervisor",
     "Reconciler",
+    "RouteTable",
+    "RoutingInputs",
     "coordinator_child_spec",
     "node_registration_child_spec",
     "plan",
+    "render_routes",
 ]

@@ -1,0 +1,67 @@
+"""Routing: the table of which backends serve each domain (the RoutingRenderer's core).
+
+Pure: :func:`render_routes` builds ``domain -> [full URLs]`` from apps' domains, aliases,
+placements and node records; :func:`next_table` versions it and says when nothing
+is to be written; :func:`changed` is the ``routing.changed`` event body;
+:func:`normalize_domain` is the one check of a domain name. I/O:
+:func:`publish_routes` is one RoutingRenderer pass against the registry (read,
+render, write under the fence only on change). Proxies apply a
+:class:`RouteTable` (``corral.proxy``).
+
+Node records carry no readiness yet: :func:`node_routes_from_record` counts a
+``running`` instance as ready unless told otherwise (its ``ready`` argument).
+"""
+
+from corral.actors.routing._publish import Published, inputs_from_records, publish_routes
+from corral.actors.routing._render import (
+    MAX_BACKENDS_PER_DOMAIN,
+    MAX_DOMAINS,
+    HeldBack,
+    Instance,
+    NodeRoutes,
+    Rendered,
+    RoutesChanged,
+    RouteTable,
+    RoutingInputs,
+    TableVersion,
+    backend_address,
+    backend_url,
+    changed,
+    decode_table_cbor,
+    decode_table_json,
+    encode_table_cbor,
+    encode_table_json,
+    next_table,
+    node_routes_from_record,
+    normalize_domain,
+    render_routes,
+    validate_table,
+)
+
+__all__ = [
+    "MAX_BACKENDS_PER_DOMAIN",
+    "MAX_DOMAINS",
+    "HeldBack",
+    "Instance",
+    "NodeRoutes",
+    "Published",
+    "Rendered",
+    "RouteTable",
+    "RoutesChanged",
+    "RoutingInputs",
+    "TableVersion",
+    "backend_address",
+    "backend_url",
+    "changed",
+    "decode_table_cbor",
+    "decode_table_json",
+    "encode_table_cbor",
+    "encode_table_json",
+    "inputs_from_records",
+    "next_table",
+    "node_routes_from_record",
+    "normalize_domain",
+    "publish_routes",
+    "render_routes",
+    "validate_table",
+]

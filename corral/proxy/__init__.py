@@ -1,0 +1,58 @@
+"""corral.proxy: real proxies (HAProxy 2.6, Caddy 2.6) that serve the routing table.
+
+:func:`open_proxy` starts the proxy binary with its files under a data directory
+and yields a :class:`ProxyEngine`; :meth:`ProxyEngine.offer` applies a table only
+when it is newer, by (fence, revision), than the one applied, and
+:attr:`ProxyEngine.status` is the ``proxies/<id>`` record. :func:`follow_routing`
+feeds an engine from the registry's ``routing`` key. The process is stopped by
+pid when the ``open_proxy`` block ends. :func:`run_proxy` is ``corral proxy run``
+whole: registry, proxy and watch, until cancelled.
+"""
+
+from corral.proxy._caddy import DEFAULT_CADDY, CaddyDriver
+from corral.proxy._caddy_plan import caddy_document
+from corral.proxy._driver import Applied, ProxyDriver
+from corral.proxy._engine import ProxyEngine, follow_routing, open_proxy, run_proxy
+from corral.proxy._errors import (
+    InvalidProxySetup,
+    ProxyApplyFailed,
+    ProxyError,
+    ProxyNotInstalled,
+    ProxyStartFailed,
+)
+from corral.proxy._haproxy import DEFAULT_HAPROXY, HaproxyDriver
+from corral.proxy._haproxy_plan import (
+    HaproxyState,
+    RuntimePlan,
+    desired_state,
+    plan_update,
+    render_config,
+)
+from corral.proxy._status import ProxyStatus, Verdict, verdict
+
+__all__ = [
+    "DEFAULT_CADDY",
+    "DEFAULT_HAPROXY",
+    "Applied",
+    "CaddyDriver",
+    "HaproxyDriver",
+    "HaproxyState",
+    "InvalidProxySetup",
+    "ProxyApplyFailed",
+    "ProxyDriver",
+    "ProxyEngine",
+    "ProxyError",
+    "ProxyNotInstalled",
+    "ProxyStartFailed",
+    "ProxyStatus",
+    "RuntimePlan",
+    "Verdict",
+    "caddy_document",
+    "desired_state",
+    "follow_routing",
+    "open_proxy",
+    "plan_update",
+    "render_config",
+    "run_proxy",
+    "verdict",
+]

@@ -1,0 +1,115 @@
+"""The proxy's OS process: started in its own session, logged to a file, stopped by pid."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import trio
+
+from corral.proxy._errors import ProxyNotInstalled
+
+__all__ = ["ProxyProcess", "find_binary", "log_tail"]
+
+
+def find_binary(kind: str, given: str | None, default: str, package: str) -> str:
+    """The proxy binary to run: ``given``, else ``default`` when it exists, else on PATH.
+
+    Raises:
+        ProxyNotInstalled: naming the package to install.
+    """
+    for candidate in (given, default, shutil.which(Path(default).name)):
+        if candidate and os.access(candidate, os.X_OK) and Path(candidate).is_file():
+            return candidate
+        if given:
+            break
+    where = given or default
+    raise ProxyNotInstalled(
+        f"{kind} is not installed ({where} not found or not executable); install Debian's "
+        f"{package!r} package (apt-get install {package}) or pass the binary's path"
+    )
+
+
+def log_tail(path: Path, lines: int = 12) -> str:
+    """The last lines of a log file, for error messages ("" when unreadable)."""
+    try:
+        with open(path, "rb") as file:
+            file.seek(0, os.SEEK_END)
+            size = file.tell()
+            file.seek(max(0, size - 8192))
+            text = file.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])
+
+
+class ProxyProcess:
+    """One running proxy process (the HAProxy master, or Caddy).
+
+    It runs in its own session, so its process group id is its pid: stopping it
+    signals that group while the leader is not yet reaped, which keeps the id
+    from being reused by a stranger.
+    """
+
+    def __init__(self, process: trio.Process, log_path: Path) -> None:
+        self._process = process
+        self.log_path = log_path
+
+    @classmethod
+    async def start(
+        cls, argv: Sequence[str], *, log_path: Path, cwd: Path, env: Mapping[str, str] | None
+    ) -> ProxyProcess:
+        """Spawn ``argv`` with its output appended to ``log_path``."""
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        # Opening a local log file for append does not block for long.
+        with open(log_path, "ab") as log:  # noqa: ASYNC230
+            process = await trio.lowlevel.open_process(
+                list(argv),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                cwd=str(cwd),
+                env=None if env is None else dict(env),
+                start_new_session=True,
+            )
+        return cls(process, log_path)
+
+    @property
+    def pid(self) -> int:
+        return int(self._process.pid)
+
+    @property
+    def exit_code(self) -> int | None:
+        """None while it runs."""
+        return self._process.poll()
+
+    def send_signal(self, sig: signal.Signals) -> None:
+        if self._process.poll() is None:
+            self._process.send_signal(sig)
+
+    async def stop(self, grace: float = 5.0) -> int:
+        """SIGTERM, ``grace`` seconds, then SIGKILL of its whole group; returns the exit code.
+
+        Shielded: it finishes even when the caller is being cancelled.
+        """
+        with trio.CancelScope(shield=True):
+            if self._process.poll() is None:
+                self._signal_group(signal.SIGTERM)
+                with trio.move_on_after(grace):
+                    await self._process.wait()
+            if self._process.poll() is None:
+                self._signal_group(signal.SIGKILL)
+            code = await self._process.wait()
+        return int(code)
+
+    def _signal_group(self, sig: signal.Signals) -> None:
+        if self._process.poll() is not None:
+            return
+        try:
+            os.killpg(self.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            self._process.send_signal(sig)
