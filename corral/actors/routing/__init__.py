@@ -8,8 +8,11 @@ is to be written; :func:`changed` is the ``routing.changed`` event body;
 render, write under the fence only on change). Proxies apply a
 :class:`RouteTable` (``corral.proxy``).
 
-Node records carry no readiness yet: :func:`node_routes_from_record` counts a
-``running`` instance as ready unless told otherwise (its ``ready`` argument).
+Each node publishes, per app, whether its instance runs and is ready
+(``ServingEntry.ready``); :func:`node_routes_from_record` reads it.
+:class:`RoutingRenderer` is the actor: on the coordinator lease holder it
+renders on every change of its inputs (debounced), writes the table, emits
+``routing.changed`` and pushes the table to configured Caddy admin endpoints.
 """
 
 from corral.actors.routing._publish import Published, inputs_from_records, publish_routes
