@@ -15,9 +15,9 @@ the proxy serves, since when, the newest version it saw, and the last error.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import json
-import dataclasses
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
