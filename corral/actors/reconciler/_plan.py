@@ -252,8 +252,9 @@ def serving_set(
     ``crash-loop`` when crash-looping, both with the reason; ``starting`` until it
     answers or while it waits to be restarted), and whether it is ``ready`` (running
     and passing its readiness check: only ready instances are routed to). An app
-    with no live process whose revision could not be got onto disk (``unpack_failures``) is ``failed`` too, with
-    the reason and no ports (0): it never got that far."""
+    with no live process whose revision could not be got onto disk
+    (``unpack_failures``) is ``failed`` too, with the reason and no ports (0): it
+    never got that far."""
     serving = {}
     for row in rows:
         state = row["state"]
