@@ -87,6 +87,13 @@ def _node_run_options(run: argparse.ArgumentParser) -> None:
     run.add_argument("--node-ttl-ms", metavar="MS", help="node record lease TTL (15000)")
     run.add_argument("--shutdown-grace-ms", metavar="MS", help="grace per actor on stop (10000)")
     run.add_argument("--max-artifact-mb", metavar="MB", help="max unpacked artifact (1024)")
+    run.add_argument(
+        "--proxy",
+        metavar="caddy=URL",
+        action="append",
+        default=[],
+        help="Caddy admin endpoint the coordinator pushes each routing table to (repeatable)",
+    )
 
 
 def _positive_seconds(text: str) -> float:

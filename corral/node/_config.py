@@ -63,6 +63,7 @@ SETTINGS: dict[str, str] = {
     "node-ttl-ms": "ms",
     "shutdown-grace-ms": "ms",
     "max-artifact-mb": "mb",
+    "proxy": "proxies",
 }
 
 
@@ -120,6 +121,31 @@ class NodeConfig:
     #: the most one artifact may unpack to, in MiB (checked at deploy and at unpack).
     max_artifact_mb: int = DEFAULT_MAX_ARTIFACT_MB
     registry_options: RegistryOptions = field(default_factory=RegistryOptions)
+    #: Caddy admin endpoints (``http://HOST:PORT``) the coordinator pushes each table to
+    #: (``--proxy caddy=http://HOST:PORT``, repeatable).
+    proxies: tuple[str, ...] = ()
+
+
+def parse_proxy(text: str, where: str) -> str:
+    """Parse one ``--proxy KIND=URL``; only ``caddy=http://HOST:PORT`` is pushed to.
+
+    Returns:
+        The admin URL.
+
+    Raises:
+        ConfigError: naming ``where`` and the accepted form.
+    """
+    kind, sep, url = text.strip().partition("=")
+    if not sep or kind.strip() != "caddy":
+        raise ConfigError(
+            f"{where}: {text!r} is not a push target; write caddy=http://HOST:PORT (the "
+            "coordinator pushes tables to Caddy admin endpoints; run HAProxy with "
+            "`corral proxy run --kind haproxy`)"
+        )
+    host = parse_address(url, where)
+    if not url.strip().startswith("http://"):
+        raise ConfigError(f"{where}: {text!r}: the admin endpoint is http://HOST:PORT")
+    return host.url
 
 
 def parse_address(text: str, where: str) -> Address:
@@ -308,6 +334,21 @@ def resolve_node_config(
             "make --port-range-end larger than --port-range-start"
         )
 
+    proxies: list[str] = []
+    found = pick("proxy")
+    if found is not None:
+        value, where = found
+        if isinstance(value, str):
+            items = [item for item in value.split(",") if item.strip()]
+        elif isinstance(value, list):
+            items = [_file_text("proxy", item, where) for item in value]
+        else:
+            raise ConfigError(f"{where}: proxy must be a list of caddy=http://HOST:PORT strings")
+        for item in items:
+            url = parse_proxy(item, where)
+            if url not in proxies:
+                proxies.append(url)
+
     return NodeConfig(
         data_dir=data_dir,
         registry_url=registry_url,
@@ -332,4 +373,5 @@ def resolve_node_config(
         ),
         max_artifact_mb=number("max-artifact-mb", DEFAULT_MAX_ARTIFACT_MB, low=1, high=1024 * 1024),
         registry_options=registry_options,
+        proxies=tuple(proxies),
     )

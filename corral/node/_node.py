@@ -108,6 +108,7 @@ log = logging.getLogger("corral.node")
 
 AGENT = "agent"
 COORDINATOR = "coordinator"
+ROUTING = "routing"
 #: Seconds an app process gets between SIGTERM and SIGKILL, at most.
 PROCESS_STOP_GRACE = 10.0
 
@@ -336,6 +337,7 @@ def root_spec(
     ]
     children += agent_specs(runtime, registry, materialize)
     children += coordinator_specs(runtime, registry)
+    children += routing_specs(runtime, registry)
     children.append(
         ChildSpec(name="api", factory=lambda: ApiServer(api_app, config.api), shutdown_grace=3.0)
     )
@@ -375,6 +377,16 @@ def coordinator_specs(runtime: NodeRuntime, registry: Registry) -> list[ChildSpe
             shutdown_grace=min(5.0, config.shutdown_grace_ms / 1000),
         )
     ]
+
+
+def routing_specs(runtime: NodeRuntime, registry: Registry) -> list[ChildSpec | SupervisorSpec]:
+    """The RoutingRenderer: renders ``routing`` while this node holds the coordinator
+    lease, and pushes each table to the ``--proxy caddy=URL`` admin endpoints."""
+    from corral.actors.routing import routing_renderer_child_spec
+    from corral.proxy import caddy_pusher
+
+    pushers = {f"caddy={url}": caddy_pusher(url) for url in runtime.config.proxies}
+    return [routing_renderer_child_spec(runtime.node_id, registry, pushers=pushers, name=ROUTING)]
 
 
 async def processes_view(services: NodeServices, state: dict[str, Any]) -> Any:

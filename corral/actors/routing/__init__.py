@@ -15,6 +15,16 @@ renders on every change of its inputs (debounced), writes the table, emits
 ``routing.changed`` and pushes the table to configured Caddy admin endpoints.
 """
 
+from corral.actors.routing._actor import (
+    DEFAULT_DEBOUNCE,
+    DEFAULT_RESYNC,
+    GetRoutingState,
+    PushTarget,
+    RoutingRenderer,
+    RoutingState,
+    changed_event_fields,
+    routing_renderer_child_spec,
+)
 from corral.actors.routing._publish import Published, inputs_from_records, publish_routes
 from corral.actors.routing._render import (
     MAX_BACKENDS_PER_DOMAIN,
@@ -42,20 +52,27 @@ from corral.actors.routing._render import (
 )
 
 __all__ = [
+    "DEFAULT_DEBOUNCE",
+    "DEFAULT_RESYNC",
     "MAX_BACKENDS_PER_DOMAIN",
     "MAX_DOMAINS",
+    "GetRoutingState",
     "HeldBack",
     "Instance",
     "NodeRoutes",
     "Published",
+    "PushTarget",
     "Rendered",
     "RouteTable",
     "RoutesChanged",
     "RoutingInputs",
+    "RoutingRenderer",
+    "RoutingState",
     "TableVersion",
     "backend_address",
     "backend_url",
     "changed",
+    "changed_event_fields",
     "decode_table_cbor",
     "decode_table_json",
     "encode_table_cbor",
@@ -66,5 +83,6 @@ __all__ = [
     "normalize_domain",
     "publish_routes",
     "render_routes",
+    "routing_renderer_child_spec",
     "validate_table",
 ]

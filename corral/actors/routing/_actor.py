@@ -1,0 +1,339 @@
+"""The RoutingRenderer actor: keeps the ``routing`` key in step with the registry.
+
+It runs on every node but acts only while its node holds the coordinator lease
+(``lease/coordinator`` names this node; the fence is the key's create
+revision, and every write is guarded on it, so a node that lost the lease a
+moment ago writes nothing). It watches the inputs of the table (``apps/``,
+``placement/``, ``nodes/``, ``alias/``) and the lease key, and after each burst
+of changes (``debounce`` seconds of calm, at most ``max_delay`` after the
+first) renders through :func:`publish_routes`, which writes only on change.
+Each write emits ``routing.changed`` with what moved, and is pushed to every
+configured push target (the seed's push to Caddy admin endpoints, see
+``corral.proxy.caddy_pusher``). Every ``resync`` seconds it renders anyway, so a
+missed watch event costs at most that long.
+
+Registry trouble is logged and retried on the next pass; it never crashes the
+actor, and a failing push target never delays the others or the table.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+
+import trio
+
+from corral.actors.routing._publish import publish_routes
+from corral.actors.routing._render import (
+    RoutesChanged,
+    RouteTable,
+    TableVersion,
+    decode_table_json,
+)
+from corral.registry import (
+    ALIAS_PREFIX,
+    APPS_PREFIX,
+    COORDINATOR_LEASE_KEY,
+    NODES_PREFIX,
+    PLACEMENT_PREFIX,
+    ROUTING_KEY,
+    CoordinatorLease,
+    Registry,
+    RegistryError,
+    RevisionCompacted,
+    decode_record,
+)
+from corral.supervision import Actor, ChildSpec, Restart
+from corral.transport import SchemaError, message
+
+__all__ = [
+    "DEFAULT_DEBOUNCE",
+    "DEFAULT_RESYNC",
+    "GetRoutingState",
+    "PushTarget",
+    "RoutingRenderer",
+    "RoutingState",
+    "routing_renderer_child_spec",
+]
+
+log = logging.getLogger("corral.actors.routing")
+
+#: Seconds of calm after a change before rendering.
+DEFAULT_DEBOUNCE = 0.05
+#: Longest a burst of changes may delay a render, in seconds.
+DEFAULT_MAX_DELAY = 0.5
+#: Seconds between renders when nothing was seen to change.
+DEFAULT_RESYNC = 10.0
+#: Seconds one push may take.
+DEFAULT_PUSH_TIMEOUT = 10.0
+_WATCH_RETRY = 1.0
+
+#: The prefixes (and key) whose changes may change the table.
+WATCHED: tuple[str, ...] = (
+    APPS_PREFIX,
+    PLACEMENT_PREFIX,
+    NODES_PREFIX,
+    ALIAS_PREFIX,
+    COORDINATOR_LEASE_KEY,
+)
+
+#: Pushes one table to one proxy; raises (anything) when it did not take it.
+PushTarget = Callable[[RouteTable], Awaitable[None]]
+
+
+@message("routing.get_state")
+@dataclass(frozen=True)
+class GetRoutingState:
+    """Ask the RoutingRenderer what it did last; replies a :class:`RoutingState`."""
+
+
+@message("routing.state")
+@dataclass(frozen=True)
+class RoutingState:
+    """What the RoutingRenderer did last.
+
+    ``fence``: the fence it renders under (None: this node does not hold the
+    lease). ``version``: the table it last wrote or found current. ``passes`` /
+    ``writes``: renders and writes so far. ``pushes``: per push target, the
+    version it last took (None: none yet) and its last error.
+    """
+
+    fence: int | None = None
+    version: TableVersion | None = None
+    passes: int = 0
+    writes: int = 0
+    last_error: str | None = None
+    pushed: dict[str, TableVersion | None] = field(default_factory=dict)
+    push_errors: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class _Changed:
+    """A watched key changed (from the watch tasks)."""
+
+
+def changed_event_fields(diff: RoutesChanged) -> dict[str, object]:
+    """The ``routing.changed`` event's fields (JSON-able) for ``diff``."""
+    return {
+        "fence": diff.fence,
+        "revision": diff.revision,
+        "domains_added": list(diff.domains_added),
+        "domains_removed": list(diff.domains_removed),
+        "backends_added": {d: list(urls) for d, urls in diff.backends_added.items()},
+        "backends_removed": {d: list(urls) for d, urls in diff.backends_removed.items()},
+    }
+
+
+class RoutingRenderer(Actor):
+    """Renders and writes the routing table while this node holds the lease.
+
+    Args:
+        node_id: this node's id (compared with the lease holder).
+        registry: the shared registry.
+        pushers: push target name (e.g. ``caddy=http://127.0.0.1:2019``) -> push.
+        debounce: seconds of calm after a change before rendering.
+        max_delay: longest a stream of changes may hold a render back.
+        resync: seconds between renders when nothing changed.
+        push_timeout: seconds one push may take.
+    """
+
+    mailbox_size = 16
+
+    def __init__(
+        self,
+        node_id: str,
+        registry: Registry,
+        *,
+        pushers: Mapping[str, PushTarget] | None = None,
+        debounce: float = DEFAULT_DEBOUNCE,
+        max_delay: float = DEFAULT_MAX_DELAY,
+        resync: float = DEFAULT_RESYNC,
+        push_timeout: float = DEFAULT_PUSH_TIMEOUT,
+    ) -> None:
+        super().__init__()
+        self._node_id = node_id
+        self._registry = registry
+        self._pushers = dict(pushers or {})
+        self._debounce = debounce
+        self._max_delay = max(debounce, max_delay)
+        self._resync = resync
+        self._push_timeout = push_timeout
+        self._dirty = trio.Event()
+        self._state = RoutingState(pushed=dict.fromkeys(self._pushers))
+        self._table: RouteTable | None = None
+
+    async def started(self) -> None:
+        self._dirty.set()  # render once at start
+        for prefix in WATCHED:
+            self.ctx.start_task(self._watch, prefix)
+        self.ctx.start_task(self._render_loop)
+
+    async def handle(self, message: object) -> object:
+        if isinstance(message, GetRoutingState):
+            return self._state
+        if isinstance(message, _Changed):
+            self._dirty.set()
+            return None
+        return None
+
+    # ------------------------------------------------------------------ watching
+
+    async def _watch(self, prefix: str) -> None:
+        while True:
+            try:
+                async with self._registry.watch(prefix) as events:
+                    self._dirty.set()  # whatever happened before the watch began
+                    async for _event in events:
+                        self._dirty.set()
+            except (RegistryError, RevisionCompacted) as exc:
+                log.debug("routing watch on %s broke (%s); watching again", prefix, exc)
+            except trio.ClosedResourceError:
+                return
+            await trio.sleep(_WATCH_RETRY)
+
+    async def _render_loop(self) -> None:
+        while True:
+            with trio.move_on_after(self._resync):
+                await self._dirty.wait()
+            # Let a burst settle: renders wait for calm, but never longer than max_delay.
+            deadline = trio.current_time() + self._max_delay
+            while self._dirty.is_set() and trio.current_time() < deadline:
+                self._dirty = trio.Event()
+                with trio.move_on_at(min(deadline, trio.current_time() + self._debounce)):
+                    await self._dirty.wait()
+            self._dirty = trio.Event()
+            await self._pass()
+
+    # ------------------------------------------------------------------ one pass
+
+    async def _fence(self) -> int | None:
+        kv = await self._registry.get(COORDINATOR_LEASE_KEY)
+        if kv is None:
+            return None
+        record = decode_record(kv.key, kv.value)
+        if not isinstance(record, CoordinatorLease) or record.holder != self._node_id:
+            return None
+        return kv.create_revision
+
+    async def _pass(self) -> None:
+        state = self._state
+        try:
+            fence = await self._fence()
+            if fence is None:
+                if state.fence is not None:
+                    log.info("not the coordinator any more: the routing table is left alone")
+                self._state = _replace(state, fence=None, last_error=None)
+                return
+            published = await publish_routes(self._registry, fence=fence)
+        except RegistryError as exc:
+            log.warning("routing pass failed (%s); trying again on the next change", exc)
+            self._state = _replace(state, last_error=str(exc))
+            return
+        written = published.written
+        if written is not None:
+            self._table = written
+            diff = published.diff
+            if diff is not None and not diff.empty:
+                self.ctx.emit("routing.changed", **changed_event_fields(diff))
+            log.info(
+                "routing table %s: %d domains, %d held back",
+                written.version,
+                len(written.domains),
+                len(written.held_back),
+            )
+        elif self._table is None or self._table.fence != fence:
+            self._table = await self._stored(fence)
+        self._state = _replace(
+            self._state,
+            fence=fence,
+            version=None if self._table is None else self._table.version,
+            passes=state.passes + 1,
+            writes=state.writes + (written is not None),
+            last_error=None,
+        )
+        if self._table is not None and self._pushers:
+            await self._push_all(self._table)
+
+    async def _stored(self, fence: int) -> RouteTable | None:
+        kv = await self._registry.get(ROUTING_KEY)
+        if kv is None:
+            return None
+        try:
+            table = decode_table_json(kv.value)
+        except SchemaError:
+            return None
+        return table if table.fence <= fence else None
+
+    async def _push_all(self, table: RouteTable) -> None:
+        due = {
+            name: push
+            for name, push in self._pushers.items()
+            if self._state.pushed.get(name) != table.version
+        }
+        if not due:
+            return
+        pushed = dict(self._state.pushed)
+        errors = dict(self._state.push_errors)
+
+        async def one(name: str, push: PushTarget) -> None:
+            try:
+                with trio.fail_after(self._push_timeout):
+                    await push(table)
+            except Exception as exc:  # one target's trouble is its own
+                text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+                if errors.get(name) != text:
+                    log.warning(
+                        "pushing routing table %s to %s failed: %s", table.version, name, text
+                    )
+                errors[name] = text
+                self.ctx.emit(
+                    "proxy.failed",
+                    proxy=name,
+                    fence=table.fence,
+                    revision=table.revision,
+                    error=text,
+                )
+                return
+            pushed[name] = table.version
+            errors.pop(name, None)
+            self.ctx.emit(
+                "proxy.applied",
+                proxy=name,
+                fence=table.fence,
+                revision=table.revision,
+                how="push",
+            )
+
+        async with trio.open_nursery() as nursery:
+            for name, push in sorted(due.items()):
+                nursery.start_soon(one, name, push)
+        self._state = _replace(self._state, pushed=pushed, push_errors=errors)
+        if errors:
+            # Try the failed targets again soon, not only on the next change.
+            self.ctx.after(min(self._resync, 2.0), _Changed())
+
+
+def _replace(state: RoutingState, **changes: object) -> RoutingState:
+    return dataclasses.replace(state, **changes)  # type: ignore[arg-type]
+
+
+def routing_renderer_child_spec(
+    node_id: str,
+    registry: Registry,
+    *,
+    pushers: Mapping[str, PushTarget] | None = None,
+    name: str = "routing",
+    debounce: float = DEFAULT_DEBOUNCE,
+    resync: float = DEFAULT_RESYNC,
+) -> ChildSpec:
+    """A ChildSpec running :class:`RoutingRenderer` (PERMANENT) for the node assembly."""
+    return ChildSpec(
+        name=name,
+        factory=lambda: RoutingRenderer(
+            node_id, registry, pushers=pushers, debounce=debounce, resync=resync
+        ),
+        restart=Restart.PERMANENT,
+        shutdown_grace=1.0,
+    )
