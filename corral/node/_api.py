@@ -342,6 +342,21 @@ def build_api(services: ApiServices) -> ASGIApp:
             }
         )
 
+    async def routes(request: Request) -> Response:
+        from corral.actors.routing import decode_table_json, routes_answer
+        from corral.registry import PROXIES_PREFIX, ROUTING_KEY, ProxyRecord
+        from corral.transport import SchemaError
+
+        kv = await registry.get(ROUTING_KEY)
+        table = None
+        if kv is not None:
+            try:
+                table = decode_table_json(kv.value)
+            except SchemaError as exc:
+                log.warning("the routing key does not decode: %s", exc)
+        proxies = await read_by_name(PROXIES_PREFIX, ProxyRecord)
+        return JSONResponse(routes_answer(table, proxies.values(), now=services.wall_clock()))
+
     async def list_apps(request: Request) -> Response:
         apps, undecodable = await read_records(registry, "apps/")
         return JSONResponse(
@@ -493,6 +508,7 @@ def build_api(services: ApiServices) -> ASGIApp:
             Route("/v1/events", events, methods=["GET"]),
             Route("/v1/ps", ps, methods=["GET"]),
             Route("/v1/nodes", nodes, methods=["GET"]),
+            Route("/v1/routes", routes, methods=["GET"]),
             Route("/v1/apps", list_apps, methods=["GET"]),
             Route("/v1/apps/{name}", get_app, methods=["GET"]),
             Route("/v1/apps/{name}", delete, methods=["DELETE"]),

@@ -50,6 +50,7 @@ from corral.actors.routing._render import (
     render_routes,
     validate_table,
 )
+from corral.actors.routing._view import proxy_lag, routes_answer
 
 __all__ = [
     "DEFAULT_DEBOUNCE",
@@ -81,8 +82,10 @@ __all__ = [
     "next_table",
     "node_routes_from_record",
     "normalize_domain",
+    "proxy_lag",
     "publish_routes",
     "render_routes",
+    "routes_answer",
     "routing_renderer_child_spec",
     "validate_table",
 ]

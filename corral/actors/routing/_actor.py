@@ -38,8 +38,10 @@ from corral.registry import (
     COORDINATOR_LEASE_KEY,
     NODES_PREFIX,
     PLACEMENT_PREFIX,
+    PROXIES_PREFIX,
     ROUTING_KEY,
     CoordinatorLease,
+    ProxyRecord,
     Registry,
     RegistryError,
     RevisionCompacted,
@@ -169,6 +171,7 @@ class RoutingRenderer(Actor):
         for prefix in WATCHED:
             self.ctx.start_task(self._watch, prefix)
         self.ctx.start_task(self._render_loop)
+        self.ctx.start_task(self._watch_proxies)
 
     async def handle(self, message: object) -> object:
         if isinstance(message, GetRoutingState):
@@ -192,6 +195,50 @@ class RoutingRenderer(Actor):
             except trio.ClosedResourceError:
                 return
             await trio.sleep(_WATCH_RETRY)
+
+    async def _watch_proxies(self) -> None:
+        """Tell this node's event log what ``corral proxy run`` processes report:
+        ``proxy.applied`` when one applies a new version, ``proxy.failed`` on a new error."""
+        seen: dict[str, tuple[TableVersion | None, str | None]] = {}
+        while True:
+            try:
+                async with self._registry.watch(PROXIES_PREFIX) as events:
+                    async for event in events:
+                        if not event.kv.value:
+                            seen.pop(event.kv.key, None)
+                            continue
+                        record = decode_record(event.kv.key, event.kv.value)
+                        if isinstance(record, ProxyRecord):
+                            self._note_proxy(record, seen)
+            except (RegistryError, RevisionCompacted) as exc:
+                log.debug("proxies watch broke (%s); watching again", exc)
+            except trio.ClosedResourceError:
+                return
+            await trio.sleep(_WATCH_RETRY)
+
+    def _note_proxy(
+        self, record: ProxyRecord, seen: dict[str, tuple[TableVersion | None, str | None]]
+    ) -> None:
+        applied = (
+            None
+            if record.applied_fence is None or record.applied_revision is None
+            else TableVersion(record.applied_fence, record.applied_revision)
+        )
+        before = seen.get(record.id)
+        seen[record.id] = (applied, record.error)
+        if applied is not None and (before is None or before[0] != applied):
+            self.ctx.emit(
+                "proxy.applied",
+                proxy=record.id,
+                proxy_kind=record.kind,
+                fence=applied.fence,
+                revision=applied.revision,
+                seconds=record.apply_s,
+            )
+        if record.error and (before is None or before[1] != record.error):
+            self.ctx.emit(
+                "proxy.failed", proxy=record.id, proxy_kind=record.kind, error=record.error
+            )
 
     async def _render_loop(self) -> None:
         while True:

@@ -1,0 +1,308 @@
+"""Routing end to end: three real nodes, a real ``corral proxy run`` (HAProxy and Caddy).
+
+Each test deploys two apps on every node, gives one a domain (written into its
+``apps/<name>`` record through the registry, as ``corral deploy --domain``
+does), starts ``corral proxy run`` as its own process on loopback, and checks
+what a user of the proxy sees: requests with ``Host:`` reach every instance,
+a killed instance leaves the table and comes back once restarted and ready,
+an unknown host gets 404, and an alias flip changes which app answers within
+one table. Every process is stopped by pid.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+import pytest
+import trio
+
+from corral.node._artifacts import pack_directory
+from corral.node._local_cluster import LocalCluster, wait_for
+from corral.proxy import DEFAULT_CADDY, DEFAULT_HAPROXY
+from corral.registry import (
+    AliasRecord,
+    AppRecord,
+    Compare,
+    Put,
+    alias_key,
+    alias_previous_key,
+    app_key,
+    open_registry,
+)
+
+from .conftest import GREETER
+
+pytestmark = pytest.mark.slow
+
+STEP = 40.0
+BINARIES = {"haproxy": DEFAULT_HAPROXY, "caddy": DEFAULT_CADDY}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture(params=["haproxy", "caddy"])
+def kind(request: pytest.FixtureRequest) -> str:
+    path = BINARIES[request.param]
+    if not os.access(path, os.X_OK):
+        reason = f"{request.param} is not installed at {path} (apt-get install {request.param})"
+        if os.environ.get("CORRAL_REQUIRE_PROXIES") == "1":
+            pytest.fail(f"CORRAL_REQUIRE_PROXIES=1 but {reason}")
+        pytest.skip(reason)
+    return str(request.param)
+
+
+@dataclasses.dataclass
+class ProxyRun:
+    """One ``corral proxy run`` process and what it started."""
+
+    kind: str
+    listen: int
+    process: subprocess.Popen[bytes]
+    log: Path
+    seen: dict[int, float] = dataclasses.field(default_factory=dict)
+
+    def note_descendants(self) -> None:
+        try:
+            for child in psutil.Process(self.process.pid).children(recursive=True):
+                self.seen[child.pid] = child.create_time()
+        except psutil.Error:
+            pass
+
+    def get(self, host: str, path: str = "/") -> httpx.Response:
+        return httpx.get(
+            f"http://127.0.0.1:{self.listen}{path}", headers={"Host": host}, timeout=5.0
+        )
+
+    def log_tail(self) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-30:])
+        except OSError:
+            return "(no log)"
+
+
+@pytest.fixture
+def proxy_dir() -> Iterator[Path]:
+    # Short: HAProxy's admin socket lives here, and a unix socket path is bounded.
+    path = Path(tempfile.mkdtemp(prefix="corral-e2e-px-", dir="/tmp"))
+    yield path
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def start_proxy(cluster: LocalCluster, kind: str, data_dir: Path) -> ProxyRun:
+    port = free_port()
+    log = data_dir / "run.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
+    with log.open("ab") as out:
+        process = subprocess.Popen(
+            [
+                sys.executable, "-m", "corral", "proxy", "run",
+                "--kind", kind,
+                "--listen", f"127.0.0.1:{port}",
+                "--registry", cluster.registry_url,
+                "--data-dir", str(data_dir),
+                "--id", f"edge-{kind}",
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )  # fmt: skip
+    return ProxyRun(kind, port, process, log)
+
+
+def stop_proxy(run: ProxyRun) -> list[int]:
+    """SIGTERM the proxy command (it stops its proxy by pid); SIGKILL what overstays.
+    Returns the pids of proxy processes that outlived the command (killed here)."""
+    run.note_descendants()
+    if run.process.poll() is None:
+        run.process.send_signal(signal.SIGTERM)
+    try:
+        run.process.wait(20)
+    except subprocess.TimeoutExpired:
+        run.process.kill()
+        run.process.wait(5)
+    leftovers = []
+    for pid, created in run.seen.items():
+        try:
+            proc = psutil.Process(pid)
+            if proc.create_time() == created and proc.status() != psutil.STATUS_ZOMBIE:
+                proc.kill()
+                leftovers.append(pid)
+        except psutil.Error:
+            continue
+    return leftovers
+
+
+async def _edit_app(url: str, name: str, change: Callable[[AppRecord], AppRecord]) -> None:
+    async with open_registry(url) as registry:
+        for _ in range(20):
+            kv = await registry.get(app_key(name))
+            assert kv is not None, f"app {name} is not deployed"
+            record = AppRecord.from_json(json.loads(kv.value))
+            result = await registry.txn(
+                [Compare.mod_revision_is(kv.key, kv.mod_revision)],
+                [Put(kv.key, change(record).encode())],
+            )
+            if result.succeeded:
+                return
+        raise AssertionError(f"could not update apps/{name}: it kept changing")
+
+
+async def _put_alias(url: str, domain: str, app: str, previous: str | None) -> None:
+    async with open_registry(url) as registry:
+        ops = [Put(alias_key(domain), AliasRecord(app).encode())]
+        if previous is not None:
+            ops.append(Put(alias_previous_key(domain), AliasRecord(previous).encode()))
+        await registry.txn([], ops)
+
+
+def routes(cluster: LocalCluster) -> dict[str, Any]:
+    with cluster.any_client() as client:
+        return client.routes()
+
+
+def answers(run: ProxyRun, host: str, count: int) -> list[dict[str, Any]]:
+    bodies = []
+    for _ in range(count):
+        response = run.get(host)
+        assert response.status_code == 200, (response.status_code, response.text, host)
+        bodies.append(response.json())
+    return bodies
+
+
+def wait_serving(run: ProxyRun, host: str, what: str, done: Callable[[list[Any]], bool]) -> None:
+    def probe() -> bool:
+        if run.process.poll() is not None:
+            raise AssertionError(f"corral proxy run exited: {run.log_tail()}")
+        try:
+            bodies = answers(run, host, 12)
+        except (httpx.HTTPError, AssertionError, ValueError):
+            return False
+        return done(bodies)
+
+    wait_for(what, probe, timeout=STEP, interval=0.2)
+
+
+def test_a_real_proxy_serves_the_table_through_failures_and_alias_flips(
+    cluster: LocalCluster, kind: str, proxy_dir: Path
+) -> None:
+    url = cluster.registry_url
+    with cluster.any_client() as client:
+        client.deploy("shop", pack_directory(GREETER), replicas="all", env={"GREETING": "shop"})
+        client.deploy("blog", pack_directory(GREETER), replicas="all", env={"GREETING": "blog"})
+    trio.run(_edit_app, url, "shop", lambda r: dataclasses.replace(r, domains=["shop.test"]))
+    trio.run(_edit_app, url, "blog", lambda r: dataclasses.replace(r, domains=["blog.test"]))
+
+    run = start_proxy(cluster, kind, proxy_dir)
+    try:
+        # Every instance is reached through the proxy, by Host.
+        wait_serving(
+            run,
+            "shop.test",
+            "shop.test through the proxy to reach all three nodes",
+            lambda bodies: (
+                {b["node"] for b in bodies} == set(cluster.nodes)
+                and {b["says"] for b in bodies} == {"shop!"}
+            ),
+        )
+        table = routes(cluster)
+        assert len(table["routes"]["shop.test"]) == 3
+        assert all(u.startswith("http://127.0.0.1:") for u in table["routes"]["shop.test"])
+        # Unknown host: 404 from the proxy itself.
+        assert run.get("nowhere.test").status_code == 404
+
+        # The proxy reported what it applied in proxies/<id>.
+        def reported() -> dict[str, Any] | None:
+            answer = routes(cluster)
+            rows = [p for p in answer["proxies"] if p["id"] == f"edge-{kind}"]
+            ok = rows and rows[0]["applied"] == answer["version"] and rows[0]["lag_s"] == 0.0
+            return rows[0] if ok else None
+
+        row = wait_for("the proxy to report the current table", reported, timeout=STEP)
+        assert row["kind"] == kind
+        assert row["error"] is None
+
+        # Kill node-2's shop process: it leaves the table, then comes back once ready.
+        victim = cluster.nodes["node-2"]
+
+        def victim_process() -> dict[str, Any] | None:
+            with victim.client() as client:
+                rows = [p for p in client.state()["processes"] if p["app"] == "shop"]
+            return rows[0] if rows and rows[0]["pid"] and rows[0]["ready"] else None
+
+        proc = wait_for("node-2's shop process", victim_process, timeout=STEP)
+        victim_url = f"http://127.0.0.1:{proc['public_port']}"
+        assert victim_url in table["routes"]["shop.test"]
+        before = table["version"]["revision"]
+        os.kill(proc["pid"], signal.SIGKILL)
+
+        def removal_seen() -> bool:
+            # The lease holder's event log tells every table change (routing.changed).
+            for node in cluster.running_nodes():
+                with node.client() as client:
+                    for event in client.events():
+                        if event.get("kind") != "routing.changed":
+                            continue
+                        gone = event["fields"].get("backends_removed", {})
+                        if victim_url in gone.get("shop.test", []):
+                            return True
+            return False
+
+        wait_for("the killed instance to leave the table", removal_seen, timeout=STEP)
+        wait_for(
+            "the restarted instance to be back in the table",
+            lambda: (
+                victim_url in routes(cluster)["routes"].get("shop.test", [])
+                and routes(cluster)["version"]["revision"] >= before + 2
+            ),
+            timeout=STEP,
+        )
+        wait_serving(
+            run,
+            "shop.test",
+            "node-2 to answer through the proxy again",
+            lambda bodies: "node-2" in {b["node"] for b in bodies},
+        )
+
+        # An alias, a flip and a rollback: each changes which app answers, in one table.
+        def flip_to(app: str, previous: str | None) -> None:
+            start = routes(cluster)["version"]["revision"]
+            trio.run(_put_alias, url, "www.test", app, previous)
+            wait_serving(
+                run,
+                "www.test",
+                f"www.test to answer as {app}",
+                lambda bodies: {b["says"] for b in bodies} == {f"{app}!"},
+            )
+            table = routes(cluster)
+            assert table["routes"]["www.test"] == table["routes"][f"{app}.test"]
+            # One table carried the change (nothing else moved meanwhile).
+            assert table["version"]["revision"] == start + 1
+
+        flip_to("shop", None)  # alias set
+        flip_to("blog", "shop")  # alias flip
+        flip_to("shop", "blog")  # alias rollback
+        assert run.get("nowhere.test").status_code == 404
+    finally:
+        leftovers = stop_proxy(run)
+    assert run.process.returncode == 0, run.log_tail()
+    assert not leftovers, f"proxy processes outlived corral proxy run: {leftovers}"
