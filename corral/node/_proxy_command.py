@@ -6,8 +6,8 @@ every newer table (never an older one), and records in ``proxies/<id>`` what it
 applied, when, and any error. SIGTERM or SIGINT stops the proxy process (by
 pid) and the command.
 
-Exit status: 0 stopped by a signal; 1 the proxy or the registry failed; 2 a bad
-flag (an unknown kind, a bad address, a missing binary is 1).
+Exit status: 0 stopped by a signal; 1 the proxy or the registry failed (a
+missing binary too); 2 a bad flag (an unknown kind, a bad address or id).
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ def add_proxy_run_options(run: argparse.ArgumentParser) -> None:
 def proxy_run_command(args: argparse.Namespace, stderr: TextIO) -> int:
     """Run ``corral proxy run`` until a signal; returns the exit status."""
     from corral.node._node import configure_logging
-    from corral.proxy import ProxyError, run_proxy
+    from corral.proxy import InvalidProxySetup, ProxyError, run_proxy
     from corral.registry import RegistryError
 
     flags = {name: getattr(args, name.replace("-", "_"), None) for name in REGISTRY_SETTINGS}
@@ -114,6 +114,9 @@ def proxy_run_command(args: argparse.Namespace, stderr: TextIO) -> int:
             from corral.node._node import single_error
 
             raise single_error(group) from None
+    except InvalidProxySetup as exc:
+        print(f"corral: error: {exc}", file=stderr)
+        return 2
     except ProxyError as exc:
         print(f"corral: error: {exc}", file=stderr)
         return 1

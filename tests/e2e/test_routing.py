@@ -29,7 +29,7 @@ import pytest
 import trio
 
 from corral.node._artifacts import pack_directory
-from corral.node._local_cluster import LocalCluster, wait_for
+from corral.node._local_cluster import LocalCluster, LocalNode, wait_for
 from corral.proxy import DEFAULT_CADDY, DEFAULT_HAPROXY
 from corral.registry import (
     AliasRecord,
@@ -175,6 +175,16 @@ async def _put_alias(url: str, domain: str, app: str, previous: str | None) -> N
         await registry.txn([], ops)
 
 
+def cli(node: LocalNode, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "corral", *args, "--api", node.api_url, "--token", node.token()],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+
+
 def routes(cluster: LocalCluster) -> dict[str, Any]:
     with cluster.any_client() as client:
         return client.routes()
@@ -240,6 +250,17 @@ def test_a_real_proxy_serves_the_table_through_failures_and_alias_flips(
         row = wait_for("the proxy to report the current table", reported, timeout=STEP)
         assert row["kind"] == kind
         assert row["error"] is None
+        # The same through the command line, as JSON and as text.
+        node = cluster.nodes["node-1"]
+        printed = cli(node, "routes", "--json")
+        assert printed.returncode == 0, printed.stderr
+        shown = json.loads(printed.stdout)
+        assert set(shown) == {"version", "routes", "held_back", "proxies"}
+        assert shown["routes"]["shop.test"] == table["routes"]["shop.test"]
+        text = cli(node, "routes")
+        assert text.returncode == 0, text.stderr
+        assert "shop.test" in text.stdout
+        assert f"edge-{kind}" in text.stdout
 
         # Kill node-2's shop process: it leaves the table, then comes back once ready.
         victim = cluster.nodes["node-2"]
