@@ -19,6 +19,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -327,3 +328,78 @@ def test_a_real_proxy_serves_the_table_through_failures_and_alias_flips(
         leftovers = stop_proxy(run)
     assert run.process.returncode == 0, run.log_tail()
     assert not leftovers, f"proxy processes outlived corral proxy run: {leftovers}"
+
+
+HEALTH_APP = """
+import os, sys
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+SICK = os.environ["SICK_DIR"] + "/" + os.environ["CORRAL_NODE"]
+
+
+class Handler(BaseHTTPRequestHandler):
+    def do_GET(self):
+        status = 503 if self.path == "/healthz" and os.path.exists(SICK) else 200
+        body = os.environ["CORRAL_NODE"].encode()
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+ADDRESS = (os.environ["CORRAL_BIND_HOST"], int(os.environ["PORT"]))
+ThreadingHTTPServer(ADDRESS, Handler).serve_forever()
+"""
+
+
+def test_a_failing_health_path_takes_an_instance_out_without_killing_it(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    app = tmp_path / "health-app"
+    app.mkdir()
+    (app / "server.py").write_text(HEALTH_APP)
+    (app / "corral.toml").write_text(
+        'command = ["python3", "server.py"]\n'
+        '[health]\npath = "/healthz"\ninterval_ms = 200\ntimeout_ms = 500\n'
+    )
+    sick = tmp_path / "sick"
+    sick.mkdir()
+    with cluster.any_client() as client:
+        client.deploy("api", pack_directory(app), replicas="all", env={"SICK_DIR": str(sick)})
+    trio.run(
+        _edit_app,
+        cluster.registry_url,
+        "api",
+        lambda r: dataclasses.replace(r, domains=["api.test"]),
+    )
+
+    def backends() -> list[str]:
+        return list(routes(cluster)["routes"].get("api.test", []))
+
+    wait_for("api on three nodes in the table", lambda: len(backends()) == 3, timeout=STEP)
+    victim = cluster.nodes["node-3"]
+    with victim.client() as client:
+        (proc,) = [p for p in client.state()["processes"] if p["app"] == "api"]
+    url = f"http://127.0.0.1:{proc['public_port']}"
+    assert url in backends()
+
+    (sick / "node-3").touch()
+    started = time.monotonic()
+    wait_for("node-3 to leave the table", lambda: url not in backends(), timeout=STEP)
+    # Three failed checks 200 ms apart: not at the first failure.
+    assert time.monotonic() - started >= 0.4
+    table = routes(cluster)
+    assert any(h["node"] == "node-3" and "not ready" in h["why"] for h in table["held_back"]), (
+        table["held_back"]
+    )
+    with victim.client() as client:
+        (same,) = [p for p in client.state()["processes"] if p["app"] == "api"]
+    assert same["pid"] == proc["pid"]  # not killed, not restarted
+    assert same["state"] == "running"
+    assert same["ready"] is False
+
+    (sick / "node-3").unlink()
+    wait_for("node-3 to come back once its check passes", lambda: url in backends(), timeout=STEP)
