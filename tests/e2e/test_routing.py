@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -43,7 +44,7 @@ from corral.registry import (
     open_registry,
 )
 
-from .conftest import GREETER
+from .conftest import GREETER, _etcd_url, _wipe
 
 pytestmark = pytest.mark.slow
 
@@ -55,6 +56,34 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+@pytest.fixture(params=["sqlite", pytest.param("etcd", marks=pytest.mark.etcd)])
+def cluster(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LocalCluster]:
+    """Three nodes as in conftest, but with node ids of their own: a node ends the
+    processes that carry its id's marker from another life, so two clusters on one
+    machine with the same ids (parallel test runs) would end each other's apps."""
+    url = _etcd_url() if request.param == "etcd" else None
+    local = LocalCluster(
+        tmp_path, registry_url=url, lease_ttl_ms=3000, node_ttl_ms=3000, shutdown_grace_ms=5000
+    )
+    tag = uuid.uuid4().hex[:6]
+    for index in range(3):
+        start = 26000 + 200 * index
+        local.add_node(f"rt{tag}-{index + 1}", port_range=(start, start + 199))
+    try:
+        local.start_all()
+        yield local
+    finally:
+        local.stop_all()
+        leftovers = local.kill_leftovers()
+        if url is not None:
+            trio.run(_wipe, url)
+        assert not leftovers, f"app processes outlived their nodes: {leftovers}"
+
+
+def node(cluster: LocalCluster, index: int) -> LocalNode:
+    return list(cluster.nodes.values())[index - 1]
 
 
 @pytest.fixture(params=["haproxy", "caddy"])
@@ -191,6 +220,19 @@ def routes(cluster: LocalCluster) -> dict[str, Any]:
         return client.routes()
 
 
+def changed_events(cluster: LocalCluster) -> list[dict[str, Any]]:
+    """Every ``routing.changed`` event in the running nodes' event logs (the lease
+    holder's tell each table change), by revision."""
+    seen: dict[tuple[int, int], dict[str, Any]] = {}
+    for node in cluster.running_nodes():
+        with node.client() as client:
+            for event in client.events():
+                if event.get("kind") == "routing.changed":
+                    fields = event["fields"]
+                    seen[(fields["fence"], fields["revision"])] = event
+    return [seen[key] for key in sorted(seen)]
+
+
 def answers(run: ProxyRun, host: str, count: int) -> list[dict[str, Any]]:
     bodies = []
     for _ in range(count):
@@ -252,19 +294,19 @@ def test_a_real_proxy_serves_the_table_through_failures_and_alias_flips(
         assert row["kind"] == kind
         assert row["error"] is None
         # The same through the command line, as JSON and as text.
-        node = cluster.nodes["node-1"]
-        printed = cli(node, "routes", "--json")
+        first = node(cluster, 1)
+        printed = cli(first, "routes", "--json")
         assert printed.returncode == 0, printed.stderr
         shown = json.loads(printed.stdout)
         assert set(shown) == {"version", "routes", "held_back", "proxies"}
         assert shown["routes"]["shop.test"] == table["routes"]["shop.test"]
-        text = cli(node, "routes")
+        text = cli(first, "routes")
         assert text.returncode == 0, text.stderr
         assert "shop.test" in text.stdout
         assert f"edge-{kind}" in text.stdout
 
         # Kill node-2's shop process: it leaves the table, then comes back once ready.
-        victim = cluster.nodes["node-2"]
+        victim = node(cluster, 2)
 
         def victim_process() -> dict[str, Any] | None:
             with victim.client() as client:
@@ -278,16 +320,10 @@ def test_a_real_proxy_serves_the_table_through_failures_and_alias_flips(
         os.kill(proc["pid"], signal.SIGKILL)
 
         def removal_seen() -> bool:
-            # The lease holder's event log tells every table change (routing.changed).
-            for node in cluster.running_nodes():
-                with node.client() as client:
-                    for event in client.events():
-                        if event.get("kind") != "routing.changed":
-                            continue
-                        gone = event["fields"].get("backends_removed", {})
-                        if victim_url in gone.get("shop.test", []):
-                            return True
-            return False
+            return any(
+                victim_url in e["fields"]["backends_removed"].get("shop.test", [])
+                for e in changed_events(cluster)
+            )
 
         wait_for("the killed instance to leave the table", removal_seen, timeout=STEP)
         wait_for(
@@ -301,13 +337,15 @@ def test_a_real_proxy_serves_the_table_through_failures_and_alias_flips(
         wait_serving(
             run,
             "shop.test",
-            "node-2 to answer through the proxy again",
-            lambda bodies: "node-2" in {b["node"] for b in bodies},
+            "node 2 to answer through the proxy again",
+            lambda bodies: victim.node_id in {b["node"] for b in bodies},
         )
 
         # An alias, a flip and a rollback: each changes which app answers, in one table.
         def flip_to(app: str, previous: str | None) -> None:
-            start = routes(cluster)["version"]["revision"]
+            before = routes(cluster)
+            start = before["version"]["revision"]
+            old = before["routes"].get("www.test", [])
             trio.run(_put_alias, url, "www.test", app, previous)
             wait_serving(
                 run,
@@ -316,9 +354,26 @@ def test_a_real_proxy_serves_the_table_through_failures_and_alias_flips(
                 lambda bodies: {b["says"] for b in bodies} == {f"{app}!"},
             )
             table = routes(cluster)
-            assert table["routes"]["www.test"] == table["routes"][f"{app}.test"]
-            # One table carried the change (nothing else moved meanwhile).
-            assert table["version"]["revision"] == start + 1
+            new = table["routes"][f"{app}.test"]
+            assert table["routes"]["www.test"] == new
+            # One table carried the whole change: no table between served www.test
+            # half old, half new, or not at all.
+            touching = [
+                e["fields"]
+                for e in changed_events(cluster)
+                if e["fields"]["revision"] > start
+                and (
+                    "www.test" in e["fields"]["backends_added"]
+                    or "www.test" in e["fields"]["backends_removed"]
+                )
+            ]
+            assert len(touching) == 1, touching
+            (change,) = touching
+            assert sorted(change["backends_added"]["www.test"]) == sorted(set(new) - set(old))
+            assert sorted(change["backends_removed"].get("www.test", [])) == sorted(
+                set(old) - set(new)
+            )
+            assert "www.test" not in change["domains_removed"]
 
         flip_to("shop", None)  # alias set
         flip_to("blog", "shop")  # alias flip
@@ -380,26 +435,26 @@ def test_a_failing_health_path_takes_an_instance_out_without_killing_it(
         return list(routes(cluster)["routes"].get("api.test", []))
 
     wait_for("api on three nodes in the table", lambda: len(backends()) == 3, timeout=STEP)
-    victim = cluster.nodes["node-3"]
+    victim = node(cluster, 3)
     with victim.client() as client:
         (proc,) = [p for p in client.state()["processes"] if p["app"] == "api"]
     url = f"http://127.0.0.1:{proc['public_port']}"
     assert url in backends()
 
-    (sick / "node-3").touch()
+    (sick / victim.node_id).touch()
     started = time.monotonic()
     wait_for("node-3 to leave the table", lambda: url not in backends(), timeout=STEP)
     # Three failed checks 200 ms apart: not at the first failure.
     assert time.monotonic() - started >= 0.4
     table = routes(cluster)
-    assert any(h["node"] == "node-3" and "not ready" in h["why"] for h in table["held_back"]), (
-        table["held_back"]
-    )
+    assert any(
+        h["node"] == victim.node_id and "not ready" in h["why"] for h in table["held_back"]
+    ), table["held_back"]
     with victim.client() as client:
         (same,) = [p for p in client.state()["processes"] if p["app"] == "api"]
     assert same["pid"] == proc["pid"]  # not killed, not restarted
     assert same["state"] == "running"
     assert same["ready"] is False
 
-    (sick / "node-3").unlink()
+    (sick / victim.node_id).unlink()
     wait_for("node-3 to come back once its check passes", lambda: url in backends(), timeout=STEP)
