@@ -5,8 +5,10 @@ It runs on every node but acts only while its node holds the coordinator lease
 revision, and every write is guarded on it, so a node that lost the lease a
 moment ago writes nothing). It watches the inputs of the table (``apps/``,
 ``placement/``, ``nodes/``, ``alias/``) and the lease key, and after each burst
-of changes (``debounce`` seconds of calm, at most ``max_delay`` after the
-first) renders through :func:`publish_routes`, which writes only on change.
+of changes renders through :func:`publish_routes`, which writes only on
+change: the first change after a calm at once, and whatever changes while a
+pass runs, or within ``debounce`` seconds of its start, in the next pass (so
+at most one pass per ``debounce``, however fast the inputs change).
 Each write emits ``routing.changed`` with what moved, and is pushed to every
 configured push target (the seed's push to Caddy admin endpoints, see
 ``corral.proxy.caddy_pusher``). Every ``resync`` seconds it renders anyway, so a
@@ -62,10 +64,8 @@ __all__ = [
 
 log = logging.getLogger("corral.actors.routing")
 
-#: Seconds of calm after a change before rendering.
+#: Shortest time between the starts of two renders, in seconds.
 DEFAULT_DEBOUNCE = 0.05
-#: Longest a burst of changes may delay a render, in seconds.
-DEFAULT_MAX_DELAY = 0.5
 #: Seconds between renders when nothing was seen to change.
 DEFAULT_RESYNC = 10.0
 #: Seconds one push may take.
@@ -135,8 +135,7 @@ class RoutingRenderer(Actor):
         node_id: this node's id (compared with the lease holder).
         registry: the shared registry.
         pushers: push target name (e.g. ``caddy=http://127.0.0.1:2019``) -> push.
-        debounce: seconds of calm after a change before rendering.
-        max_delay: longest a stream of changes may hold a render back.
+        debounce: shortest time between the starts of two renders.
         resync: seconds between renders when nothing changed.
         push_timeout: seconds one push may take.
     """
@@ -150,7 +149,6 @@ class RoutingRenderer(Actor):
         *,
         pushers: Mapping[str, PushTarget] | None = None,
         debounce: float = DEFAULT_DEBOUNCE,
-        max_delay: float = DEFAULT_MAX_DELAY,
         resync: float = DEFAULT_RESYNC,
         push_timeout: float = DEFAULT_PUSH_TIMEOUT,
     ) -> None:
@@ -159,7 +157,6 @@ class RoutingRenderer(Actor):
         self._registry = registry
         self._pushers = dict(pushers or {})
         self._debounce = debounce
-        self._max_delay = max(debounce, max_delay)
         self._resync = resync
         self._push_timeout = push_timeout
         self._dirty = trio.Event()
@@ -244,14 +241,13 @@ class RoutingRenderer(Actor):
         while True:
             with trio.move_on_after(self._resync):
                 await self._dirty.wait()
-            # Let a burst settle: renders wait for calm, but never longer than max_delay.
-            deadline = trio.current_time() + self._max_delay
-            while self._dirty.is_set() and trio.current_time() < deadline:
-                self._dirty = trio.Event()
-                with trio.move_on_at(min(deadline, trio.current_time() + self._debounce)):
-                    await self._dirty.wait()
+            # The first change after a calm renders at once (an alias flip is served as
+            # soon as it can be); what changes during a pass, or within ``debounce`` of
+            # its start, is rendered together by the next one.
             self._dirty = trio.Event()
+            began = trio.current_time()
             await self._pass()
+            await trio.sleep_until(began + self._debounce)
 
     # ------------------------------------------------------------------ one pass
 

@@ -218,3 +218,37 @@ def test_records_without_readiness_count_running_as_ready(ready: bool | None) ->
         serving={"a": ServingEntry(REV, 24001, 24501, state="running", ready=False)},
     )
     assert not node_routes_from_record(not_ready).instances["a"].ready
+
+
+async def test_the_first_change_renders_at_once_and_a_burst_is_rendered_in_few_passes(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    registry = MemoryRegistry()
+    await seed(registry, ready={"n1": True, "n2": True})
+    await registry.put(COORDINATOR_LEASE_KEY, CoordinatorLease("n1", 0.0).encode())
+    await registry.put(alias_key("www.test"), AliasRecord("shop").encode())
+    async with open_actor_system("n1") as system:
+        await system.spawn(routing_renderer_child_spec("n1", registry, debounce=0.05))
+        await until(lambda: any(e.kind == "routing.changed" for e in system.events()))
+        await trio.sleep(1)
+        passes = (await state(system)).passes
+        t0 = trio.current_time()
+        await registry.put(alias_key("www.test"), AliasRecord("blog").encode())
+        while (current := await table(registry)) is None or (
+            current.domains["www.test"] != current.domains["blog.test"]
+        ):
+            await trio.sleep(0.001)
+        assert trio.current_time() - t0 < 0.01  # no waiting for calm first
+        # 100 flips within a second: at most one pass per 50 ms, and the last one wins.
+        t1 = trio.current_time()
+        for i in range(100):
+            target = "shop" if i % 2 == 0 else "blog"
+            await registry.put(alias_key("www.test"), AliasRecord(target).encode())
+            await trio.sleep(0.01)
+        await trio.sleep(1)
+        done = await state(system)
+        elapsed = trio.current_time() - t1
+        assert done.passes - passes <= elapsed / 0.05 + 2
+        final = await table(registry)
+        assert final is not None
+        assert final.domains["www.test"] == final.domains["blog.test"]
