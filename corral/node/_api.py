@@ -47,6 +47,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from corral.actors.routing import decode_table_json, routes_answer
 from corral.node import _operations as ops
 from corral.node._artifact_store import ArtifactStore, artifact_capability
 from corral.node._artifacts import MAX_ARTIFACT_BYTES
@@ -68,17 +69,21 @@ from corral.node._requests import (
 from corral.node._views import CoordinatorView, node_rows, ps_rows
 from corral.registry import (
     COORDINATOR_LEASE_KEY,
+    PROXIES_PREFIX,
+    ROUTING_KEY,
     AppRecord,
     CoordinatorLease,
     NodeIntent,
     NodeRecord,
     PlacementRecord,
+    ProxyRecord,
     Registry,
     RegistryUnavailable,
     decode_record,
     read_records,
     validate_digest,
 )
+from corral.transport import SchemaError
 
 # base64 of the largest artifact plus room for the other fields.
 MAX_BODY_BYTES = MAX_ARTIFACT_BYTES * 4 // 3 + 64 * 1024
@@ -343,10 +348,6 @@ def build_api(services: ApiServices) -> ASGIApp:
         )
 
     async def routes(request: Request) -> Response:
-        from corral.actors.routing import decode_table_json, routes_answer
-        from corral.registry import PROXIES_PREFIX, ROUTING_KEY, ProxyRecord
-        from corral.transport import SchemaError
-
         kv = await registry.get(ROUTING_KEY)
         table = None
         if kv is not None:
