@@ -3,7 +3,8 @@
 It runs on every node but acts only while its node holds the coordinator lease
 (``lease/coordinator`` names this node; the fence is the key's create
 revision, and every write is guarded on it, so a node that lost the lease a
-moment ago writes nothing). It watches the inputs of the table (``apps/``,
+moment ago writes nothing; the holder and fence are kept from a watch of the
+key, not read on every pass). It watches the inputs of the table (``apps/``,
 ``placement/``, ``nodes/``, ``alias/``) and the lease key, and after each burst
 of changes renders through :func:`publish_routes`, which writes only on
 change: the first change after a calm at once, and whatever changes while a
@@ -43,6 +44,8 @@ from corral.registry import (
     PROXIES_PREFIX,
     ROUTING_KEY,
     CoordinatorLease,
+    EventType,
+    KeyValue,
     ProxyRecord,
     Registry,
     RegistryError,
@@ -73,13 +76,7 @@ DEFAULT_PUSH_TIMEOUT = 10.0
 _WATCH_RETRY = 1.0
 
 #: The prefixes (and key) whose changes may change the table.
-WATCHED: tuple[str, ...] = (
-    APPS_PREFIX,
-    PLACEMENT_PREFIX,
-    NODES_PREFIX,
-    ALIAS_PREFIX,
-    COORDINATOR_LEASE_KEY,
-)
+WATCHED: tuple[str, ...] = (APPS_PREFIX, PLACEMENT_PREFIX, NODES_PREFIX, ALIAS_PREFIX)
 
 #: Pushes one table to one proxy; raises (anything) when it did not take it.
 PushTarget = Callable[[RouteTable], Awaitable[None]]
@@ -162,11 +159,15 @@ class RoutingRenderer(Actor):
         self._dirty = trio.Event()
         self._state = RoutingState(pushed=dict.fromkeys(self._pushers))
         self._table: RouteTable | None = None
+        #: (holder, fence) as the lease watch last saw it (None: no holder), once known.
+        self._lease: tuple[str, int] | None = None
+        self._lease_known = False
 
     async def started(self) -> None:
         self._dirty.set()  # render once at start
         for prefix in WATCHED:
             self.ctx.start_task(self._watch, prefix)
+        self.ctx.start_task(self._watch_lease)
         self.ctx.start_task(self._render_loop)
         self.ctx.start_task(self._watch_proxies)
 
@@ -192,6 +193,38 @@ class RoutingRenderer(Actor):
             except trio.ClosedResourceError:
                 return
             await trio.sleep(_WATCH_RETRY)
+
+    async def _watch_lease(self) -> None:
+        """Keep :attr:`_lease` (holder, fence) as the lease key says, so a pass needs no
+        read of it (a stale value costs nothing: every write is guarded on the fence)."""
+        while True:
+            try:
+                revision = await self._registry.revision()
+                self._lease = self._lease_of(await self._registry.get(COORDINATOR_LEASE_KEY))
+                self._lease_known = True
+                self._dirty.set()
+                async with self._registry.watch(COORDINATOR_LEASE_KEY, revision + 1) as events:
+                    async for event in events:
+                        if event.kv.key != COORDINATOR_LEASE_KEY:
+                            continue
+                        self._lease = (
+                            None if event.type is EventType.DELETE else self._lease_of(event.kv)
+                        )
+                        self._lease_known = True
+                        self._dirty.set()
+            except (RegistryError, RevisionCompacted) as exc:
+                log.debug("routing lease watch broke (%s); watching again", exc)
+            except trio.ClosedResourceError:
+                return
+            self._lease_known = False
+            await trio.sleep(_WATCH_RETRY)
+
+    @staticmethod
+    def _lease_of(kv: KeyValue | None) -> tuple[str, int] | None:
+        if kv is None:
+            return None
+        record = decode_record(kv.key, kv.value)
+        return (record.holder, kv.create_revision) if isinstance(record, CoordinatorLease) else None
 
     async def _watch_proxies(self) -> None:
         """Tell this node's event log what ``corral proxy run`` processes report:
@@ -252,13 +285,12 @@ class RoutingRenderer(Actor):
     # ------------------------------------------------------------------ one pass
 
     async def _fence(self) -> int | None:
-        kv = await self._registry.get(COORDINATOR_LEASE_KEY)
-        if kv is None:
+        lease = self._lease
+        if not self._lease_known:
+            lease = self._lease_of(await self._registry.get(COORDINATOR_LEASE_KEY))
+        if lease is None or lease[0] != self._node_id:
             return None
-        record = decode_record(kv.key, kv.value)
-        if not isinstance(record, CoordinatorLease) or record.holder != self._node_id:
-            return None
-        return kv.create_revision
+        return lease[1]
 
     async def _pass(self) -> None:
         state = self._state
@@ -275,6 +307,8 @@ class RoutingRenderer(Actor):
             self._state = _replace(state, last_error=str(exc))
             return
         written = published.written
+        if written is None and published.why.startswith("guard failed"):
+            self._lease_known = False  # read the lease again next time
         if written is not None:
             self._table = written
             diff = published.diff

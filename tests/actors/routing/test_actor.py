@@ -252,3 +252,31 @@ async def test_the_first_change_renders_at_once_and_a_burst_is_rendered_in_few_p
         final = await table(registry)
         assert final is not None
         assert final.domains["www.test"] == final.domains["blog.test"]
+
+
+async def test_a_node_that_loses_the_lease_stops_writing_and_the_new_holder_takes_over(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    registry = MemoryRegistry()
+    await seed(registry, ready={"n1": True, "n2": True})
+    await registry.put(COORDINATOR_LEASE_KEY, CoordinatorLease("n1", 0.0).encode())
+    async with open_actor_system("n1") as one, open_actor_system("n2") as two:
+        await one.spawn(routing_renderer_child_spec("n1", registry))
+        await two.spawn(routing_renderer_child_spec("n2", registry))
+        await until(lambda: any(e.kind == "routing.changed" for e in one.events()))
+        first = await table(registry)
+        assert first is not None
+        # The lease moves to n2 (a new key: a new, larger fence).
+        await registry.delete(COORDINATOR_LEASE_KEY)
+        await registry.put(COORDINATOR_LEASE_KEY, CoordinatorLease("n2", 0.0).encode())
+        lease = await registry.get(COORDINATOR_LEASE_KEY)
+        assert lease is not None
+        await registry.put(alias_key("www.test"), AliasRecord("blog").encode())
+        await until(lambda: any(e.kind == "routing.changed" for e in two.events()))
+        after = await table(registry)
+        assert after is not None
+        assert after.fence == lease.create_revision > first.fence
+        assert after.domains["www.test"] == after.domains["blog.test"]
+        assert (await state(one)).fence is None
+        assert (await state(two)).fence == lease.create_revision
+        assert len([e for e in one.events() if e.kind == "routing.changed"]) == 1
