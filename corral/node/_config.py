@@ -28,6 +28,11 @@ DEFAULT_PORT_QUARANTINE_MS = 600_000
 DEFAULT_LEASE_TTL_MS = 45_000
 DEFAULT_NODE_TTL_MS = 15_000
 DEFAULT_SHUTDOWN_GRACE_MS = 10_000
+# The coordinator's policy (the lease holder's values apply).
+DEFAULT_GRACE_PERIOD_MS = 300_000
+DEFAULT_COOLDOWN_MS = 600_000
+DEFAULT_DISRUPTION_BUDGET = 5
+DEFAULT_MIN_USABLE_PERCENT = 50
 
 # name -> kind; kind is how the raw text is parsed.
 SETTINGS: dict[str, str] = {
@@ -48,6 +53,10 @@ SETTINGS: dict[str, str] = {
     "lease-ttl-ms": "ms",
     "node-ttl-ms": "ms",
     "shutdown-grace-ms": "ms",
+    "grace-period-ms": "ms",
+    "cooldown-ms": "ms",
+    "disruption-budget": "count",
+    "min-usable-percent": "percent",
 }
 
 
@@ -102,6 +111,14 @@ class NodeConfig:
     lease_ttl_ms: int = DEFAULT_LEASE_TTL_MS
     node_ttl_ms: int = DEFAULT_NODE_TTL_MS
     shutdown_grace_ms: int = DEFAULT_SHUTDOWN_GRACE_MS
+    #: how long a down node keeps its work before it is relocated.
+    grace_period_ms: int = DEFAULT_GRACE_PERIOD_MS
+    #: an instance placed less than this long ago is not moved to rebalance.
+    cooldown_ms: int = DEFAULT_COOLDOWN_MS
+    #: most relocations per coordinator pass.
+    disruption_budget: int = DEFAULT_DISRUPTION_BUDGET
+    #: below this share of usable nodes (of those known) relocations are refused.
+    min_usable_percent: int = DEFAULT_MIN_USABLE_PERCENT
 
 
 def parse_address(text: str, where: str) -> Address:
@@ -283,5 +300,15 @@ def resolve_node_config(
         node_ttl_ms=number("node-ttl-ms", DEFAULT_NODE_TTL_MS, low=300, high=3_600_000),
         shutdown_grace_ms=number(
             "shutdown-grace-ms", DEFAULT_SHUTDOWN_GRACE_MS, low=0, high=600_000
+        ),
+        grace_period_ms=number(
+            "grace-period-ms", DEFAULT_GRACE_PERIOD_MS, low=0, high=604_800_000
+        ),
+        cooldown_ms=number("cooldown-ms", DEFAULT_COOLDOWN_MS, low=0, high=604_800_000),
+        disruption_budget=number(
+            "disruption-budget", DEFAULT_DISRUPTION_BUDGET, low=0, high=100_000
+        ),
+        min_usable_percent=number(
+            "min-usable-percent", DEFAULT_MIN_USABLE_PERCENT, low=0, high=100
         ),
     )
