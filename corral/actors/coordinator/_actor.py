@@ -173,6 +173,11 @@ class _Tick:
 
 
 @dataclass(frozen=True)
+class _GraceLapsed:
+    """Timer: the earliest grace of a down node holding work lapses now."""
+
+
+@dataclass(frozen=True)
 class _LeaseVacated:
     """The lease key was deleted (revoked, or expired)."""
 
@@ -207,7 +212,9 @@ class Coordinator(Actor):
         max_writes: most writes per transaction.
         membership: returns node id -> :class:`~._membership.MemberStatus` as
             membership (SWIM) sees it, combined with the node records (see
-            :mod:`._membership`); None until SWIM is wired in.
+            :mod:`._membership`); None until SWIM is wired in. It is read once per
+            pass: tell the actor :class:`KickCoordinator` when the view changes for
+            a pass before the next tick.
         debounce: how long changes under the input prefixes are gathered before
             the one pass that looks at them (seconds).
     """
@@ -282,6 +289,11 @@ class Coordinator(Actor):
             case _LeaseVacated():
                 await self._on_vacated()
                 return None
+            case _GraceLapsed():
+                self._grace_timer, self._grace_deadline = None, None
+                if self._coordinating():
+                    await self._run_pass(trigger="grace")
+                return None
             case KickCoordinator():
                 if self._coordinating():
                     await self._run_pass(trigger=message.reason or "kick")
@@ -331,6 +343,7 @@ class Coordinator(Actor):
         self._stale_leases.add(holding.lease)
         self._counts["lost"] += 1
         self._last_digest = None
+        self._schedule_grace(None, 0.0)
         self._stop_input_watch()
         if self._holder == self._node_id:
             self._holder = None
@@ -712,9 +725,7 @@ class Coordinator(Actor):
             self._grace_timer = None
         self._grace_deadline = deadline
         if deadline is not None:
-            self._grace_timer = self.ctx.after(
-                max(0.0, deadline - now), KickCoordinator(reason="grace")
-            )
+            self._grace_timer = self.ctx.after(max(0.0, deadline - now), _GraceLapsed())
 
     def _plan_writes(self, view: RegistryView, decisions: Decisions, now: float) -> WritePlan:
         holding = self._holding
