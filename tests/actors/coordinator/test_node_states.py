@@ -237,7 +237,15 @@ worlds = st.fixed_dictionaries(
 )
 
 
-def world_inputs(world: dict[str, tuple[bool, MemberStatus | None, NodeDown | None, bool, bool]]):  # type: ignore[no-untyped-def]
+World = dict[str, tuple[bool, MemberStatus | None, NodeDown | None, bool, bool]]
+Inputs = tuple[
+    dict[str, NodeRecord], dict[str, NodeDown], dict[str, MemberStatus], set[str],
+    dict[str, NodeRecord],
+]
+
+
+def world_inputs(world: World) -> Inputs:
+    """Per node: record live?, membership, entry, placed?, remembered?"""
     records = {n: NodeRecord(n, labels={"zone": "r"}) for n, w in world.items() if w[0]}
     down = {
         n: NodeDown(n, w[2].down_since, dict(w[2].labels))
@@ -253,7 +261,7 @@ def world_inputs(world: dict[str, tuple[bool, MemberStatus | None, NodeDown | No
 @settings(max_examples=200, deadline=None)
 @given(world=worlds, later=st.floats(0, 10_000))
 def test_a_second_pass_over_what_the_first_wrote_writes_nothing_and_keeps_the_clock(
-    world: dict[str, tuple[bool, MemberStatus | None, NodeDown | None, bool, bool]],
+    world: World,
     later: float,
 ) -> None:
     records, down, membership, placed, remembered = world_inputs(world)
@@ -281,9 +289,7 @@ def test_a_second_pass_over_what_the_first_wrote_writes_nothing_and_keeps_the_cl
 
 @settings(max_examples=200, deadline=None)
 @given(world=worlds)
-def test_the_rules_hold_for_every_node(
-    world: dict[str, tuple[bool, MemberStatus | None, NodeDown | None, bool, bool]],
-) -> None:
+def test_the_rules_hold_for_every_node(world: World) -> None:
     records, down, membership, placed, remembered = world_inputs(world)
     decided = node_states(
         records, intents={}, down=down, placed=placed, now=NOW, grace_period_s=GRACE,
