@@ -30,15 +30,15 @@ state from the records, its memory of each node's last record and the
 membership view (:mod:`._membership`), writes the ``down/<node>`` entries that
 changed (under the fence, before anything else: a successor keeps each down
 node's grace clock), builds the planner's input (:mod:`._inputs`) and digests
-it. When the digest has not
-moved since the last completed pass, and nothing in that pass was waiting on
-time (a deferred move, a down node's grace), the pass is skipped: the planner
-would decide what is already decided. A timer runs a pass at the moment the
-earliest grace of a down node holding work lapses, so its work moves then,
-not up to a tick later. Otherwise the planner decides and the
-write plan (:mod:`._writes`) says what to write; each batch is one transaction
-guarded by "the lease key still carries my fence" and by the ``mod_revision``
-of every record it writes. A failed fence guard drops the role.
+it. When the digest has not moved since the last completed pass, and nothing
+in that pass was waiting on time (a deferred move, a down node's grace), the
+pass is skipped: the planner would decide what is already decided. Otherwise
+the planner decides and the write plan (:mod:`._writes`) says what to write;
+each batch is one transaction guarded by "the lease key still carries my
+fence" and by the ``mod_revision`` of every record it writes. A failed fence
+guard drops the role. A timer runs a pass the moment the earliest grace of a
+down node holding work lapses, so that work moves then, not up to a tick
+later.
 
 Reports
 -------
