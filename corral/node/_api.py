@@ -15,7 +15,8 @@ Routes::
     GET    /v1/events[?follow=1]          recent events; follow streams them (NDJSON)
     GET    /v1/ps                         app instances across the cluster, and the
                                           coordinator's cooldown RELOC judged them by
-    GET    /v1/nodes                      nodes, with the operator's intent and the coordinator
+    GET    /v1/nodes                      nodes: the lease holder's states, the operator's intent,
+                                          the coordinator
     GET    /v1/apps, /v1/apps/{name}      app records
     POST   /v1/apps/{name}/deploy         {"artifact": base64, "replicas", "selector", ...}
     POST   /v1/apps/{name}/selector       {"selector": {k: v}} or {"clear": true}
@@ -65,7 +66,7 @@ from corral.node._requests import (
     parse_pairs,
     parse_replicas,
 )
-from corral.node._views import CoordinatorView, node_rows, ps_rows
+from corral.node._views import CoordinatorView, NodeStatesView, node_rows, ps_rows
 from corral.registry import (
     COORDINATOR_LEASE_KEY,
     AppRecord,
@@ -329,16 +330,25 @@ def build_api(services: ApiServices) -> ASGIApp:
         lease_kv = await registry.get(COORDINATOR_LEASE_KEY)
         lease = None if lease_kv is None else decode_record(lease_kv.key, lease_kv.value)
         holder = lease.holder if isinstance(lease, CoordinatorLease) else None
+        # The lease holder's node states; the records alone when it cannot be asked.
+        states = NodeStatesView.from_state(
+            await services.coordinator()
+            if services.coordinator is not None
+            else {"holder": holder, "error": "this node has no coordinator to ask"}
+        )
         rows = node_rows(
             await read_by_name("nodes/", NodeRecord),
             await read_by_name("intent/", NodeIntent),
             holder,
+            states,
         )
         return JSONResponse(
             {
                 "nodes": [row.to_json() for row in rows],
                 "coordinator": holder,
                 "fence": lease_kv.create_revision if holder and lease_kv else None,
+                "states": states.to_json(),
+                "now": services.wall_clock(),
             }
         )
 

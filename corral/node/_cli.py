@@ -87,6 +87,18 @@ def _node_run_options(run: argparse.ArgumentParser) -> None:
     run.add_argument("--node-ttl-ms", metavar="MS", help="node record lease TTL (15000)")
     run.add_argument("--shutdown-grace-ms", metavar="MS", help="grace per actor on stop (10000)")
     run.add_argument("--max-artifact-mb", metavar="MB", help="max unpacked artifact (1024)")
+    run.add_argument(
+        "--grace-period-ms", metavar="MS", help="a down node keeps its work this long (300000)"
+    )
+    run.add_argument(
+        "--cooldown-ms", metavar="MS", help="no rebalancing of an instance placed since (600000)"
+    )
+    run.add_argument("--disruption-budget", metavar="N", help="most relocations per pass (5)")
+    run.add_argument(
+        "--min-usable-percent",
+        metavar="PCT",
+        help="refuse relocations below this share of usable nodes (50)",
+    )
 
 
 def _positive_seconds(text: str) -> float:

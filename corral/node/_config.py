@@ -36,6 +36,11 @@ DEFAULT_LEASE_TTL_MS = 45_000
 DEFAULT_NODE_TTL_MS = 15_000
 DEFAULT_SHUTDOWN_GRACE_MS = 10_000
 DEFAULT_MAX_ARTIFACT_MB = 1024
+# The coordinator's policy (the lease holder's values apply).
+DEFAULT_GRACE_PERIOD_MS = 300_000
+DEFAULT_COOLDOWN_MS = 600_000
+DEFAULT_DISRUPTION_BUDGET = 5
+DEFAULT_MIN_USABLE_PERCENT = 50
 
 # name -> kind; kind is how the raw text is parsed.
 SETTINGS: dict[str, str] = {
@@ -63,6 +68,10 @@ SETTINGS: dict[str, str] = {
     "node-ttl-ms": "ms",
     "shutdown-grace-ms": "ms",
     "max-artifact-mb": "mb",
+    "grace-period-ms": "ms",
+    "cooldown-ms": "ms",
+    "disruption-budget": "count",
+    "min-usable-percent": "percent",
 }
 
 
@@ -120,6 +129,14 @@ class NodeConfig:
     #: the most one artifact may unpack to, in MiB (checked at deploy and at unpack).
     max_artifact_mb: int = DEFAULT_MAX_ARTIFACT_MB
     registry_options: RegistryOptions = field(default_factory=RegistryOptions)
+    #: how long a down node keeps its work before it is relocated.
+    grace_period_ms: int = DEFAULT_GRACE_PERIOD_MS
+    #: an instance placed less than this long ago is not moved to rebalance.
+    cooldown_ms: int = DEFAULT_COOLDOWN_MS
+    #: most relocations per coordinator pass.
+    disruption_budget: int = DEFAULT_DISRUPTION_BUDGET
+    #: below this share of usable nodes (of those known) relocations are refused.
+    min_usable_percent: int = DEFAULT_MIN_USABLE_PERCENT
 
 
 def parse_address(text: str, where: str) -> Address:
@@ -332,4 +349,14 @@ def resolve_node_config(
         ),
         max_artifact_mb=number("max-artifact-mb", DEFAULT_MAX_ARTIFACT_MB, low=1, high=1024 * 1024),
         registry_options=registry_options,
+        grace_period_ms=number(
+            "grace-period-ms", DEFAULT_GRACE_PERIOD_MS, low=0, high=604_800_000
+        ),
+        cooldown_ms=number("cooldown-ms", DEFAULT_COOLDOWN_MS, low=0, high=604_800_000),
+        disruption_budget=number(
+            "disruption-budget", DEFAULT_DISRUPTION_BUDGET, low=0, high=100_000
+        ),
+        min_usable_percent=number(
+            "min-usable-percent", DEFAULT_MIN_USABLE_PERCENT, low=0, high=100
+        ),
     )

@@ -213,7 +213,10 @@ class Demo:
                 "coordinator might still try to write would be refused."
             )
         say(
-            f"The coordinator ({holder}) saw {victim_id} leave and placed greeter on "
+            f"The coordinator ({holder}) saw {victim_id}'s record go, marked it down and "
+            f"kept its work there for the grace period ({DEMO_GRACE_PERIOD_MS / 1000:g} s "
+            "in this demo, 300 s by default: a node that comes back in time keeps "
+            "everything), then placed greeter on "
             f"{moved['node']}, the other node labelled disk=ssd; hello keeps running on the "
             "two nodes left:"
         )
@@ -224,6 +227,10 @@ class Demo:
     def _left_by(self, node: LocalNode) -> list[int]:
         alive = set(self.cluster.leftovers())
         return sorted(pid for pid in node.seen_descendants if pid in alive)
+
+
+#: How long the demo's stopped node keeps its work (``--grace-period-ms``).
+DEMO_GRACE_PERIOD_MS = 2000
 
 
 def demo_command(stdout: TextIO, *, keep: bool = False) -> int:
@@ -241,6 +248,7 @@ def demo_command(stdout: TextIO, *, keep: bool = False) -> int:
         lease_ttl_ms=3000,
         node_ttl_ms=3000,
         shutdown_grace_ms=5000,
+        extra_env={"CORRAL_GRACE_PERIOD_MS": str(DEMO_GRACE_PERIOD_MS)},
     )
     status = 0
     try:

@@ -53,6 +53,7 @@ from corral.actors.node_record import (
     claim_on_start,
     node_registration_child_spec,
 )
+from corral.actors.planner import Policy
 from corral.actors.process_supervisor import ListProcesses, enable_subreaper
 from corral.actors.reconciler import AgentSpec, LastPass
 from corral.node._api import ApiServices, build_api, record_json
@@ -370,11 +371,22 @@ def coordinator_specs(runtime: NodeRuntime, registry: Registry) -> list[ChildSpe
         coordinator_child_spec(
             runtime.node_id,
             registry,
+            policy=policy_from_config(config),
             lease_ttl=config.lease_ttl_ms / 1000,
             name=COORDINATOR,
             shutdown_grace=min(5.0, config.shutdown_grace_ms / 1000),
         )
     ]
+
+
+def policy_from_config(config: NodeConfig) -> Policy:
+    """The coordinator's policy from the node's settings (the lease holder's apply)."""
+    return Policy(
+        grace_period_s=config.grace_period_ms / 1000,
+        cooldown_s=config.cooldown_ms / 1000,
+        disruption_budget=config.disruption_budget,
+        min_usable_fraction=config.min_usable_percent / 100,
+    )
 
 
 async def processes_view(services: NodeServices, state: dict[str, Any]) -> Any:

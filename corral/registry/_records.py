@@ -48,6 +48,7 @@ PLACEMENT_PREFIX: Final = "placement/"
 PORTS_PREFIX: Final = "ports/"
 ALIAS_PREFIX: Final = "alias/"
 ARTIFACTS_PREFIX: Final = "artifacts/"
+DOWN_PREFIX: Final = "down/"
 
 
 class KeyKind(enum.StrEnum):
@@ -65,6 +66,7 @@ class KeyKind(enum.StrEnum):
     ROUTING = "routing"
     ARTIFACT = "artifacts"
     SECRET_FINGERPRINT = "cluster"
+    DOWN = "down"
 
 
 # --------------------------------------------------------------------------- names
@@ -208,6 +210,10 @@ def placement_key(name: str) -> str:
     return f"placement/{validate_name('app', name)}"
 
 
+def down_key(node_id: str) -> str:
+    return f"down/{validate_name('node', node_id)}"
+
+
 def port_key(node_id: str, port: int) -> str:
     return f"ports/{validate_name('node', node_id)}/{_validate_port(port)}"
 
@@ -249,7 +255,7 @@ def parse_key(key: str) -> tuple[KeyKind, tuple[str, ...]]:
 _KEY_SHAPES = (
     "accepted: apps/<app>, nodes/<node>, intent/<node>, placement/<app>, lease/coordinator, "
     "ports/<node>/<port>, alias/<domain>, alias/<domain>/previous, routing, artifacts/<sha256>, "
-    "cluster/secret-fingerprint"
+    "cluster/secret-fingerprint, down/<node>"
 )
 
 
@@ -270,6 +276,8 @@ def _parse_key(key: str) -> tuple[KeyKind, tuple[str, ...]]:
         return KeyKind.NODE, (validate_name("node", parts[0]),)
     if head == "intent" and len(parts) == 1:
         return KeyKind.INTENT, (validate_name("node", parts[0]),)
+    if head == "down" and len(parts) == 1:
+        return KeyKind.DOWN, (validate_name("node", parts[0]),)
     if head == "placement" and len(parts) == 1:
         return KeyKind.PLACEMENT, (validate_name("app", parts[0]),)
     if head == "ports" and len(parts) == 2:
@@ -668,6 +676,56 @@ class NodeIntent:
 
 
 @dataclass(frozen=True, slots=True)
+class NodeDown:
+    """``down/<node>`` (written by the coordinator, under its fence): a node that is
+    ``down``, or whose leased record lapsed, as the coordinator last knew it.
+
+    ``down_since`` is when the coordinator decided the node was down (None: its
+    record lapsed but membership still reaches it, a registry blip); the rest is
+    the node's last known record, so a successor coordinator knows the node's
+    labels, place and capacity after its record is gone.
+    """
+
+    node: str
+    down_since: float | None = None
+    labels: dict[str, str] = field(default_factory=dict)
+    rack: str | None = None
+    datacenter: str | None = None
+    capacity: Capacity | None = None
+
+    def __post_init__(self) -> None:
+        validate_name("node", self.node)
+
+    @property
+    def key(self) -> str:
+        return down_key(self.node)
+
+    def encode(self) -> bytes:
+        return _dump(
+            {
+                "node": self.node,
+                "down_since": self.down_since,
+                "labels": dict(self.labels),
+                "rack": self.rack,
+                "datacenter": self.datacenter,
+                "capacity": None if self.capacity is None else self.capacity.to_json(),
+            }
+        )
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> NodeDown:
+        capacity = _field(obj, "capacity", None)
+        return cls(
+            node=_str(_field(obj, "node"), "node"),
+            down_since=_opt_float(_field(obj, "down_since", None), "down_since"),
+            labels=_str_dict(_field(obj, "labels", {}), "labels"),
+            rack=_opt_str(_field(obj, "rack", None), "rack"),
+            datacenter=_opt_str(_field(obj, "datacenter", None), "datacenter"),
+            capacity=None if capacity is None else Capacity.from_json(_obj(capacity, "capacity")),
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class PlacementRecord:
     """``placement/<app>``: the nodes chosen, when, and under which coordinator fence.
 
@@ -842,6 +900,7 @@ Record: TypeAlias = (
     | RoutingTable
     | Artifact
     | SecretFingerprint
+    | NodeDown
 )
 
 
@@ -864,6 +923,7 @@ _JSON_DECODERS: Final[dict[KeyKind, Callable[[dict[str, Any]], Record]]] = {
     KeyKind.ALIAS_PREVIOUS: AliasRecord.from_json,
     KeyKind.ROUTING: RoutingTable.from_json,
     KeyKind.SECRET_FINGERPRINT: SecretFingerprint.from_json,
+    KeyKind.DOWN: NodeDown.from_json,
 }
 
 
@@ -907,6 +967,8 @@ def _name_mismatch(kind: KeyKind, parts: tuple[str, ...], record: Record) -> str
         return f"record names app {record.name!r} but the key names {parts[0]!r}"
     if isinstance(record, NodeRecord) and record.id != parts[0]:
         return f"record names node {record.id!r} but the key names {parts[0]!r}"
+    if isinstance(record, NodeDown) and record.node != parts[0]:
+        return f"record names node {record.node!r} but the key names {parts[0]!r}"
     if isinstance(record, PortClaim) and (record.node, str(record.port)) != parts:
         return (
             f"record claims port {record.port} on node {record.node!r} but the key names "
