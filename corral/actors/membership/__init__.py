@@ -1,0 +1,1 @@
+"""SWIM membership with Lifeguard: the pure machine, its wire messages, the simulator."""
