@@ -1,12 +1,13 @@
 """The actors of a node, each a thin shell around a pure decision module.
 
 The subpackages carry the full surface (messages, pure functions, errors):
-``corral.actors.coordinator``, ``.node_record``, ``.planner``, ``.port_allocator``,
-``.process_supervisor`` and ``.reconciler``. This package re-exports the names a node
-assembly needs.
+``corral.actors.coordinator``, ``.membership``, ``.node_record``, ``.planner``,
+``.port_allocator``, ``.process_supervisor`` and ``.reconciler``. This package
+re-exports the names a node assembly needs.
 """
 
 from corral.actors.coordinator import Coordinator, coordinator_child_spec
+from corral.actors.membership import SwimMembership, membership_child_spec
 from corral.actors.node_record import NodeRegistration, node_registration_child_spec
 from corral.actors.planner import Decisions, PlanInput, Policy, plan
 from corral.actors.port_allocator import PortAllocator
@@ -23,7 +24,9 @@ __all__ = [
     "PortAllocator",
     "ProcessSupervisor",
     "Reconciler",
+    "SwimMembership",
     "coordinator_child_spec",
+    "membership_child_spec",
     "node_registration_child_spec",
     "plan",
 ]

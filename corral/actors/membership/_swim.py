@@ -102,6 +102,7 @@ __all__ = [
     "retransmit_limit",
     "suspicion_bounds",
     "suspicion_timeout",
+    "wire_state",
 ]
 
 #: ``wake_at`` when nothing is scheduled (a machine always has a probe timer, so rare).
@@ -816,12 +817,12 @@ class Swim:
 
     def _state_entries(self) -> tuple[Update, ...]:
         entries = [
-            Update(node, _wire_state(m.state), m.incarnation, m.reporter)
+            Update(node, wire_state(m.state), m.incarnation, m.reporter)
             for node, m in sorted(self._members.items())
             if node != self.me
         ]
         me = self._members[self.me]
-        own = Update(self.me, _wire_state(me.state), me.incarnation, self.me)
+        own = Update(self.me, wire_state(me.state), me.incarnation, self.me)
         return (own, *entries[: MAX_MEMBERS_PER_MESSAGE - 1])
 
     def _push_pull(self) -> None:
@@ -855,7 +856,8 @@ class Swim:
         return Step(sends, transitions, wake)
 
 
-def _wire_state(state: MemberState) -> UpdateState:
+def wire_state(state: MemberState) -> UpdateState:
+    """The wire spelling of a member state."""
     match state:
         case MemberState.ALIVE:
             return "alive"
