@@ -99,17 +99,25 @@ class SwimSimulation:
 
     # ------------------------------------------------------------------ control
 
-    def start(self, seeds: Iterable[str] | None = None, *, spread: float = 0.0) -> None:
+    def start(
+        self, seeds: Iterable[str] | None = None, *, spread: float = 0.0, settled: bool = False
+    ) -> None:
         """Create every machine and have it join ``seeds`` (default: the first node).
 
         Args:
             spread: the nodes join at random times within this many seconds.
+            settled: every machine starts knowing every node alive (no joining).
         """
         seed_list = list(seeds) if seeds is not None else self._ids[:1]
+        known = self._ids if settled else ()
         for node in self._ids:
             self.machines[node] = Swim(
-                node, self.config, random.Random(self._rng.random()), self.now
+                node, self.config, random.Random(self._rng.random()), self.now, known=known
             )
+        if settled:
+            for node in self._ids:
+                self._apply(node, Step((), (), self.machines[node].next_deadline))
+            return
         for node in self._ids:
             at = self.now + (self._rng.random() * spread if spread else 0.0)
             self._push(at, _WAKE, node, ("join", seed_list))

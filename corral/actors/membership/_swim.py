@@ -25,7 +25,9 @@ left(i)                    anything but left, at inc <= i
 ========================  =======================================================
 
 A claim that X is suspect or dead, received by X itself, is *refuted*: X
-raises its incarnation past the claim's and spreads alive at the new one.
+raises its incarnation past the claim's and spreads alive at the new one. A
+claim about an incarnation X has already refuted means someone missed the
+refutation: X spreads its current alive again (no new incarnation).
 
 **Probing.** Every probe interval the node pings the next member of a
 shuffled round-robin list (memberlist's order: reshuffled at each wrap, a new
@@ -278,6 +280,30 @@ class Step:
     wake_at: float
 
 
+class _IdSet:
+    """Node ids with O(1) add and discard, in a list ready for ``random.sample``."""
+
+    __slots__ = ("_at", "ids")
+
+    def __init__(self) -> None:
+        self.ids: list[str] = []
+        self._at: dict[str, int] = {}
+
+    def add(self, node: str) -> None:
+        if node not in self._at:
+            self._at[node] = len(self.ids)
+            self.ids.append(node)
+
+    def discard(self, node: str) -> None:
+        at = self._at.pop(node, None)
+        if at is None:
+            return
+        last = self.ids.pop()
+        if at < len(self.ids):
+            self.ids[at] = last
+            self._at[last] = at
+
+
 @dataclass
 class _Member:
     state: MemberState
@@ -321,7 +347,6 @@ class _Relay:
 class _Broadcast:
     update: Update
     transmits: int
-    order: int
 
 
 class Swim:
@@ -333,6 +358,8 @@ class Swim:
         rng: the only source of randomness (seed it for repeatable runs).
         now: the current time, on the caller's clock.
         incarnation: start at this incarnation (a restart may pass a stored one).
+        known: members assumed alive at incarnation 0 from the start, without
+            transitions or broadcasts (a cluster that settled long ago; simulations).
 
     Every method that takes ``now`` returns a :class:`Step`.
     """
@@ -345,6 +372,7 @@ class Swim:
         now: float,
         *,
         incarnation: int = 0,
+        known: Iterable[str] = (),
     ) -> None:
         self.me = me
         self.config = config
@@ -355,9 +383,10 @@ class Swim:
         self._index = 0
         self._probe: _Probe | None = None
         self._relays: dict[int, _Relay] = {}
+        # Queued updates by subject, and the same by how often each was sent.
         self._queue: dict[str, _Broadcast] = {}
+        self._sent_times: dict[int, dict[str, _Broadcast]] = {}
         self._seq = 0
-        self._orders = 0
         self._health = 0
         self._leaving = False
         # First ticks at a random offset into their interval, so nodes do not march in step.
@@ -367,6 +396,11 @@ class Swim:
         self._next_reconnect = now + rng.random() * config.reconnect_interval
         self._sends: list[Send] = []
         self._transitions: list[Transition] = []
+        # Other members' ids by state, kept as each changes (sampled every gossip tick).
+        self._groups: dict[MemberState, _IdSet] = {state: _IdSet() for state in MemberState}
+        for node in sorted(set(known) - {me}):
+            self._members[node] = _Member(MemberState.ALIVE, 0, now, node)
+            self._groups[MemberState.ALIVE].add(node)
         #: messages sent and refused, by kind (for the node's state and the bench)
         self.stats: dict[str, int] = {}
 
@@ -401,9 +435,11 @@ class Swim:
 
     def live_count(self) -> int:
         """Alive and suspect members, this node included: the N of the formulas."""
-        return sum(
-            1 for m in self._members.values() if m.state in (MemberState.ALIVE, MemberState.SUSPECT)
-        )
+        groups = self._groups
+        return 1 + len(groups[MemberState.ALIVE].ids) + len(groups[MemberState.SUSPECT].ids)
+
+    def _by_state(self) -> dict[MemberState, list[str]]:
+        return {state: group.ids for state, group in self._groups.items()}
 
     def probe_interval(self) -> float:
         """The current probe interval (stretched by local health under Lifeguard)."""
@@ -457,7 +493,8 @@ class Swim:
             me.incarnation = min(MAX_INCARNATION, me.incarnation + 1)
             me.state, me.since, me.reporter = MemberState.LEFT, now, self.me
             goodbye = Update(self.me, "left", me.incarnation, self.me)
-            for node in self._targets(include_dead_for=0.0):
+            groups = self._by_state()
+            for node in sorted(groups[MemberState.ALIVE] + groups[MemberState.SUSPECT]):
                 self._send(node, Gossip(self.me, (goodbye,)))
         self._probe = None
         self._relays.clear()
@@ -573,23 +610,16 @@ class Swim:
             and now - m.since >= self.config.reap_after
         ]
         for node in reap:
-            del self._members[node]
-            self._queue.pop(node, None)
-        self._order = sorted(
-            node
-            for node, m in self._members.items()
-            if node != self.me and m.state in (MemberState.ALIVE, MemberState.SUSPECT)
-        )
+            self._groups[self._members.pop(node).state].discard(node)
+            self._drop_broadcast(node)
+        groups = self._by_state()
+        self._order = sorted(groups[MemberState.ALIVE] + groups[MemberState.SUSPECT])
         self._rng.shuffle(self._order)
         self._index = 0
 
     def _ask_relays(self, probe: _Probe) -> None:
         probe.indirect = True
-        candidates = sorted(
-            node
-            for node, m in self._members.items()
-            if node not in (self.me, probe.target) and m.state is MemberState.ALIVE
-        )
+        candidates = [n for n in self._by_state()[MemberState.ALIVE] if n != probe.target]
         relays = self._rng.sample(candidates, min(self.config.indirect_checks, len(candidates)))
         nack = self.config.lifeguard
         probe.expected_nacks = len(relays) if nack else 0
@@ -691,7 +721,13 @@ class Swim:
         if update.state == "alive":
             self._apply_alive(update, m, now)
             return
-        if m is None or inc < m.incarnation:
+        if m is None:
+            return
+        if inc < m.incarnation:
+            if node == self.me and not self._leaving:
+                # A stale accusation still travels: someone missed our refutation.
+                # Repeat it (same incarnation); the ack to a buddy ping carries it home.
+                self._enqueue(Update(self.me, "alive", m.incarnation, self.me))
             return
         if update.state == "suspect":
             if node in self._suspicions:
@@ -727,6 +763,7 @@ class Swim:
             return
         if m is None:
             self._members[node] = m = _Member(MemberState.ALIVE, inc, now, update.reporter)
+            self._groups[MemberState.ALIVE].add(node)
             self._insert_in_order(node)
             self._transitions.append(
                 Transition(node, None, MemberState.ALIVE, inc, update.reporter, now)
@@ -756,6 +793,9 @@ class Swim:
     ) -> None:
         previous = m.state
         m.state, m.incarnation, m.since, m.reporter = state, inc, now, reporter
+        if node != self.me:
+            self._groups[previous].discard(node)
+            self._groups[state].add(node)
         self._transitions.append(Transition(node, previous, state, inc, reporter, now))
 
     def _refute(self, accused: int) -> None:
@@ -767,48 +807,58 @@ class Swim:
     # ------------------------------------------------------------------ dissemination
 
     def _enqueue(self, update: Update) -> None:
-        self._orders += 1
-        self._queue[update.node] = _Broadcast(update, 0, self._orders)
+        self._drop_broadcast(update.node)
+        self._queue[update.node] = b = _Broadcast(update, 0)
+        self._sent_times.setdefault(0, {})[update.node] = b
+
+    def _drop_broadcast(self, node: str) -> None:
+        old = self._queue.pop(node, None)
+        if old is not None:
+            bucket = self._sent_times[old.transmits]
+            del bucket[node]
+            if not bucket:
+                del self._sent_times[old.transmits]
 
     def _piggyback(self, to: str) -> tuple[Update, ...]:
-        """Take the least-sent updates for one message; drop those sent often enough."""
+        """Take the least-sent updates (newest first among equals) for one message.
+
+        An update sent the retransmit limit's number of times leaves the queue.
+        """
         if not self._queue:
             return ()
-        limit = retransmit_limit(self.config, len(self._members))
-        chosen = sorted(self._queue.values(), key=lambda b: (b.transmits, -b.order))
-        out: list[Update] = []
-        for b in chosen:
-            if len(out) >= self.config.max_piggyback:
+        slots = self.config.max_piggyback
+        taken: list[_Broadcast] = []
+        for transmits in sorted(self._sent_times):
+            for node in reversed(self._sent_times[transmits]):
+                b = self._sent_times[transmits][node]
+                if node == to and b.update.state == "alive" and to != self.me:
+                    continue  # telling a member it is alive is no news to it
+                taken.append(b)
+                if len(taken) >= slots:
+                    break
+            if len(taken) >= slots:
                 break
-            if b.update.node == to and b.update.state == "alive" and to != self.me:
-                # Telling a member it is alive is no news to it; keep the slot.
-                continue
-            out.append(b.update)
+        limit = retransmit_limit(self.config, len(self._members))
+        for b in taken:
+            node = b.update.node
+            self._drop_broadcast(node)
             b.transmits += 1
-            if b.transmits >= limit:
-                del self._queue[b.update.node]
-        return tuple(out)
-
-    def _targets(self, include_dead_for: float, now: float = 0.0) -> list[str]:
-        return sorted(
-            node
-            for node, m in self._members.items()
-            if node != self.me
-            and (
-                m.state in (MemberState.ALIVE, MemberState.SUSPECT)
-                or (
-                    m.state is MemberState.DEAD
-                    and include_dead_for > 0
-                    and now - m.since < include_dead_for
-                )
-            )
-        )
+            if b.transmits < limit:
+                self._queue[node] = b
+                self._sent_times.setdefault(b.transmits, {})[node] = b
+        return tuple(b.update for b in taken)
 
     def _gossip(self, now: float) -> None:
         if not self._queue or self.config.gossip_nodes < 1:
             return
         # Dead members keep hearing gossip a while: they may be alive and refute.
-        candidates = self._targets(self.config.gossip_to_the_dead, now)
+        groups = self._by_state()
+        recently_dead = [
+            n
+            for n in groups[MemberState.DEAD]
+            if now - self._members[n].since < self.config.gossip_to_the_dead
+        ]
+        candidates = groups[MemberState.ALIVE] + groups[MemberState.SUSPECT] + recently_dead
         for node in self._rng.sample(candidates, min(self.config.gossip_nodes, len(candidates))):
             updates = self._piggyback(node)
             if not updates:
@@ -826,15 +876,13 @@ class Swim:
         return (own, *entries[: MAX_MEMBERS_PER_MESSAGE - 1])
 
     def _push_pull(self) -> None:
-        candidates = sorted(
-            n for n, m in self._members.items() if n != self.me and m.state is MemberState.ALIVE
-        )
+        candidates = self._by_state()[MemberState.ALIVE]
         if candidates:
             peer = self._rng.choice(candidates)
             self._send(peer, StateSync(self.me, self._state_entries(), reply=True))
 
     def _reconnect(self) -> None:
-        candidates = sorted(n for n, m in self._members.items() if m.state is MemberState.DEAD)
+        candidates = self._by_state()[MemberState.DEAD]
         if candidates:
             peer = self._rng.choice(candidates)
             self._send(peer, StateSync(self.me, self._state_entries(), reply=True))

@@ -105,3 +105,41 @@ def test_a_short_stall_makes_a_member_at_most_suspect() -> None:
     sim.run_for(60.0)
     assert all_alive(sim)
     assert not [o for o in sim.observed if o.transition.state is MemberState.DEAD]
+
+
+def healthy_downs(sim: SwimSimulation, slow: str) -> int:
+    return sum(
+        1
+        for o in sim.observed
+        if o.transition.state is MemberState.DEAD and o.transition.node != slow
+    )
+
+
+def test_a_stalled_prober_declares_healthy_members_down_only_without_lifeguard() -> None:
+    # The stall outlasts plain SWIM's fixed suspicion timeout (4 s at N = 8) but
+    # not Lifeguard's (24 s until confirmed): the stalled member's own probes fail
+    # because it reads no acks, and only plain SWIM lets those suspicions expire.
+    for seed in (1, 2, 3):
+        outcomes = {}
+        for config in (LAN, LAN.plain()):
+            sim = SwimSimulation([f"n{i}" for i in range(8)], config, seed=seed)
+            sim.start(settled=True)
+            sim.run_until(10.0)
+            sim.stall("n5", 9.0)
+            sim.run_for(40.0)
+            outcomes[config.lifeguard] = healthy_downs(sim, "n5")
+            assert all(
+                {n for n, s in view.items() if s is MemberState.ALIVE} >= set(sim.live())
+                for view in sim.views().values()
+            ), "every healthy member is alive again after the stall"
+        assert outcomes[True] == 0, seed
+        assert outcomes[False] >= 1, seed
+
+
+def test_a_settled_start_knows_everyone_without_a_single_transition() -> None:
+    sim = SwimSimulation(["a", "b", "c"], LAN, seed=0)
+    sim.start(settled=True)
+    assert all_alive(sim)
+    sim.run_until(30.0)
+    assert sim.observed == []
+    assert sim.stats["sent"] > 0
