@@ -184,3 +184,44 @@ def test_the_child_spec_names_the_actor_membership() -> None:
     assert spec.name == MEMBERSHIP
     with pytest.raises(ValueError, match="rejoin_interval"):
         membership_child_spec(seeds=None, rejoin_interval=0).factory()
+
+
+async def test_the_view_reaches_the_hook_and_answers_a_remote_ask(autojump_clock: object) -> None:
+    network = MemoryNetwork(random=random.Random(1))
+    views: list[MembershipView] = []
+
+    async def seeds() -> Iterable[str]:
+        return ["a", "b"]
+
+    async with (
+        open_actor_system(
+            "a",
+            network.connect("a"),
+            children=[membership_child_spec(seeds=seeds, on_view=views.append)],
+        ) as a,
+        open_actor_system("b", network.connect("b"), children=[membership_child_spec(seeds=None)]),
+    ):
+        await trio.sleep(3.0)
+        assert views
+        assert views[-1].state_of("b") == "alive"
+        remote = await a.ref(f"/{MEMBERSHIP}", node="b").ask(GetMembership())
+        assert isinstance(remote, MembershipView)
+        assert remote.node == "b"
+        assert [m.node for m in remote.members] == ["a", "b"]
+        assert remote.state_of("zz") is None
+
+
+async def test_views_converge_after_a_partition_heals(autojump_clock: object) -> None:
+    async with cluster(4, seed=2) as c:
+        await trio.sleep(5.0)
+        c.network.partition({"n0", "n1"}, {"n2", "n3"})
+        await trio.sleep(60.0)
+        assert (await c.states("n0"))["n2"] == "dead"
+        assert (await c.states("n3"))["n1"] == "dead"
+        c.network.heal()
+        # The seeds are offered our view again every rejoin interval (10 s).
+        await trio.sleep(30.0)
+        for node in c.systems:
+            assert set((await c.states(node)).values()) == {"alive"}, node
+        back = [e for e in c.events("n0", "member.alive") if e["previous"] == "dead"]
+        assert {e["member"] for e in back} == {"n2", "n3"}
