@@ -192,7 +192,9 @@ def _app(record: AppRecord) -> AppSpec:
     )
 
 
-def _node(record: NodeRecord, intent: NodeIntent | None, membership: NodeState | None) -> NodeInfo:
+def _node(
+    record: NodeRecord, intent: NodeIntent | None, membership: NodeState | None
+) -> NodeInfo:
     state = effective_state(record.state, intent, membership)
     return NodeInfo(
         id=record.id,

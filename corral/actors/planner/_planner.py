@@ -455,7 +455,9 @@ def _paused(placements: Mapping[str, Placement], keys: tuple[str, ...]) -> Decis
         f"paused: {len(keys)} registry key(s) could not be decoded ({', '.join(keys)}); "
         "nothing is decided until every key can be read (upgrade this node or fix the records)"
     )
-    return Decisions(placements=echoed, stopped=stopped, paused=Pause(keys=keys, message=message))
+    return Decisions(
+        placements=echoed, stopped=stopped, paused=Pause(keys=keys, message=message)
+    )
 
 
 def _fmt(value: float) -> str:
@@ -515,7 +517,11 @@ class _Pass:
                     gone = f"node {info.id} is being drained with --force"
                 else:
                     gone = f"node {info.id} has left the cluster"
-            elif state == "down" and info.down_since is not None and now >= info.down_since + grace:
+            elif (
+                state == "down"
+                and info.down_since is not None
+                and now >= info.down_since + grace
+            ):
                 gone = (
                     f"node {info.id} has been down since {_fmt(info.down_since)}, "
                     f"past the {_fmt(grace)} s grace period"
@@ -798,7 +804,9 @@ class _Pass:
 
     # ---------------------------------------------------------------- the memo
 
-    def memo_entry(self, app: AppSpec, hosts: tuple[str, ...]) -> tuple[_Entry, list[str] | None]:
+    def memo_entry(
+        self, app: AppSpec, hosts: tuple[str, ...]
+    ) -> tuple[_Entry, list[str] | None]:
         """This pass's memo entry for a rendezvous app, brought up to date with the delta.
 
         Returns the entry and, when the last outcome provably still holds, the nodes to add
@@ -946,7 +954,9 @@ class _Pass:
             return
 
         keep_set = set(keepable)
-        chosen, keys = self.ranked_select(entry, view, extra=keep_set, preselected=(), want=want)
+        chosen, keys = self.ranked_select(
+            entry, view, extra=keep_set, preselected=(), want=want
+        )
         chosen_set = set(chosen)
         hosts_set = set(hosts)
         result.adds = [n for n in chosen if n not in hosts_set]
