@@ -222,7 +222,7 @@ def apply_deploy(
         memory_mb=base.memory_mb if request.memory_mb is None else request.memory_mb,
         disk_mb=base.disk_mb if request.disk_mb is None else request.disk_mb,
         pinned=base.pinned if request.pinned is None else request.pinned,
-        domains=list(base.domains if request.domains is None else request.domains),
+        domains=list(base.domains) if request.domains is None else sorted(set(request.domains)),
         retired=False,
         deployment=deployment,
     )
