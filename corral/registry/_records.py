@@ -26,7 +26,7 @@ import json
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias
+from typing import TYPE_CHECKING, Any, Final, Literal, Self, TypeAlias
 
 from corral.registry._errors import InvalidKey, InvalidName
 
@@ -791,8 +791,8 @@ class PortClaim:
 
 
 @dataclass(frozen=True, slots=True)
-class AliasRecord:
-    """``alias/<domain>`` and ``alias/<domain>/previous``: the app a domain points at."""
+class _AppPointer:
+    """A value naming one app (``{"app": name}``)."""
 
     app: str
 
@@ -803,27 +803,20 @@ class AliasRecord:
         return _dump({"app": self.app})
 
     @classmethod
-    def from_json(cls, obj: dict[str, Any]) -> AliasRecord:
+    def from_json(cls, obj: dict[str, Any]) -> Self:
         return cls(app=_str(_field(obj, "app"), "app"))
 
 
 @dataclass(frozen=True, slots=True)
-class DomainClaim:
+class AliasRecord(_AppPointer):
+    """``alias/<domain>`` and ``alias/<domain>/previous``: the app a domain points at."""
+
+
+@dataclass(frozen=True, slots=True)
+class DomainClaim(_AppPointer):
     """``domain/<domain>``: the app that owns a domain. Written in the same txn as
     the app record that lists the domain, guarded on the claim being absent (and on
     no ``alias/<domain>``), so one domain belongs to one app or one alias."""
-
-    app: str
-
-    def __post_init__(self) -> None:
-        validate_name("app", self.app)
-
-    def encode(self) -> bytes:
-        return _dump({"app": self.app})
-
-    @classmethod
-    def from_json(cls, obj: dict[str, Any]) -> DomainClaim:
-        return cls(app=_str(_field(obj, "app"), "app"))
 
 
 @dataclass(frozen=True, slots=True)

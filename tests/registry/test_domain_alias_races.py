@@ -8,8 +8,7 @@ same state before any of them writes, and then exactly one transaction can win.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import AsyncIterator, Sequence
-from contextlib import AbstractAsyncContextManager
+from collections.abc import Sequence
 
 import pytest
 import trio
@@ -25,11 +24,9 @@ from corral.registry import (
     Deployment,
     DomainClaim,
     KeyValue,
-    Lease,
     Registry,
     TxnOp,
     TxnResult,
-    WatchEvent,
     alias_key,
     alias_previous_key,
     app_key,
@@ -37,68 +34,32 @@ from corral.registry import (
     domain_key,
 )
 from corral.registry._testing import RegistryHarness
+from corral.testing import RegistryGate
 
 DOMAIN = "shop.example"
 #: Bounds a test whose racers would otherwise wait on each other forever.
 RACE_TIMEOUT_S = 30
 
 
-class ReadBarrier(Registry):
+class ReadBarrier(RegistryGate):
     """A registry whose ``get`` of ``key`` returns to no reader until ``parties``
-    readers have read it (later reads pass straight through)."""
+    readers have read it (later reads, and every other call, pass straight through)."""
 
     def __init__(self, inner: Registry, key: str, parties: int) -> None:
-        self._inner = inner
+        super().__init__(inner, name="racer")
         self._key = key
         self._parties = parties
         self._readers = 0
         self._all_read = trio.Event()
 
     async def get(self, key: str) -> KeyValue | None:
-        kv = await self._inner.get(key)
+        kv = await self.inner.get(key)
         if key == self._key and not self._all_read.is_set():
             self._readers += 1
             if self._readers >= self._parties:
                 self._all_read.set()
             await self._all_read.wait()
         return kv
-
-    async def range(self, prefix: str) -> list[KeyValue]:
-        return await self._inner.range(prefix)
-
-    async def put(self, key: str, value: bytes, lease: int | None = None) -> int:
-        return await self._inner.put(key, value, lease)
-
-    async def delete(self, key: str, *, prefix: bool = False) -> int:
-        return await self._inner.delete(key, prefix=prefix)
-
-    async def txn(
-        self,
-        compares: Sequence[Compare],
-        on_success: Sequence[TxnOp],
-        on_failure: Sequence[TxnOp] = (),
-    ) -> TxnResult:
-        return await self._inner.txn(compares, on_success, on_failure)
-
-    async def grant(self, ttl: float) -> Lease:
-        return await self._inner.grant(ttl)
-
-    async def keepalive(self, lease_id: int) -> float:
-        return await self._inner.keepalive(lease_id)
-
-    async def revoke(self, lease_id: int) -> None:
-        await self._inner.revoke(lease_id)
-
-    def watch(
-        self, prefix: str, start_revision: int | None = None
-    ) -> AbstractAsyncContextManager[AsyncIterator[WatchEvent]]:
-        return self._inner.watch(prefix, start_revision)
-
-    async def revision(self) -> int:
-        return await self._inner.revision()
-
-    async def aclose(self) -> None:
-        await self._inner.aclose()
 
 
 async def store(data: bytes) -> str:
@@ -129,8 +90,9 @@ async def read(registry: Registry, key: str) -> object:
     return None if kv is None else decode_record(kv.key, kv.value)
 
 
-async def race(*calls: object) -> list[BaseException | object]:
-    """Run the zero-argument async callables concurrently; their results or errors."""
+async def race(*calls: object) -> tuple[object, BaseException]:
+    """Run the zero-argument async callables concurrently; exactly one must return
+    and exactly one be refused: ``(what the winner returned, the loser's error)``."""
     outcomes: list[BaseException | object] = [None] * len(calls)
 
     async def one(index: int, call: object) -> None:
@@ -143,13 +105,10 @@ async def race(*calls: object) -> list[BaseException | object]:
         async with trio.open_nursery() as nursery:
             for index, call in enumerate(calls):
                 nursery.start_soon(one, index, call)
-    return outcomes
-
-
-def split(outcomes: list[BaseException | object]) -> tuple[list[object], list[BaseException]]:
     won = [o for o in outcomes if not isinstance(o, BaseException)]
     lost = [o for o in outcomes if isinstance(o, BaseException)]
-    return won, lost
+    assert (len(won), len(lost)) == (1, 1), outcomes
+    return won[0], lost[0]
 
 
 # --------------------------------------------------------------------------- races
@@ -164,19 +123,15 @@ async def test_of_two_concurrent_flips_exactly_one_wins_and_the_loser_names_it(
     await ops.set_alias(registry, DOMAIN, "blue")
     racing = ReadBarrier(registry, alias_key(DOMAIN), parties=2)
 
-    outcomes = await race(
+    winner, loser = await race(
         lambda: ops.flip_alias(racing, DOMAIN, "green"),
         lambda: ops.flip_alias(racing, DOMAIN, "red"),
     )
 
-    won, lost = split(outcomes)
-    assert len(won) == 1
-    assert len(lost) == 1
-    winner = won[0]
     assert isinstance(winner, ops.FlipResult)
     assert winner.flipped
-    assert isinstance(lost[0], Conflict)
-    assert f"flipped to app {winner.alias.app} by another writer" in str(lost[0])
+    assert isinstance(loser, Conflict)
+    assert f"flipped to app {winner.alias.app} by another writer" in str(loser)
     assert await read(registry, alias_key(DOMAIN)) == AliasRecord(winner.alias.app)
     assert await read(registry, alias_previous_key(DOMAIN)) == AliasRecord("blue")
 
@@ -187,21 +142,17 @@ async def test_of_two_deploys_claiming_one_domain_exactly_one_wins(
     registry = backend.registry
     racing = ReadBarrier(registry, domain_key(DOMAIN), parties=2)
 
-    outcomes = await race(
+    winner, loser = await race(
         lambda: ops.deploy(racing, deploy_request("shop", [DOMAIN]), store, 1.0, inspect=inspect),
         lambda: ops.deploy(racing, deploy_request("store", [DOMAIN]), store, 1.0, inspect=inspect),
     )
 
-    won, lost = split(outcomes)
-    assert len(won) == 1
-    assert len(lost) == 1
-    winner = won[0]
     assert isinstance(winner, ops.DeployResult)
-    loser = "store" if winner.app.name == "shop" else "shop"
-    assert isinstance(lost[0], OperationRefused)
-    assert f"domain {DOMAIN} already belongs to app {winner.app.name}" in str(lost[0])
+    loser_name = "store" if winner.app.name == "shop" else "shop"
+    assert isinstance(loser, OperationRefused)
+    assert f"domain {DOMAIN} already belongs to app {winner.app.name}" in str(loser)
     assert await read(registry, domain_key(DOMAIN)) == DomainClaim(winner.app.name)
-    assert await registry.get(app_key(loser)) is None  # the losing deploy wrote nothing
+    assert await registry.get(app_key(loser_name)) is None  # the losing deploy wrote nothing
 
 
 async def test_of_two_apps_adding_one_domain_exactly_one_wins(backend: RegistryHarness) -> None:
@@ -210,18 +161,14 @@ async def test_of_two_apps_adding_one_domain_exactly_one_wins(backend: RegistryH
     await put_app(registry, "store")
     racing = ReadBarrier(registry, domain_key(DOMAIN), parties=2)
 
-    outcomes = await race(
+    winner, loser = await race(
         lambda: ops.set_domains(racing, "shop", add=[DOMAIN]),
         lambda: ops.set_domains(racing, "store", add=[DOMAIN]),
     )
 
-    won, lost = split(outcomes)
-    assert len(won) == 1
-    assert len(lost) == 1
-    winner = won[0]
     assert isinstance(winner, AppRecord)
     assert winner.domains == [DOMAIN]
-    assert f"already belongs to app {winner.name}" in str(lost[0])
+    assert f"already belongs to app {winner.name}" in str(loser)
     owners = [
         name
         for name in ("shop", "store")
@@ -236,18 +183,14 @@ async def test_of_two_concurrent_alias_sets_exactly_one_wins(backend: RegistryHa
     await put_app(registry, "green")
     racing = ReadBarrier(registry, alias_key(DOMAIN), parties=2)
 
-    outcomes = await race(
+    winner, loser = await race(
         lambda: ops.set_alias(racing, DOMAIN, "blue"),
         lambda: ops.set_alias(racing, DOMAIN, "green"),
     )
 
-    won, lost = split(outcomes)
-    assert len(won) == 1
-    assert len(lost) == 1
-    winner = won[0]
     assert isinstance(winner, ops.AliasView)
-    assert isinstance(lost[0], OperationRefused)
-    assert f"already exists and points at app {winner.app}" in str(lost[0])
+    assert isinstance(loser, OperationRefused)
+    assert f"already exists and points at app {winner.app}" in str(loser)
 
 
 async def test_an_alias_and_an_app_racing_for_one_domain_cannot_both_win(
@@ -259,19 +202,21 @@ async def test_an_alias_and_an_app_racing_for_one_domain_cannot_both_win(
     # Both read the claim key: the alias's set and the app's claim.
     racing = ReadBarrier(registry, domain_key(DOMAIN), parties=2)
 
-    outcomes = await race(
+    winner, loser = await race(
         lambda: ops.set_alias(racing, DOMAIN, "blue"),
         lambda: ops.set_domains(racing, "shop", add=[DOMAIN]),
     )
 
-    won, lost = split(outcomes)
-    assert len(won) == 1
-    assert len(lost) == 1
-    alias = await registry.get(alias_key(DOMAIN))
-    claim = await registry.get(domain_key(DOMAIN))
-    assert (alias is None) != (claim is None)
-    assert isinstance(lost[0], OperationRefused)
-    assert "a domain is one app's or one alias's" in str(lost[0])
+    alias = await read(registry, alias_key(DOMAIN))
+    claim = await read(registry, domain_key(DOMAIN))
+    if isinstance(winner, ops.AliasView):
+        assert (alias, claim) == (AliasRecord("blue"), None)
+    else:
+        assert isinstance(winner, AppRecord)
+        assert winner.domains == [DOMAIN]
+        assert (alias, claim) == (None, DomainClaim("shop"))
+    assert isinstance(loser, OperationRefused)
+    assert "a domain is one app's or one alias's" in str(loser)
 
 
 # --------------------------------------------------------------------------- aliases
