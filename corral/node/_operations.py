@@ -33,6 +33,7 @@ from corral.node._errors import Conflict, NotFound, OperationRefused, RequestInv
 from corral.node._requests import MAX_APP_DOMAINS, DeployRequest, Replicas
 from corral.registry import (
     ALIAS_PREFIX,
+    DOMAIN_PREFIX,
     AliasRecord,
     AppRecord,
     Compare,
@@ -55,6 +56,7 @@ from corral.registry import (
     decode_record,
     domain_key,
     intent_key,
+    is_valid_key,
     node_key,
     parse_key,
     placement_key,
@@ -157,6 +159,8 @@ async def _domain_changes(
         compares += [Compare.absent(alias_key(domain)), _guard_as_seen(domain_key(domain), claim)]
         ops.append(Put(domain_key(domain), DomainClaim(name).encode()))
     for domain in sorted(set(old) - set(new)):
+        if not is_valid_key(f"{DOMAIN_PREFIX}{domain}"):
+            continue  # a record written by hand may list a non-domain: nothing to release
         kv = await registry.get(domain_key(domain))
         claim = None if kv is None else _decoded(kv)
         if kv is not None and isinstance(claim, DomainClaim) and claim.app == name:

@@ -444,3 +444,14 @@ async def test_the_claim_and_the_record_are_one_transaction(backend: RegistryHar
     assert racing.raced
     assert app.domains == [DOMAIN]
     assert await read(registry, domain_key(DOMAIN)) == DomainClaim("shop")
+
+
+async def test_a_record_listing_a_non_domain_can_still_be_cleared_and_deleted(
+    backend: RegistryHarness,
+) -> None:
+    registry = backend.registry
+    await put_app(registry, "shop", ["Not A Domain", DOMAIN])
+    assert (await ops.set_domains(registry, "shop", clear=True)).domains == []
+    await put_app(registry, "shop", ["Not A Domain"])
+    await ops.delete_app(registry, "shop")
+    assert await registry.get(app_key("shop")) is None
