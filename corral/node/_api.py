@@ -22,6 +22,12 @@ Routes::
     POST   /v1/apps/{name}/selector       {"selector": {k: v}} or {"clear": true}
     POST   /v1/apps/{name}/replicas       {"replicas": "all" | N}
     POST   /v1/apps/{name}/retire
+    POST   /v1/apps/{name}/domains        {"add": [d, ...]} | {"remove": [d, ...]} | {"clear": true}
+    GET    /v1/aliases                    every alias: domain, app, previous, revision
+    POST   /v1/aliases/{domain}           {"app": A}: create, refused when it exists (409)
+    POST   /v1/aliases/{domain}/flip      {"app": A, "expect": revision?}: repoint (409 if raced)
+    POST   /v1/aliases/{domain}/rollback  {"expect": revision?}: flip to the previous app
+    DELETE /v1/aliases/{domain}
     DELETE /v1/apps/{name}
     POST   /v1/nodes/{node}/cordon | uncordon | drain   (drain: {"force": bool})
     GET    /v1/artifacts/{digest}         raw tar.gz, for peers
@@ -59,9 +65,11 @@ from corral.node._errors import (
     RequestInvalid,
 )
 from corral.node._requests import (
+    check_domain,
     check_name,
     parse_bool,
     parse_deploy,
+    parse_domains,
     parse_json_body,
     parse_pairs,
     parse_replicas,
@@ -249,6 +257,16 @@ async def _json_body(request: Request, limit: int) -> Mapping[str, Any]:
     return await trio.to_thread.run_sync(parse_json_body, raw)
 
 
+def _expected_revision(body: Mapping[str, Any]) -> int | None:
+    """``expect``: the alias revision the caller saw (``corral alias ls --json``)."""
+    value = body.get("expect")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise RequestInvalid("expect", f"{value!r} is not an alias revision (a whole number >= 1)")
+    return value
+
+
 def _refuse_unknown(body: Mapping[str, Any], allowed: set[str]) -> None:
     for key in sorted(body):
         if key not in allowed:
@@ -433,6 +451,59 @@ def build_api(services: ApiServices) -> ASGIApp:
         await changed(f"delete {name}")
         return JSONResponse({"deleted": name})
 
+    async def domains(request: Request) -> Response:
+        name = check_name("app", request.path_params["name"])
+        body = await body_of(request)
+        _refuse_unknown(body, {"add", "remove", "clear"})
+        clear = parse_bool(body.get("clear", False), "clear")
+        add = parse_domains(body.get("add", []), "add")
+        remove = parse_domains(body.get("remove", []), "remove")
+        if clear == bool(add or remove):
+            raise RequestInvalid(
+                "add",
+                'give {"add": ["d", ...]} and/or {"remove": ["d", ...]}, or {"clear": true}',
+            )
+        app = await ops.set_domains(registry, name, add=add, remove=remove, clear=clear)
+        await changed(f"domains {name}")
+        return JSONResponse({"app": record_json(app)})
+
+    async def list_aliases(request: Request) -> Response:
+        views, undecodable = await ops.list_aliases(registry)
+        return JSONResponse(
+            {
+                "aliases": [view.to_json() for view in views],
+                "undecodable": [{"key": u.key, "reason": u.reason} for u in undecodable],
+            }
+        )
+
+    async def set_alias(request: Request) -> Response:
+        domain = check_domain(request.path_params["domain"])
+        body = await body_of(request)
+        _refuse_unknown(body, {"app"})
+        app = check_name("app", body.get("app"), field="app")
+        view = await ops.set_alias(registry, domain, app)
+        return JSONResponse({"alias": view.to_json()}, status_code=201)
+
+    async def flip_alias(request: Request) -> Response:
+        domain = check_domain(request.path_params["domain"])
+        body = await body_of(request)
+        verb = request.path_params["verb"]
+        if verb == "flip":
+            _refuse_unknown(body, {"app", "expect"})
+            app = check_name("app", body.get("app"), field="app")
+            result = await ops.flip_alias(registry, domain, app, expect=_expected_revision(body))
+        elif verb == "rollback":
+            _refuse_unknown(body, {"expect"})
+            result = await ops.rollback_alias(registry, domain, expect=_expected_revision(body))
+        else:
+            raise NotFound(f"no alias operation {verb!r}; use flip or rollback")
+        return JSONResponse({"alias": result.alias.to_json(), "flipped": result.flipped})
+
+    async def remove_alias(request: Request) -> Response:
+        domain = check_domain(request.path_params["domain"])
+        app = await ops.remove_alias(registry, domain)
+        return JSONResponse({"removed": domain, "app": app})
+
     async def node_operation(request: Request) -> Response:
         node = check_name("node", request.path_params["node"], field="node")
         verb = request.path_params["verb"]
@@ -510,6 +581,11 @@ def build_api(services: ApiServices) -> ASGIApp:
             Route("/v1/apps/{name}/selector", selector, methods=["POST"]),
             Route("/v1/apps/{name}/replicas", replicas, methods=["POST"]),
             Route("/v1/apps/{name}/retire", retire, methods=["POST"]),
+            Route("/v1/apps/{name}/domains", domains, methods=["POST"]),
+            Route("/v1/aliases", list_aliases, methods=["GET"]),
+            Route("/v1/aliases/{domain}", set_alias, methods=["POST"]),
+            Route("/v1/aliases/{domain}", remove_alias, methods=["DELETE"]),
+            Route("/v1/aliases/{domain}/{verb}", flip_alias, methods=["POST"]),
             Route("/v1/nodes/{node}/{verb}", node_operation, methods=["POST"]),
             Route("/v1/artifacts/{digest}", artifact, methods=["GET"]),
         ],

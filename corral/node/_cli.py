@@ -188,8 +188,15 @@ def _build_parser() -> argparse.ArgumentParser:
         action="append",
         help="environment variable for the app; NAME alone copies it from this shell",
     )
+    deploy.add_argument(
+        "--domain",
+        metavar="D",
+        action="append",
+        help="a host name the app serves (repeatable; replaces its domains; a redeploy "
+        "without --domain keeps them)",
+    )
 
-    app = _verb(commands, "app", "change an app: selector, replicas, retire, delete")
+    app = _verb(commands, "app", "change an app: selector, replicas, domains, retire, delete")
     app_verbs = app.add_subparsers(dest="verb", metavar="VERB", required=True)
     selector = _verb(app_verbs, "selector", "set or clear the app's node selector", [common])
     selector.add_argument("--name", required=True, help="the app")
@@ -206,12 +213,43 @@ def _build_parser() -> argparse.ArgumentParser:
     replicas.add_argument(
         "--count", metavar="N|all", required=True, help="all, or a whole number >= 1"
     )
+    domains = _verb(app_verbs, "domains", "add, remove or clear the app's domains", [common])
+    domains.add_argument("--name", required=True, help="the app")
+    domain_choice = domains.add_mutually_exclusive_group(required=True)
+    domain_choice.add_argument(
+        "--add", metavar="D", action="append", help="claim a domain for the app (repeatable)"
+    )
+    domain_choice.add_argument(
+        "--remove", metavar="D", action="append", help="release one of its domains (repeatable)"
+    )
+    domain_choice.add_argument("--clear", action="store_true", help="release all its domains")
     for verb, text in (
         ("retire", "stop every instance of the app and keep its record (deploy revives it)"),
         ("delete", "remove the app; nodes stop it and clear its ports and files"),
     ):
         sub = _verb(app_verbs, verb, text, [common])
         sub.add_argument("--name", required=True, help="the app")
+
+    alias = _verb(commands, "alias", "point domains at apps: set, flip, rollback, ls, rm")
+    alias_verbs = alias.add_subparsers(dest="verb", metavar="VERB", required=True)
+    for verb, text in (
+        ("set", "create an alias DOMAIN -> APP (refused if the alias exists)"),
+        ("flip", "repoint an alias at APP; the app it pointed at becomes its previous"),
+        ("rollback", "flip an alias back to its previous app"),
+        ("rm", "remove an alias"),
+    ):
+        sub = _verb(alias_verbs, verb, text, [common])
+        sub.add_argument("domain", metavar="DOMAIN", help="the alias's host name")
+        if verb in ("set", "flip"):
+            sub.add_argument("app", metavar="APP", help="the app it points at")
+        if verb in ("flip", "rollback"):
+            sub.add_argument(
+                "--expect",
+                metavar="REV",
+                type=int,
+                help="refuse unless the alias is still at this revision (corral alias ls)",
+            )
+    _verb(alias_verbs, "ls", "list the aliases: domain, app, previous app, revision", [common])
 
     _verb(commands, "ps", "app instances across the cluster, and whether each can move", [common])
     _verb(
@@ -325,6 +363,7 @@ def _deploy(args: argparse.Namespace, stdout: TextIO) -> int:
     from corral.node._format import printable_tree
     from corral.node._requests import (
         check_name,
+        parse_domains,
         parse_env,
         parse_megabytes,
         parse_pairs,
@@ -342,6 +381,7 @@ def _deploy(args: argparse.Namespace, stdout: TextIO) -> int:
     env = _env_pairs(args.env)
     if env is not None:
         parse_env(env)
+    domains = None if args.domain is None else parse_domains(args.domain, "domain")
     packed = pack_directory(Path(args.directory))
     with _client(args) as client:
         answer = client.deploy(
@@ -353,6 +393,7 @@ def _deploy(args: argparse.Namespace, stdout: TextIO) -> int:
             disk_mb=args.disk_mb,
             pinned=args.pin,
             env=env,
+            domains=domains,
         )
     if args.json:
         _print_json(stdout, answer)
@@ -365,7 +406,8 @@ def _deploy(args: argparse.Namespace, stdout: TextIO) -> int:
         f"{'created' if answer['created'] else 'updated'} {app['name']}: revision "
         f"{app['deployment']['revision'][:12]} ({answer['artifact_size']} bytes, kept in {where}); "
         f"replicas {app['replicas']}, selector {selector_text}"
-        + (", pinned" if app["pinned"] else ""),
+        + (", pinned" if app["pinned"] else "")
+        + (f"; domains {', '.join(app['domains'])}" if app.get("domains") else ""),
         file=stdout,
     )
     return 0
@@ -373,9 +415,11 @@ def _deploy(args: argparse.Namespace, stdout: TextIO) -> int:
 
 def _app(args: argparse.Namespace, stdout: TextIO) -> int:
     from corral.node._format import printable_tree
-    from corral.node._requests import check_name, parse_pairs, parse_replicas
+    from corral.node._requests import check_name, parse_domains, parse_pairs, parse_replicas
 
     name = check_name("app", args.name)
+    add = parse_domains(args.add, "add") if getattr(args, "add", None) else ()
+    remove = parse_domains(args.remove, "remove") if getattr(args, "remove", None) else ()
     with _client(args) as client:
         if args.verb == "selector":
             pairs = None if args.clear else parse_pairs(args.set, "set")
@@ -388,6 +432,10 @@ def _app(args: argparse.Namespace, stdout: TextIO) -> int:
         elif args.verb == "replicas":
             answer = client.set_replicas(name, parse_replicas(args.count, "count"))
             text = f"{name}: replicas {answer['app']['replicas']}"
+        elif args.verb == "domains":
+            answer = client.set_domains(name, add=add, remove=remove, clear=args.clear)
+            owned = printable_tree(answer["app"]["domains"])
+            text = f"{name}: domains " + (", ".join(owned) or "none")
         elif args.verb == "retire":
             answer = client.retire(name)
             text = f"{name}: retired; its instances stop, `corral deploy` brings it back"
@@ -398,6 +446,35 @@ def _app(args: argparse.Namespace, stdout: TextIO) -> int:
         _print_json(stdout, answer)
     else:
         print(text, file=stdout)
+    return 0
+
+
+def _alias(args: argparse.Namespace, stdout: TextIO) -> int:
+    from corral.node._format import alias_message, aliases_table
+    from corral.node._requests import check_domain, check_name
+
+    if args.verb == "ls":
+        with _client(args) as client:
+            answer = client.aliases()
+        print(json.dumps(answer, indent=2) if args.json else aliases_table(answer), file=stdout)
+        return 0
+    domain = check_domain(args.domain)
+    app = check_name("app", args.app, field="app") if args.verb in ("set", "flip") else None
+    with _client(args) as client:
+        if args.verb == "set":
+            assert app is not None
+            answer = client.set_alias(domain, app)
+        elif args.verb == "flip":
+            assert app is not None
+            answer = client.flip_alias(domain, app, expect=args.expect)
+        elif args.verb == "rollback":
+            answer = client.rollback_alias(domain, expect=args.expect)
+        else:
+            answer = client.remove_alias(domain)
+    if args.json:
+        _print_json(stdout, answer)
+    else:
+        print(alias_message(args.verb, answer), file=stdout)
     return 0
 
 
@@ -496,6 +573,7 @@ def _dispatch(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
     handlers: dict[str, Callable[[argparse.Namespace, TextIO], int]] = {
         "deploy": _deploy,
         "app": _app,
+        "alias": _alias,
         "ps": _read_command,
         "state": _read_command,
         "events": _read_command,

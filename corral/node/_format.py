@@ -424,3 +424,41 @@ def event_line(event: Mapping[str, Any]) -> str:
     return " ".join(
         p for p in (stamp, str(event.get("kind")), str(event.get("path")), details) if p
     )
+
+
+ALIAS_HEADERS = ("DOMAIN", "APP", "PREVIOUS", "REVISION")
+
+
+def aliases_table(answer: Mapping[str, Any]) -> str:
+    """``corral alias ls``: one row per alias, then any alias key that cannot be read."""
+    answer = printable_tree(answer)
+    aliases = answer.get("aliases") or []
+    lines = [
+        table(
+            ALIAS_HEADERS,
+            [(a["domain"], a["app"], a.get("previous"), a.get("revision")) for a in aliases],
+        )
+        if aliases
+        else "no aliases; create one with: corral alias set DOMAIN APP"
+    ]
+    lines += [
+        f"unreadable: {u['key']} ({u['reason']}); remove it with corral alias rm"
+        for u in answer.get("undecodable") or []
+    ]
+    return "\n".join(lines)
+
+
+def alias_message(verb: str, answer: Mapping[str, Any]) -> str:
+    """What ``corral alias set | flip | rollback | rm`` prints."""
+    answer = printable_tree(answer)
+    if verb == "rm":
+        return f"{answer['removed']}: alias removed (it pointed at {answer['app']})"
+    alias = answer["alias"]
+    if verb == "set":
+        return f"{alias['domain']} -> {alias['app']}: alias created"
+    if not answer.get("flipped"):
+        return f"{alias['domain']} -> {alias['app']}: already points there; nothing changed"
+    return (
+        f"{alias['domain']} -> {alias['app']}: flipped from {alias['previous']} "
+        f"(revision {alias['revision']}; corral alias rollback {alias['domain']} undoes it)"
+    )

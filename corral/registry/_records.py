@@ -26,7 +26,7 @@ import json
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias
+from typing import TYPE_CHECKING, Any, Final, Literal, Self, TypeAlias
 
 from corral.registry._errors import InvalidKey, InvalidName
 
@@ -47,6 +47,7 @@ INTENT_PREFIX: Final = "intent/"
 PLACEMENT_PREFIX: Final = "placement/"
 PORTS_PREFIX: Final = "ports/"
 ALIAS_PREFIX: Final = "alias/"
+DOMAIN_PREFIX: Final = "domain/"
 ARTIFACTS_PREFIX: Final = "artifacts/"
 DOWN_PREFIX: Final = "down/"
 
@@ -63,6 +64,7 @@ class KeyKind(enum.StrEnum):
     PORT = "ports"
     ALIAS = "alias"
     ALIAS_PREVIOUS = "alias-previous"
+    DOMAIN = "domain"
     ROUTING = "routing"
     ARTIFACT = "artifacts"
     SECRET_FINGERPRINT = "cluster"
@@ -231,6 +233,11 @@ def alias_previous_key(domain: str) -> str:
     return f"alias/{validate_domain(domain)}/previous"
 
 
+def domain_key(domain: str) -> str:
+    """``domain/<domain>``: the claim that gives a domain to one app."""
+    return f"domain/{validate_domain(domain)}"
+
+
 def artifact_key(digest: str) -> str:
     return f"artifacts/{validate_digest(digest)}"
 
@@ -254,8 +261,8 @@ def parse_key(key: str) -> tuple[KeyKind, tuple[str, ...]]:
 
 _KEY_SHAPES = (
     "accepted: apps/<app>, nodes/<node>, intent/<node>, placement/<app>, lease/coordinator, "
-    "ports/<node>/<port>, alias/<domain>, alias/<domain>/previous, routing, artifacts/<sha256>, "
-    "cluster/secret-fingerprint, down/<node>"
+    "ports/<node>/<port>, alias/<domain>, alias/<domain>/previous, domain/<domain>, routing, "
+    "artifacts/<sha256>, cluster/secret-fingerprint, down/<node>"
 )
 
 
@@ -290,6 +297,8 @@ def _parse_key(key: str) -> tuple[KeyKind, tuple[str, ...]]:
         return KeyKind.ALIAS, (validate_domain(parts[0]),)
     if head == "alias" and len(parts) == 2 and parts[1] == "previous":
         return KeyKind.ALIAS_PREVIOUS, (validate_domain(parts[0]),)
+    if head == "domain" and len(parts) == 1:
+        return KeyKind.DOMAIN, (validate_domain(parts[0]),)
     if head == "artifacts" and len(parts) == 1:
         return KeyKind.ARTIFACT, (validate_digest(parts[0]),)
     raise ValueError("no such key")
@@ -839,8 +848,8 @@ class PortClaim:
 
 
 @dataclass(frozen=True, slots=True)
-class AliasRecord:
-    """``alias/<domain>`` and ``alias/<domain>/previous``: the app a domain points at."""
+class _AppPointer:
+    """A value naming one app (``{"app": name}``)."""
 
     app: str
 
@@ -851,8 +860,20 @@ class AliasRecord:
         return _dump({"app": self.app})
 
     @classmethod
-    def from_json(cls, obj: dict[str, Any]) -> AliasRecord:
+    def from_json(cls, obj: dict[str, Any]) -> Self:
         return cls(app=_str(_field(obj, "app"), "app"))
+
+
+@dataclass(frozen=True, slots=True)
+class AliasRecord(_AppPointer):
+    """``alias/<domain>`` and ``alias/<domain>/previous``: the app a domain points at."""
+
+
+@dataclass(frozen=True, slots=True)
+class DomainClaim(_AppPointer):
+    """``domain/<domain>``: the app that owns a domain. Written in the same txn as
+    the app record that lists the domain, guarded on the claim being absent (and on
+    no ``alias/<domain>``), so one domain belongs to one app or one alias."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -897,6 +918,7 @@ Record: TypeAlias = (
     | CoordinatorLease
     | PortClaim
     | AliasRecord
+    | DomainClaim
     | RoutingTable
     | Artifact
     | SecretFingerprint
@@ -921,6 +943,7 @@ _JSON_DECODERS: Final[dict[KeyKind, Callable[[dict[str, Any]], Record]]] = {
     KeyKind.PORT: PortClaim.from_json,
     KeyKind.ALIAS: AliasRecord.from_json,
     KeyKind.ALIAS_PREVIOUS: AliasRecord.from_json,
+    KeyKind.DOMAIN: DomainClaim.from_json,
     KeyKind.ROUTING: RoutingTable.from_json,
     KeyKind.SECRET_FINGERPRINT: SecretFingerprint.from_json,
     KeyKind.DOWN: NodeDown.from_json,
