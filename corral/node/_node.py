@@ -109,6 +109,10 @@ COORDINATOR = "coordinator"
 PROCESS_STOP_GRACE = 10.0
 
 ASK_TIMEOUT = 2.0
+#: How often a view asks the lease holder's coordinator before saying it cannot, and the
+#: pause between asks (a coordinator busy with a pass answers a moment later).
+HOLDER_ASK_TRIES = 3
+HOLDER_RETRY_PAUSE = 0.3
 
 
 @dataclass(frozen=True)
@@ -389,18 +393,25 @@ async def ask_holder(
     transport. Never raises: ``{"holder": ..., "error": ...}`` says why it failed."""
     if not holder:
         return {"holder": None, "error": "no coordinator holds the lease right now"}
-    if holder == services.runtime.node_id:
-        answer = (
-            local
-            if local is not None
-            else await services.ask(f"/{COORDINATOR}", GetCoordinatorState())
-        )
-    else:
-        answer = await services.ask(f"/{COORDINATOR}", GetCoordinatorState(), node=holder)
+    node = None if holder == services.runtime.node_id else holder
+    answer = local if node is None and isinstance(local, dict) and "error" not in local else None
+    tries = 0
+    while answer is None or (isinstance(answer, dict) and "error" in answer):
+        # The holder may be busy with a pass (it handles one message at a time) or not
+        # yet reachable over the transport: ask again a bounded number of times.
+        if tries == HOLDER_ASK_TRIES:
+            break
+        if tries:
+            await trio.sleep(HOLDER_RETRY_PAUSE)
+        tries += 1
+        answer = await services.ask(f"/{COORDINATOR}", GetCoordinatorState(), node=node)
     if isinstance(answer, dict) and "error" not in answer:
         return answer
     why = answer.get("error") if isinstance(answer, dict) else answer
-    return {"holder": holder, "error": f"cannot ask coordinator {holder}: {why}"}
+    return {
+        "holder": holder,
+        "error": f"cannot ask coordinator {holder}: {why} (asked {tries} times)",
+    }
 
 
 async def coordination_view(services: NodeServices, state: dict[str, Any]) -> Any:
