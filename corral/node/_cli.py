@@ -72,6 +72,17 @@ def _node_run_options(run: argparse.ArgumentParser) -> None:
     run.add_argument("--lease-ttl-ms", metavar="MS", help="coordinator lease TTL (45000)")
     run.add_argument("--node-ttl-ms", metavar="MS", help="node record lease TTL (15000)")
     run.add_argument("--shutdown-grace-ms", metavar="MS", help="grace per actor on stop (10000)")
+    run.add_argument(
+        "--metrics-listen",
+        metavar="HOST:PORT",
+        help="also serve GET /metrics without a token here (loopback only; the API serves "
+        "it with the token anyway)",
+    )
+    run.add_argument(
+        "--log-format",
+        metavar="text|json",
+        help="log lines for people (text, the default) or one JSON object per line (json)",
+    )
 
 
 def _positive_seconds(text: str) -> float:

@@ -53,9 +53,10 @@ from corral.actors.node_record import (
     claim_on_start,
     node_registration_child_spec,
 )
+from corral.actors.port_allocator import ListPorts
 from corral.actors.process_supervisor import ListProcesses, enable_subreaper
 from corral.actors.reconciler import AgentSpec, LastPass
-from corral.node._api import ApiServices, build_api, record_json
+from corral.node._api import ApiServices, build_api, build_metrics_app, record_json
 from corral.node._artifact_store import ArtifactStore, Materializer
 from corral.node._config import SETTINGS, NodeConfig, load_config_file, resolve_node_config
 from corral.node._errors import ConfigError
@@ -71,6 +72,13 @@ from corral.node._identity import (
     process_running,
     same_fingerprint,
     secret_fingerprint,
+)
+from corral.node._logging import configure_logging, log_event, set_log_node
+from corral.node._metrics import (
+    InstrumentedRegistry,
+    MetricsSources,
+    NodeMetrics,
+    registry_observer,
 )
 from corral.node._peers import PeerDirectory
 from corral.node._server import ApiServer
@@ -94,6 +102,7 @@ from corral.registry import (
 from corral.supervision import (
     ActorSystem,
     ChildSpec,
+    Event,
     Strategy,
     SupervisionError,
     SupervisorSpec,
@@ -181,7 +190,10 @@ def prepare_runtime(config: NodeConfig, hostname: str | None = None) -> NodeRunt
 
 def check_bindable(config: NodeConfig) -> None:
     """Fail early, in one line, when the API or peer address is taken."""
-    for flag, address in (("--api", config.api), ("--listen", config.listen)):
+    addresses = [("--api", config.api), ("--listen", config.listen)]
+    if config.metrics_listen is not None:
+        addresses.append(("--metrics-listen", config.metrics_listen))
+    for flag, address in addresses:
         family = socket.AF_INET6 if ":" in address.host else socket.AF_INET
         with socket.socket(family, socket.SOCK_STREAM) as probe:
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -197,11 +209,28 @@ def check_bindable(config: NodeConfig) -> None:
 class NodeServices:
     """The node's view of itself for the API: state, actors, events."""
 
-    def __init__(self, runtime: NodeRuntime, registry: Registry, events: EventLog) -> None:
+    def __init__(
+        self,
+        runtime: NodeRuntime,
+        registry: Registry,
+        events: EventLog,
+        metrics: NodeMetrics | None = None,
+    ) -> None:
         self.runtime = runtime
         self.registry = registry
         self.events = events
         self.system: ActorSystem | None = None
+        self.metrics = metrics
+        if metrics is not None:
+            metrics.sources = MetricsSources(
+                actors=self.actors,
+                coordinator=lambda: self.ask(f"/{COORDINATOR}", GetCoordinatorState()),
+                processes=lambda: self.ask(
+                    f"/{AGENT}/{AgentSpec.PROCESS_SUPERVISOR}", ListProcesses()
+                ),
+                ports=lambda: self.ask(f"/{AGENT}/{AgentSpec.PORT_ALLOCATOR}", ListPorts()),
+                reconcile=lambda: self.ask(f"/{AGENT}/{AgentSpec.RECONCILER}", LastPass()),
+            )
 
     async def ask(self, path: str, message: object, node: str | None = None) -> Any:
         assert self.system is not None
@@ -312,6 +341,7 @@ def root_spec(
                 events=services.recent_events,
                 wall_clock=time.time,
                 coordinator=services.coordination,
+                metrics=None if services.metrics is None else services.metrics.scrape,
             )
         )
 
@@ -336,6 +366,17 @@ def root_spec(
     children.append(
         ChildSpec(name="api", factory=lambda: ApiServer(api_app, config.api), shutdown_grace=3.0)
     )
+    metrics, metrics_listen = services.metrics, config.metrics_listen
+    if metrics is not None and metrics_listen is not None:
+        children.append(
+            ChildSpec(
+                name="metrics",
+                factory=lambda: ApiServer(
+                    lambda: build_metrics_app(metrics.scrape), metrics_listen
+                ),
+                shutdown_grace=3.0,
+            )
+        )
     return tuple(children)
 
 
@@ -535,7 +576,13 @@ async def run_node(
     """
     check_bindable(config)  # before anything is written under --data-dir
     runtime = prepare_runtime(config)
-    events = EventLog()
+    set_log_node(runtime.node_id)
+    metrics = NodeMetrics(runtime.node_id)
+    # Every event is counted; in the JSON log each is also a line.
+    listeners = [metrics.observe]
+    if config.log_format == "json":
+        listeners.append(_log_event)
+    events = EventLog(listeners=listeners)
     taken: list[HeldElsewhere] = []
     halt = trio.Event()
 
@@ -547,11 +594,14 @@ async def run_node(
         await stop.wait()
         halt.set()
 
-    async with open_registry(config.registry_url) as registry:
+    async with open_registry(config.registry_url) as opened:
+        registry = InstrumentedRegistry(
+            opened, registry_backend(config.registry_url), registry_observer(metrics)
+        )
         await check_cluster_secret(runtime, registry)
         replaces = await check_node_id_free(runtime, registry)
         persist_node_id(config.data_dir, runtime.node_id)
-        services = NodeServices(runtime, registry, events)
+        services = NodeServices(runtime, registry, events, metrics)
         async with open_websocket_transport(
             runtime.node_id,
             (config.listen.host, config.listen.port),
@@ -638,14 +688,14 @@ async def serve_until_signalled(config: NodeConfig) -> None:
             nursery.cancel_scope.cancel()
 
 
-def configure_logging(stream: TextIO) -> None:
-    logging.basicConfig(
-        level=os.environ.get("CORRAL_LOG_LEVEL", "INFO").upper(),
-        stream=stream,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    logging.getLogger("hypercorn.error").setLevel(logging.WARNING)
-    logging.getLogger("httpx").setLevel(logging.WARNING)
+def registry_backend(url: str) -> str:
+    """The registry's kind for metric labels: ``sqlite``, ``etcd``, ``memory``..."""
+    scheme, sep, _ = url.partition("://")
+    return scheme if sep and scheme else "unknown"
+
+
+def _log_event(event: Event) -> None:
+    log_event(event.kind, event.path, event.fields)
 
 
 def config_from_args(
@@ -664,7 +714,7 @@ def config_from_args(
 def node_run_command(args: argparse.Namespace, stderr: TextIO) -> int:
     """``corral node run``; returns the exit status."""
     config = config_from_args(args, os.environ)
-    configure_logging(stderr)
+    configure_logging(stderr, config.log_format)
     try:
         try:
             trio.run(serve_until_signalled, config)
