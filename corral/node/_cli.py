@@ -228,7 +228,12 @@ def _build_parser() -> argparse.ArgumentParser:
     )
 
     demo = _verb(commands, "demo", "a three-node cluster on this machine, narrated")
-    demo.add_argument("--keep", action="store_true", help="keep the temporary directory")
+    demo.add_argument(
+        "--keep",
+        action="store_true",
+        help="leave the cluster running after the story, with how to reach it (corral "
+        "inspect...), until Ctrl-C; its data directories and logs are kept",
+    )
 
     plan = commands.add_parser(
         "plan",
