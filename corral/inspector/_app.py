@@ -133,6 +133,7 @@ class Inspector(App[int]):
     """
 
     TITLE = "corral inspect"
+    ENABLE_COMMAND_PALETTE = False
     CSS = """
     #status { height: 1; background: $panel; }
     #filter { display: none; }
@@ -144,13 +145,13 @@ class Inspector(App[int]):
     """
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("tab", "pane(1)", "next pane", priority=True),
-        Binding("shift+tab", "pane(-1)", "previous pane", priority=True),
+        Binding("shift+tab", "pane(-1)", "previous pane", priority=True, show=False),
         Binding("slash", "filter", "filter"),
         Binding("n", "pick_node", "node"),
         Binding("c", "node_op('cordon')", "cordon"),
         Binding("u", "node_op('uncordon')", "uncordon"),
         Binding("d", "node_op('drain')", "drain"),
-        Binding("r", "refresh", "refresh"),
+        Binding("r", "refresh", "refresh", show=False),
         Binding("question_mark", "help", "help"),
         Binding("q", "quit_inspector", "quit"),
         Binding("escape", "clear_filter", show=False),
@@ -315,7 +316,10 @@ class Inspector(App[int]):
         self._fill(
             "cluster-table",
             "cluster",
-            [(r[0].removesuffix(" *"), r) for r in model.cluster_rows(self.nodes_answer)],
+            [
+                (r[0].removesuffix(" *"), r)
+                for r in model.cluster_rows(self.nodes_answer, self.ps_answer)
+            ],
         )
         self._fill(
             "apps-table", "apps", [(f"{r[0]}@{r[1]}", r) for r in model.app_rows(self.ps_answer)]
@@ -339,10 +343,10 @@ class Inspector(App[int]):
     def redraw_status(self) -> None:
         where = self.source.api_url
         me = self.state_answer.get("node_id") or "?"
-        if self.problem:
-            text = f"node gone: {self.problem}" + (
-                " (showing what was last read)" if self.last_read else ""
-            )
+        if self.problem and self.last_read is None:
+            text = f"no node yet: {self.problem}"
+        elif self.problem:
+            text = f"node gone: {self.problem} (showing what was last read)"
         else:
             text = f"{where} (node {me})"
             if self.stream_problem:

@@ -88,11 +88,35 @@ def capacity_bars(capacity: object) -> tuple[str, str]:
 # ---------------------------------------------------------------------- cluster
 
 
-CLUSTER_COLUMNS = ("NODE", "STATE", "LABELS", "RACK", "MEMORY", "DISK", "APPS")
+CLUSTER_COLUMNS = ("NODE", "STATE", "LABELS", "RACK", "MEMORY", "DISK", "APPS SERVED")
 
 
-def cluster_rows(nodes_answer: Mapping[str, Any]) -> list[tuple[str, ...]]:
-    """One row per node of ``GET /v1/nodes``; the coordinator's id carries a ``*``."""
+def served_by_node(ps_answer: Mapping[str, Any]) -> dict[str, list[str]]:
+    """node -> the apps ``GET /v1/ps`` shows running (or starting) there, sorted."""
+    served: dict[str, set[str]] = {}
+    for row in _list(ps_answer.get("rows")):
+        row = _map(row)
+        node, app = row.get("node"), row.get("app")
+        if (
+            isinstance(node, str)
+            and isinstance(app, str)
+            and row.get("state")
+            in (
+                "running",
+                "starting",
+                "crash-loop",
+            )
+        ):
+            served.setdefault(node, set()).add(app)
+    return {node: sorted(apps) for node, apps in served.items()}
+
+
+def cluster_rows(
+    nodes_answer: Mapping[str, Any], ps_answer: Mapping[str, Any] | None = None
+) -> list[tuple[str, ...]]:
+    """One row per node of ``GET /v1/nodes``; the coordinator's id carries a ``*``; the
+    apps each serves by name when ``ps_answer`` says, else how many."""
+    served = served_by_node(ps_answer or {})
     rows: list[tuple[str, ...]] = []
     for node in _list(nodes_answer.get("nodes")):
         node = _map(node)
@@ -106,7 +130,7 @@ def cluster_rows(nodes_answer: Mapping[str, Any]) -> list[tuple[str, ...]]:
                 _text(node.get("rack")),
                 memory,
                 disk,
-                _text(node.get("serving")),
+                ", ".join(served[node_id]) if served.get(node_id) else _text(node.get("serving")),
             )
         )
     return rows
@@ -117,7 +141,10 @@ def cluster_summary(nodes_answer: Mapping[str, Any]) -> str:
     holder = nodes_answer.get("coordinator")
     if not holder:
         return "no node holds the coordinator lease right now"
-    return f"coordinator {holder} (fence {_text(nodes_answer.get('fence'))})  * marks it"
+    return (
+        f"coordinator {holder} (fence {_text(nodes_answer.get('fence'))}, * in the list)   "
+        "c / u / d: cordon, uncordon, drain the selected node"
+    )
 
 
 def node_ids(nodes_answer: Mapping[str, Any]) -> list[str]:

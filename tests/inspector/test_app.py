@@ -63,7 +63,9 @@ def test_cluster_pane_lists_nodes_with_coordinator_labels_and_capacity() -> None
         assert [r[0] for r in rows] == ["n1 *", "n2"]
         assert rows[0][1:4] == ["alive", "zone=a", "-"]
         assert rows[0][4] == "[####------] 40%"  # 400 of 1000 MiB in use
-        assert "coordinator n1 (fence 7)" in text(app, "cluster-summary")
+        assert rows[0][6] == "greeter, hello"
+        assert rows[1][6] == "greeter, keeper"
+        assert text(app, "cluster-summary").startswith("coordinator n1 (fence 7, * in the list)")
 
     run(scenario)
 
@@ -186,6 +188,24 @@ def test_node_going_away_is_said_and_followed_back() -> None:
     run(scenario)
 
 
+def test_a_node_not_there_at_the_start_is_said_and_awaited() -> None:
+    fake = FakeNode()
+    fake.go_away()
+
+    async def main() -> None:
+        source = NodeSource("http://127.0.0.1:7400", TOKEN, transport=fake.transport())
+        app = Inspector(source, interval=0.05)
+        async with app.run_test(size=SIZE) as pilot:
+            await until(pilot, lambda: fake.requests >= 2, "a second try")
+            status = text(app, "status")
+            assert status.startswith("no node yet: cannot reach http://127.0.0.1:7400")
+            fake.come_back()
+            await until(pilot, lambda: app.connected, "the node")
+            await until(pilot, lambda: len(cells(app, "cluster-table")) == 2, "its nodes")
+
+    asyncio.run(main())
+
+
 def test_missing_fields_never_crash_it() -> None:
     fake = FakeNode()
     fake.nodes = lambda: {"nodes": [{"node": "x"}, "junk", {}]}  # type: ignore[method-assign]
@@ -216,8 +236,13 @@ def test_main_screen_snapshot() -> None:
     shot: list[str] = []
 
     async def scenario(app: Inspector, pilot: Pilot[int], fake: FakeNode) -> None:
-        await pilot.pause(0.1)
-        shot.append(screen_text(app.export_screenshot()))
+        def drawn() -> bool:
+            # Wait for a frame with everything on it: rows and the footer's keys.
+            screen = screen_text(app.export_screenshot())
+            shot[:] = [screen]
+            return "greeter, keeper" in screen and "q quit" in screen
+
+        await until(pilot, drawn, "the whole screen")
 
     run(scenario)
     screen = re.sub(r"read \d\d:\d\d:\d\d", "read HH:MM:SS", shot[0])
