@@ -111,6 +111,12 @@ def served_by_node(ps_answer: Mapping[str, Any]) -> dict[str, list[str]]:
     return {node: sorted(apps) for node, apps in served.items()}
 
 
+def _apps_served(names: list[str] | None, count: object) -> str:
+    if names:
+        return ", ".join(names)
+    return _text(count) if count else "-"
+
+
 def cluster_rows(
     nodes_answer: Mapping[str, Any], ps_answer: Mapping[str, Any] | None = None
 ) -> list[tuple[str, ...]]:
@@ -130,7 +136,7 @@ def cluster_rows(
                 _text(node.get("rack")),
                 memory,
                 disk,
-                ", ".join(served[node_id]) if served.get(node_id) else _text(node.get("serving")),
+                _apps_served(served.get(node_id), node.get("serving")),
             )
         )
     return rows

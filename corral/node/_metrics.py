@@ -53,6 +53,8 @@ REGISTRY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 
 MAX_LABEL_VALUES = 500
 #: The outcomes every node reports for coordinator passes, 0 until they happen.
 PASS_OUTCOMES = ("applied", "paused", "refused", "skipped")
+#: What the coordinator counts next to its passes that is a change of the lease.
+LEASE_CHANGES = frozenset({"acquired", "lost"})
 
 JSONDict = dict[str, Any]
 
@@ -165,14 +167,22 @@ class _ViewCollector(Collector):
             yield family
         passes = CounterMetricFamily(
             "corral_coordinator_passes",
-            "Coordinator passes (and lease events) on this node, by outcome",
+            "Coordinator passes on this node, by outcome",
             labels=["outcome"],
+        )
+        lease = CounterMetricFamily(
+            "corral_coordinator_lease_changes",
+            "Times this node's coordinator acquired or lost the lease",
+            labels=["change"],
         )
         raw = state.get("passes")
         counts: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
-        for outcome in sorted(set(PASS_OUTCOMES) | {str(k) for k in counts}):
+        for outcome in sorted(set(PASS_OUTCOMES) | {str(k) for k in counts} - LEASE_CHANGES):
             passes.add_metric([outcome], _number(counts.get(outcome)) or 0.0)
+        for change in sorted(LEASE_CHANGES):
+            lease.add_metric([change], _number(counts.get(change)) or 0.0)
         yield passes
+        yield lease
         for name, help_text in (
             ("unplaced", "Apps the coordinator cannot place (fully)"),
             ("deferred", "Moves the coordinator put off (cooldown, disruption budget)"),

@@ -103,7 +103,10 @@ async def test_a_scrape_reads_the_nodes_views() -> None:
     # A field of the wrong type is left out, never a failed scrape.
     assert ("corral_actor_mailbox_depth", (("path", "/agent/reconciler"),)) not in got
     passes = {k[1][0][1]: v for k, v in got.items() if k[0] == "corral_coordinator_passes_total"}
-    assert passes == {"acquired": 1, "applied": 3, "paused": 0, "refused": 0, "skipped": 12}
+    assert passes == {"applied": 3, "paused": 0, "refused": 0, "skipped": 12}
+    lease = (("change", "acquired"),)
+    assert got[("corral_coordinator_lease_changes_total", lease)] == 1
+    assert got[("corral_coordinator_lease_changes_total", (("change", "lost"),))] == 0
     assert got[("corral_coordinator_coordinating", ())] == 1
     assert got[("corral_coordinator_fence", ())] == 7
     assert got[("corral_coordinator_unplaced", ())] == 1
