@@ -16,8 +16,9 @@ from typing import Any
 import httpx
 
 JSONDict = dict[str, Any]
-#: Seconds one read may take; a node busy longer than this is reported, not waited on.
-READ_TIMEOUT = 5.0
+#: Seconds one read may take; a node busy longer than this is reported, not waited on
+#: (``GET /v1/state`` may spend a few seconds asking a busy coordinator).
+READ_TIMEOUT = 10.0
 #: The longest event line accepted from a stream (a larger one ends the stream).
 MAX_EVENT_LINE = 256 * 1024
 

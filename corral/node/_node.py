@@ -122,6 +122,8 @@ ASK_TIMEOUT = 2.0
 #: pause between asks (a coordinator busy with a pass answers a moment later).
 HOLDER_ASK_TRIES = 3
 HOLDER_RETRY_PAUSE = 0.3
+#: Seconds all those asks may take together (a view must answer a client in time).
+HOLDER_ASK_BUDGET = 4.0
 
 
 @dataclass(frozen=True)
@@ -232,11 +234,13 @@ class NodeServices:
                 reconcile=lambda: self.ask(f"/{AGENT}/{AgentSpec.RECONCILER}", LastPass()),
             )
 
-    async def ask(self, path: str, message: object, node: str | None = None) -> Any:
+    async def ask(
+        self, path: str, message: object, node: str | None = None, wait_s: float = ASK_TIMEOUT
+    ) -> Any:
         assert self.system is not None
         try:
             ref = self.system.ref(path, node=node)
-            return await ref.ask(message, timeout=ASK_TIMEOUT)
+            return await ref.ask(message, timeout=wait_s)
         except (SupervisionError, TransportError) as exc:
             # A view that cannot be had is reported in the state, never a 500.
             return {"error": str(exc)}
@@ -437,15 +441,20 @@ async def ask_holder(
     node = None if holder == services.runtime.node_id else holder
     answer = local if node is None and isinstance(local, dict) and "error" not in local else None
     tries = 0
+    deadline = trio.current_time() + HOLDER_ASK_BUDGET
     while answer is None or (isinstance(answer, dict) and "error" in answer):
         # The holder may be busy with a pass (it handles one message at a time) or not
-        # yet reachable over the transport: ask again a bounded number of times.
-        if tries == HOLDER_ASK_TRIES:
+        # yet reachable over the transport: ask again, a bounded number of times within
+        # a bounded time.
+        pause = HOLDER_RETRY_PAUSE if tries else 0.0
+        left = deadline - trio.current_time() - pause
+        if tries == HOLDER_ASK_TRIES or left <= 0:
             break
-        if tries:
-            await trio.sleep(HOLDER_RETRY_PAUSE)
+        await trio.sleep(pause)
         tries += 1
-        answer = await services.ask(f"/{COORDINATOR}", GetCoordinatorState(), node=node)
+        answer = await services.ask(
+            f"/{COORDINATOR}", GetCoordinatorState(), node=node, wait_s=min(ASK_TIMEOUT, left)
+        )
     if isinstance(answer, dict) and "error" not in answer:
         return answer
     why = answer.get("error") if isinstance(answer, dict) else answer

@@ -13,6 +13,7 @@ from corral.node._config import resolve_node_config
 from corral.node._errors import ConfigError
 from corral.node._events import EventLog, jsonable
 from corral.node._node import (
+    HOLDER_ASK_BUDGET,
     HOLDER_ASK_TRIES,
     HOLDER_RETRY_PAUSE,
     NodeServices,
@@ -264,3 +265,28 @@ async def test_a_busy_coordinator_is_asked_again_before_the_cooldown_is_called_u
     assert answer["policy"] == {"cooldown_s": 60.0}
     assert system.asks == 2
     assert trio.current_time() - started == HOLDER_RETRY_PAUSE
+
+
+class _AlwaysBusySystem:
+    def ref(self, path: str, node: str | None = None) -> _AlwaysBusySystem:
+        return self
+
+    async def ask(self, message: object, timeout: float) -> object:
+        await trio.sleep(timeout)
+        raise AskTimeout(f"no reply from c/coordinator within {timeout} s; the actor is busy")
+
+
+async def test_asking_a_busy_coordinator_again_is_bounded_in_time(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    registry = MemoryRegistry()
+    config = resolve_node_config({"data-dir": "d", "node-id": "n1"}, {}, cwd=tmp_path)
+    services = NodeServices(prepare_runtime(config), registry, EventLog())
+    services.system = _AlwaysBusySystem()  # type: ignore[assignment]
+    await registry.put(COORDINATOR_LEASE_KEY, CoordinatorLease(holder="c", acquired_at=0).encode())
+    started = trio.current_time()
+    answer = await services.coordination()
+    # 2 s, a pause, then the 1.7 s left of the budget: never longer than the budget.
+    assert trio.current_time() - started == pytest.approx(HOLDER_ASK_BUDGET)
+    assert answer["error"].endswith("(asked 2 times)")
+    assert "busy" in answer["error"]
