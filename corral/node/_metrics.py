@@ -8,7 +8,8 @@ a scrape asks the actors (as ``GET /v1/state`` does), hands the answers to a
 custom collector, and renders the text. Three kinds of series need more:
 
 * counts of things that happen between scrapes (process starts, exits, crash
-  loops; refused transport frames; lost peers) come from the actor system's event
+  loops; reconciler actions; refused transport frames; lost peers) come from the
+  actor system's event
   stream: the node's event log hands each event to :meth:`NodeMetrics.observe`;
 * registry latency comes from :class:`InstrumentedRegistry`, a thin wrapper the
   node assembly puts around its registry;
@@ -237,22 +238,6 @@ class _ViewCollector(Collector):
     def _reconcile(self, last: Any) -> Iterable[Metric]:
         if not isinstance(last, Mapping) or "error" in last:
             return
-        actions = GaugeMetricFamily(
-            "corral_reconcile_last_pass_actions",
-            "Actions of the last reconcile pass, by kind and result",
-            labels=["action", "ok"],
-        )
-        tally: dict[tuple[str, str], int] = {}
-        for action in last.get("actions") or ():
-            if isinstance(action, Mapping):
-                key = (
-                    str(action.get("action") or action.get("kind") or "?"),
-                    "true" if action.get("ok", True) else "false",
-                )
-                tally[key] = tally.get(key, 0) + 1
-        for (kind, ok), count in sorted(tally.items()):
-            actions.add_metric([kind, ok], float(count))
-        yield actions
         serving = _number(last.get("serving"))
         if serving is not None:
             family = GaugeMetricFamily("corral_reconcile_serving", "Apps this node serves")
@@ -298,6 +283,12 @@ class NodeMetrics:
             "corral_transport_peers_lost",
             "Times a peer's connection was lost",
             ["peer"],
+            registry=r,
+        )
+        self.reconcile_actions = Counter(
+            "corral_reconcile_actions",
+            "Reconciler actions, by kind and whether they succeeded",
+            ["action", "ok"],
             registry=r,
         )
         self.pass_duration = Histogram(
@@ -358,6 +349,12 @@ class NodeMetrics:
             peer = str(fields.get("peer") or "?")[:100]
             if self._bounded(kind, (peer,)):
                 self.peers_lost.labels(peer=peer).inc()
+        elif kind.startswith("reconcile.") and kind != "reconcile.published":
+            failed = kind == "reconcile.failed"
+            action = str(fields.get("action") or "?")[:50] if failed else kind[len("reconcile.") :]
+            labels = (action[:50], "false" if failed else "true")
+            if self._bounded("reconcile", labels):
+                self.reconcile_actions.labels(action=labels[0], ok=labels[1]).inc()
         elif kind == "coordinator.pass":
             duration = _number(fields.get("duration"))
             if duration is not None:

@@ -118,7 +118,6 @@ async def test_a_scrape_reads_the_nodes_views() -> None:
     assert got[("corral_ports_free", ())] == 7  # 10 in the range, 2 held, 1 resting
     assert got[("corral_ports_held", ())] == 2
     assert got[("corral_ports_quarantined", ())] == 1
-    assert got[("corral_reconcile_last_pass_actions", (("action", "stop"), ("ok", "false")))] == 1
     assert got[("corral_reconcile_serving", ())] == 1
     assert got[("corral_coordinator_pass_duration_seconds_count", ())] == 1
     assert got[("corral_coordinator_pass_duration_seconds_bucket", (("le", "0.05"),))] == 1
@@ -148,6 +147,9 @@ async def test_events_count_starts_exits_loops_and_refused_frames() -> None:
     metrics.observe_event("transport.rejected", {"peer": "n2", "code": "too-large"})
     metrics.observe_event("transport.peer-lost", {"peer": "n2"})
     metrics.observe_event("process.started", {"app": None})  # malformed: ignored
+    metrics.observe_event("reconcile.start", {"app": "web"})
+    metrics.observe_event("reconcile.failed", {"app": "db", "action": "start", "error": "x"})
+    metrics.observe_event("reconcile.published", {"serving": 1})
     got = samples(await metrics.scrape())
     assert got[("corral_process_starts_total", (("app", "web"),))] == 3
     assert got[("corral_process_exits_total", (("app", "web"),))] == 1
@@ -155,6 +157,15 @@ async def test_events_count_starts_exits_loops_and_refused_frames() -> None:
     refused = (("code", "too-large"), ("peer", "n2"))
     assert got[("corral_transport_frames_refused_total", refused)] == 1
     assert got[("corral_transport_peers_lost_total", (("peer", "n2"),))] == 1
+    start = ("corral_reconcile_actions_total", (("action", "start"), ("ok", "true")))
+    failed = ("corral_reconcile_actions_total", (("action", "start"), ("ok", "false")))
+    assert got[start] == 1
+    assert got[failed] == 1
+    assert not [
+        k
+        for k in got
+        if k[0] == "corral_reconcile_actions_total" and ("action", "published") in k[1]
+    ]
 
 
 async def test_a_pass_event_with_its_duration_is_counted_exactly() -> None:
