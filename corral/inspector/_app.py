@@ -181,6 +181,12 @@ class Inspector(App[int]):
         self.filters: dict[str, str] = dict.fromkeys(PANES, "")
         self.actors_node: str | None = None
         self.selected_actor: str | None = None
+        #: why the chosen node's actor tree cannot be read, if it cannot.
+        self.actors_error: str | None = None
+        #: recent events of the chosen node when it is not the one connected to.
+        self.remote_events: list[JSONDict] = []
+        #: the rows each table shows now (a table is redrawn only when they change).
+        self._drawn: dict[str, list[tuple[str, tuple[str, ...]]]] = {}
         self.connected = False
         self.problem: str | None = None
         self.stream_problem: str | None = None
@@ -278,13 +284,18 @@ class Inspector(App[int]):
         try:
             self.actor_tree = await self.source.get("/v1/actors", base)
             self.actors_error = None
+            if base is not None and self.selected_actor is not None:
+                # Another node's actor is open: its recent events come from that node.
+                answer = await self.source.get("/v1/events", base)
+                events = answer.get("events")
+                self.remote_events = (
+                    [e for e in events if isinstance(e, dict)] if isinstance(events, list) else []
+                )
         except SourceError as exc:
             self.actor_tree = {}
             self.actors_error = str(exc)
             return
         self.history.observe(self.actor_tree, self._monotonic())
-
-    actors_error: str | None = None
 
     async def _follow_forever(self) -> None:
         backoff = 0.2
@@ -376,6 +387,9 @@ class Inspector(App[int]):
         table = self.query_one(f"#{table_id}", DataTable)
         needle = self.filters[pane]
         kept = [(key, row) for key, row in rows if model.matches(" ".join(row), needle)]
+        if self._drawn.get(table_id) == kept:
+            return  # unchanged: no redraw, the cursor stays as it is
+        self._drawn[table_id] = kept
         at_end = table.row_count == 0 or table.cursor_row >= table.row_count - 1
         current = self._cursor_key(table)
         table.clear()
@@ -402,7 +416,9 @@ class Inspector(App[int]):
 
     def show_actor(self, path: str) -> None:
         self.selected_actor = path
-        details = model.actor_details(self.actor_tree, path, list(self.event_log))
+        local = self.actors_node in (None, self.state_answer.get("node_id"))
+        events = list(self.event_log) if local else self.remote_events
+        details = model.actor_details(self.actor_tree, path, events)
         self.query_one("#actor-details", Static).update(details)
 
     # ------------------------------------------------------------------ keys
@@ -410,6 +426,7 @@ class Inspector(App[int]):
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
         if event.data_table.id == "actors-table" and event.row_key.value is not None:
             self.show_actor(str(event.row_key.value))
+            self._wake.set()  # another node's events for it are read on the next poll
 
     def action_pane(self, step: int) -> None:
         index = PANES.index(self.pane) if self.pane in PANES else 0
@@ -461,8 +478,10 @@ class Inspector(App[int]):
             if node is not None and node != self.actors_node:
                 self.actors_node = node
                 self.selected_actor = None
+                self.remote_events = []
                 self.history.clear()
                 self.query_one(TabbedContent).active = "actors"
+                self.query_one("#actors-table", DataTable).focus()
                 self._wake.set()
 
         self.push_screen(NodePicker(model.node_ids(self.nodes_answer), self.actors_node), chosen)

@@ -172,8 +172,18 @@ class FakeNode:
             return httpx.Response(403, json={"error": "wrong bearer token"})
         path = request.url.path
         if request.method == "GET":
-            if path == "/v1/events":
+            if path == "/v1/events" and request.url.params.get("follow") == "1":
                 return httpx.Response(200, content=self._stream())
+            if path == "/v1/events":
+                # The other node (n2, on port 7410) has events of its own.
+                remote = request.url.port == 7410
+                event = {
+                    "seq": 9,
+                    "kind": "reconcile.stop",
+                    "path": "/agent/reconciler",
+                    "fields": {"app": "on-n2" if remote else "on-n1"},
+                }
+                return httpx.Response(200, json={"events": [event]})
             if path == "/v1/actors":
                 self.handled += 5
                 return httpx.Response(200, json=_tree(self.handled))

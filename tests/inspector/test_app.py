@@ -29,7 +29,7 @@ def run(scenario: Callable[[Inspector, Pilot[int], FakeNode], Awaitable[None]]) 
 
     async def main() -> Inspector:
         source = NodeSource("http://127.0.0.1:7400", TOKEN, transport=fake.transport())
-        app = Inspector(source, interval=0.05)
+        app = Inspector(source, interval=0.2)
         async with app.run_test(size=SIZE) as pilot:
             await until(pilot, lambda: app.connected and app.actor_tree != {})
             await scenario(app, pilot, fake)
@@ -165,6 +165,11 @@ def test_n_chooses_whose_actors_and_help_and_q() -> None:
         assert app.actors_node == "n2"
         assert app.pane == "actors"
         await until(pilot, lambda: "actors of n2" in text(app, "actors-title"))
+        await until(pilot, lambda: len(cells(app, "actors-table")) == 6, "n2's actors")
+        await pilot.press("down", "down", "down", "enter")
+        # Its recent events come from n2, not from the node the inspector follows.
+        await until(pilot, lambda: "app=on-n2" in text(app, "actor-details"), "n2's events")
+        assert "actor.crashed" not in text(app, "actor-details")
         await pilot.press("q")
 
     app = run(scenario)
@@ -194,7 +199,7 @@ def test_a_node_not_there_at_the_start_is_said_and_awaited() -> None:
 
     async def main() -> None:
         source = NodeSource("http://127.0.0.1:7400", TOKEN, transport=fake.transport())
-        app = Inspector(source, interval=0.05)
+        app = Inspector(source, interval=0.2)
         async with app.run_test(size=SIZE) as pilot:
             await until(pilot, lambda: fake.requests >= 2, "a second try")
             status = text(app, "status")
@@ -215,7 +220,7 @@ def test_missing_fields_never_crash_it() -> None:
 
     async def main() -> None:
         source = NodeSource("http://127.0.0.1:7400", TOKEN, transport=fake.transport())
-        app = Inspector(source, interval=0.05)
+        app = Inspector(source, interval=0.2)
         async with app.run_test(size=SIZE) as pilot:
             await until(pilot, lambda: app.connected)
             await pilot.press("tab", "tab", "tab", "tab", "c", "escape", "d", "escape")
