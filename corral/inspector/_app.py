@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from urllib.parse import quote
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
@@ -106,7 +107,7 @@ class NodePicker(ModalScreen[str | None]):
     def compose(self) -> ComposeResult:
         with Vertical(id="picker"):
             yield Static("Whose actors? (enter picks, escape cancels)", markup=False)
-            options = OptionList(*self._choices, id="nodes")
+            options = OptionList(*(Text(node) for node in self._choices), id="nodes")
             yield options
 
     def on_mount(self) -> None:
@@ -508,7 +509,7 @@ class Inspector(App[int]):
 
     async def _node_op(self, verb: str, node: str) -> None:
         try:
-            answer = await self.source.post(f"/v1/nodes/{node}/{verb}")
+            answer = await self.source.post(f"/v1/nodes/{quote(node, safe='')}/{verb}")
         except SourceError as exc:
             self.say(f"{verb} {node} failed: {exc}")
             return
@@ -519,7 +520,7 @@ class Inspector(App[int]):
     def say(self, text: str) -> None:
         self.last_action = text
         self.query_one("#action", Static).update(text)
-        self.notify(text, timeout=4)
+        self.notify(text, timeout=4, markup=False)
 
 
 def run_app(source: NodeSource, *, interval: float = 1.0) -> int:

@@ -213,7 +213,9 @@ def test_a_node_not_there_at_the_start_is_said_and_awaited() -> None:
 
 def test_missing_fields_never_crash_it() -> None:
     fake = FakeNode()
-    fake.nodes = lambda: {"nodes": [{"node": "x"}, "junk", {}]}  # type: ignore[method-assign]
+    fake.nodes = lambda: {  # type: ignore[method-assign]
+        "nodes": [{"node": "x"}, "junk", {}, {"node": "[red]evil[/", "labels": {"[b": "]"}}]
+    }
     fake.ps = lambda: {"rows": [{}, None]}  # type: ignore[method-assign]
     fake.apps = lambda: {"apps": "nope"}  # type: ignore[method-assign]
     fake.state = lambda: {"coordination": {"holder": "x", "error": "busy"}}  # type: ignore[method-assign]
@@ -224,11 +226,15 @@ def test_missing_fields_never_crash_it() -> None:
         async with app.run_test(size=SIZE) as pilot:
             await until(pilot, lambda: app.connected)
             await pilot.press("tab", "tab", "tab", "tab", "c", "escape", "d", "escape")
-            assert [r[0] for r in cells(app, "cluster-table")] == [
-                "x",
-                "?",
-            ]  # junk rows collapse into one
+            names = [r[0] for r in cells(app, "cluster-table")]
+            assert names == ["x", "?", "[red]evil[/"]  # junk collapses; markup stays text
             assert "decisions unknown: busy" in text(app, "apps-extra")
+            # Acting on a node whose name looks like markup: it is shown as text.
+            await pilot.press("shift+tab", "shift+tab", "shift+tab", "shift+tab")
+            await pilot.press("down", "down", "c", "y")
+            await until(
+                pilot, lambda: "cordon [red]evil[/" in app.last_action, f"it: {fake.posts}"
+            )
 
     asyncio.run(main())
 
