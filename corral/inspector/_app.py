@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from urllib.parse import quote
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
+from urllib.parse import quote
 
 from rich.text import Text
 from textual.app import App, ComposeResult
