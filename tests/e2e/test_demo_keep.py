@@ -60,8 +60,14 @@ def test_demo_keep_leaves_a_cluster_to_inspect_until_ctrl_c() -> None:
         assert "corral inspect --api http://127.0.0.1:" in story
         api, token_file = nodes["node-1"]
         data_dir = str(token_file.parent)
-        ps = corral("ps", "--api", api, "--data-dir", data_dir)
-        assert len(re.findall(r"^hello\s+node-\d\s+running", ps, re.M)) == 3
+        # hello runs on all three (given a moment: a restart after a stray signal is
+        # allowed, the kept cluster is a live one).
+        for _ in range(60):
+            ps = corral("ps", "--api", api, "--data-dir", data_dir)
+            if len(re.findall(r"^hello\s+node-\d\s+running", ps, re.M)) == 3:
+                break
+            time.sleep(0.5)
+        assert len(re.findall(r"^hello\s+node-\d\s+running", ps, re.M)) == 3, ps
         assert "node-1" in corral("inspect", "--once", "--api", api, "--data-dir", data_dir)
 
         async def inspect() -> None:
