@@ -31,6 +31,8 @@ Routes::
     DELETE /v1/apps/{name}
     POST   /v1/nodes/{node}/cordon | uncordon | drain   (drain: {"force": bool})
     GET    /v1/artifacts/{digest}         raw tar.gz, for peers
+    GET    /metrics                       Prometheus text format (also without a token
+                                          on the loopback --metrics-listen address)
 """
 
 from __future__ import annotations
@@ -94,6 +96,8 @@ MAX_BODY_BYTES = MAX_ARTIFACT_BYTES * 4 // 3 + 64 * 1024
 #: Bodies up to this size are parsed on the event loop; larger ones in a thread.
 PARSE_INLINE_BYTES = 256 * 1024
 EVENT_POLL_INTERVAL = 0.25
+#: The Prometheus text format, version 0.0.4.
+METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 JSONDict = dict[str, Any]
 
@@ -124,6 +128,8 @@ class ApiServices:
     coordinator: Callable[[], Awaitable[JSONDict]] | None = None
     #: request bodies larger than this are refused with 413 while they stream in.
     max_body_bytes: int = MAX_BODY_BYTES
+    #: ``GET /metrics``: the node's metrics in the Prometheus text format (None: 404).
+    metrics: Callable[[], Awaitable[bytes]] | None = None
 
 
 def record_json(record: AppRecord | NodeRecord | PlacementRecord | NodeIntent) -> JSONDict:
@@ -538,6 +544,11 @@ def build_api(services: ApiServices) -> ASGIApp:
             raise NotFound(f"this node holds no artifact {digest}")
         return Response(data, media_type="application/gzip")
 
+    async def metrics(request: Request) -> Response:
+        if services.metrics is None:
+            raise NotFound("this node serves no metrics")
+        return Response(await services.metrics(), media_type=METRICS_CONTENT_TYPE)
+
     async def on_request_invalid(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, RequestInvalid)
         return _error(400, str(exc), exc.field)
@@ -588,6 +599,7 @@ def build_api(services: ApiServices) -> ASGIApp:
             Route("/v1/aliases/{domain}/{verb}", flip_alias, methods=["POST"]),
             Route("/v1/nodes/{node}/{verb}", node_operation, methods=["POST"]),
             Route("/v1/artifacts/{digest}", artifact, methods=["GET"]),
+            Route("/metrics", metrics, methods=["GET"]),
         ],
         exception_handlers={
             RequestInvalid: on_request_invalid,
@@ -606,3 +618,15 @@ def build_api(services: ApiServices) -> ASGIApp:
         ],
     )
     return app
+
+
+def build_metrics_app(scrape: Callable[[], Awaitable[bytes]]) -> ASGIApp:
+    """``GET /metrics`` alone, without a token: for the loopback ``--metrics-listen``
+    address (the configuration refuses any other)."""
+
+    async def metrics(request: Request) -> Response:
+        return Response(await scrape(), media_type=METRICS_CONTENT_TYPE)
+
+    return Starlette(
+        routes=[Route("/metrics", metrics, methods=["GET"])], middleware=[Middleware(ErrorIds)]
+    )

@@ -99,6 +99,17 @@ def _node_run_options(run: argparse.ArgumentParser) -> None:
         metavar="PCT",
         help="refuse relocations below this share of usable nodes (50)",
     )
+    run.add_argument(
+        "--metrics-listen",
+        metavar="HOST:PORT",
+        help="also serve GET /metrics without a token here (loopback only; the API serves "
+        "it with the token anyway)",
+    )
+    run.add_argument(
+        "--log-format",
+        metavar="text|json",
+        help="log lines for people (text, the default) or one JSON object per line (json)",
+    )
 
 
 def _positive_seconds(text: str) -> float:
@@ -260,20 +271,34 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     events = _verb(commands, "events", "what this node's actors did recently", [common])
     events.add_argument("--follow", "-f", action="store_true", help="keep printing new events")
-    inspect = _verb(commands, "inspect", "live view of this node's actor tree", [common])
+    inspect = _verb(
+        commands,
+        "inspect",
+        "the interactive inspector: nodes, apps, routes, actors and events, live "
+        "(press ? in it for the keys)",
+        [common],
+    )
     inspect.add_argument(
         "--interval",
         metavar="SECONDS",
         type=_positive_seconds,
         default=1.0,
-        help="redraw every SECONDS (default 1)",
+        help="read the node every SECONDS (default 1)",
     )
     inspect.add_argument(
-        "--once", action="store_true", help="print the tree once and exit (--json implies it)"
+        "--once",
+        action="store_true",
+        help="print the actor tree once as plain text and exit, for scripts (also when "
+        "standard output is not a terminal; --json implies it)",
     )
 
     demo = _verb(commands, "demo", "a three-node cluster on this machine, narrated")
-    demo.add_argument("--keep", action="store_true", help="keep the temporary directory")
+    demo.add_argument(
+        "--keep",
+        action="store_true",
+        help="leave the cluster running after the story, with how to reach it (corral "
+        "inspect...), until Ctrl-C; its data directories and logs are kept",
+    )
 
     plan = commands.add_parser(
         "plan",
@@ -557,16 +582,21 @@ def _inspect(args: argparse.Namespace, stdout: TextIO) -> int:
     from corral.inspector import run_inspector
     from corral.node._format import printable_tree
 
-    with _client(args) as client:
-        if args.json:
-            _print_json(stdout, client.actors())
-            return 0
-        return run_inspector(
-            lambda: printable_tree(client.actors()),
-            stdout,
-            interval=args.interval,
-            once=args.once,
-        )
+    if args.json or args.once or not stdout.isatty():
+        with _client(args) as client:
+            if args.json:
+                _print_json(stdout, client.actors())
+                return 0
+            return run_inspector(
+                lambda: printable_tree(client.actors()), stdout, interval=args.interval, once=True
+            )
+    from corral.inspector import NodeSource, run_app
+    from corral.node._client import environment, resolve_api_url, resolve_token_and_source
+
+    env = environment()
+    url = resolve_api_url(args.api, env)
+    token, _ = resolve_token_and_source(args.token, env, args.data_dir, Path.cwd())
+    return run_app(NodeSource(url, token), interval=args.interval)
 
 
 def _dispatch(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:

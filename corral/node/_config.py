@@ -11,6 +11,7 @@ the setting, where it came from, and what is allowed.
 
 from __future__ import annotations
 
+import ipaddress
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -72,7 +73,10 @@ SETTINGS: dict[str, str] = {
     "cooldown-ms": "ms",
     "disruption-budget": "count",
     "min-usable-percent": "percent",
+    "metrics-listen": "address",
+    "log-format": "str",
 }
+LOG_FORMATS = ("text", "json")
 
 
 def env_name(setting: str) -> str:
@@ -137,6 +141,9 @@ class NodeConfig:
     disruption_budget: int = DEFAULT_DISRUPTION_BUDGET
     #: below this share of usable nodes (of those known) relocations are refused.
     min_usable_percent: int = DEFAULT_MIN_USABLE_PERCENT
+    #: a loopback address serving ``GET /metrics`` without a token (None: only the API).
+    metrics_listen: Address | None = None
+    log_format: str = "text"
 
 
 def parse_address(text: str, where: str) -> Address:
@@ -325,6 +332,24 @@ def resolve_node_config(
             "make --port-range-end larger than --port-range-start"
         )
 
+    found = pick("metrics-listen")
+    metrics_listen = None
+    if found is not None:
+        metrics_listen = parse_address(_file_text("metrics-listen", *found), found[1])
+        if not _loopback(metrics_listen.host):
+            raise ConfigError(
+                f"{found[1]}: {metrics_listen} is not a loopback address; the metrics "
+                "listener takes no token, so it serves only 127.0.0.1 or ::1 (scrape "
+                "GET /metrics on --api with the token from elsewhere)"
+            )
+    log_format = (text("log-format") or "text").strip().lower()
+    if log_format not in LOG_FORMATS:
+        given = pick("log-format")
+        raise ConfigError(
+            f"{given[1] if given else '--log-format'}: {log_format!r} is not a log format; "
+            f"give {' or '.join(LOG_FORMATS)}"
+        )
+
     return NodeConfig(
         data_dir=data_dir,
         registry_url=registry_url,
@@ -359,4 +384,13 @@ def resolve_node_config(
         min_usable_percent=number(
             "min-usable-percent", DEFAULT_MIN_USABLE_PERCENT, low=0, high=100
         ),
+        metrics_listen=metrics_listen,
+        log_format=log_format,
     )
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"

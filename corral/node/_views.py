@@ -107,6 +107,17 @@ class CoordinatorView:
                 )
         return cls(cooldown_s=float(cooldown), deferred=deferred, holder=holder)
 
+    def unknown_because(self) -> str:
+        """Why the cooldown is unknown, in a few words (the full reason is ``error``)."""
+        error = self.error or ""
+        if self.holder is None:
+            return "no node holds the coordinator lease yet"
+        if "no reply" in error or "within" in error:
+            return f"coordinator {self.holder} is busy and did not answer in time"
+        if "does not report" in error:
+            return f"coordinator {self.holder} does not report it"
+        return f"coordinator {self.holder} cannot be asked"
+
     def to_json(self) -> dict[str, Any]:
         """What ``GET /v1/ps`` says of the coordinator next to the rows."""
         if self.error is not None:
@@ -173,7 +184,7 @@ def relocation(
     elif coordinator.cooldown_s is not None:
         until = None if placed_at is None else placed_at + coordinator.cooldown_s
     elif placed_at is not None:
-        return "yes (cooldown unknown: the coordinator's state is unavailable)"
+        return f"yes (cooldown unknown: {coordinator.unknown_because()})"
     else:
         until = None
     if until is not None and now < until:
@@ -282,6 +293,8 @@ class NodeRow:
     down_since: float | None = None
     #: when its grace lapses and its work is relocated (down nodes only).
     grace_until: float | None = None
+    #: memory and disk in MiB, total and free (the record's ``capacity``), when it says.
+    capacity: dict[str, int] | None = None
 
     def to_json(self) -> dict[str, object]:
         return asdict(self)
@@ -398,6 +411,7 @@ def node_rows(
                 since=None if status is None else _number(status.get("since")),
                 down_since=None if status is None else _number(status.get("down_since")),
                 grace_until=None if status is None else _number(status.get("grace_until")),
+                capacity=record.capacity.to_json() if record and record.capacity else None,
             )
         )
     return rows

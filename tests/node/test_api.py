@@ -403,7 +403,7 @@ async def test_ps_says_the_cooldown_is_unknown_when_the_coordinator_cannot_be_as
     fx.coordinator_state = {"holder": "n2", "error": why}
     answer = await ps_answer(fx)
     assert answer["rows"][0]["reloc"] == (
-        "yes (cooldown unknown: the coordinator's state is unavailable)"
+        "yes (cooldown unknown: coordinator n2 cannot be asked)"
     )
     assert answer["coordinator"] == {"holder": "n2", "error": why}
 

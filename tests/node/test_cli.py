@@ -335,6 +335,12 @@ def test_node_ls_and_inspect_json(
     code, out, _ = run(["inspect", "--json", *AUTH], capsys)
     assert code == 0
     assert json.loads(out) == answers["/v1/actors"]
+    # Not a terminal (a pipe, a script): the tree once, as plain text, not the TUI.
+    code, out, _ = run(["inspect", *AUTH], capsys)
+    assert code == 0
+    assert out.splitlines()[0].startswith("ACTOR")
+    assert out.splitlines()[1].startswith("n1")
+    assert "\x1b" not in out
 
 
 def test_forced_drain_names_the_pinned_apps_it_stops_and_ps_says_why_reloc_cannot_tell(

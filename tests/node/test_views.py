@@ -128,8 +128,14 @@ def test_reloc_prefers_the_coordinators_deferred_until() -> None:
     assert reloc(until, now=220.0) == "yes"  # the cooldown is over: it moves next pass
     budget = CoordinatorView(cooldown_s=600.0, deferred={("web", "n1"): None})
     assert reloc(budget) == "yes (deferred by the disruption budget: moves on a later pass)"
-    unknown = CoordinatorView(error="cannot ask coordinator n2: timed out")
-    assert reloc(unknown) == "yes (cooldown unknown: the coordinator's state is unavailable)"
+    unknown = CoordinatorView(
+        holder="n2", error="cannot ask coordinator n2: no reply from n2/coordinator within 2.0 s"
+    )
+    assert reloc(unknown) == (
+        "yes (cooldown unknown: coordinator n2 is busy and did not answer in time)"
+    )
+    nobody = CoordinatorView.from_state({"holder": None, "error": "no coordinator holds it"})
+    assert reloc(nobody) == "yes (cooldown unknown: no node holds the coordinator lease yet)"
     # An instance that cannot move says so whatever the coordinator's state.
     all_apps = {"web": AppRecord(name="web", replicas="all")}
     assert ps_rows(all_apps, placed, nodes, {}, now=160.0, coordinator=unknown)[0].reloc.startswith(
