@@ -885,6 +885,7 @@ class Coordinator(Actor):
                 trigger=trigger,
                 writes=counts.get("writes", 0),
                 error=error,
+                duration=self._last_pass["duration"],
             )
 
     def _state(self) -> dict[str, Any]:
