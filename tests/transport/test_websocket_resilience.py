@@ -27,6 +27,7 @@ from corral.transport._websocket import (
 )
 from corral.transport._ws_net import MemoryStreamNetwork
 from corral.transport._ws_rules import ReconnectPolicy, parse_peer_address, reconnect_delay
+from corral.transport._ws_wire import pack
 
 SECRET = b"virtual-secret"
 POLICY = ReconnectPolicy(initial=0.5, factor=2.0, maximum=4.0, jitter=0.5)
@@ -428,7 +429,7 @@ async def test_a_flood_of_oversized_frames_logs_a_few_lines_and_a_count(
         conn = a._links["node-b"].conn
         assert conn is not None
         for _ in range(40):  # a sender that ignores the limit it was told
-            await conn.ws.send_message(b"x" * 200)
+            await conn.ws.send_message(pack([b"x" * 200]))
         await trio.sleep(1)
         status = b.peer_status("node-a")
         assert status is not None
@@ -443,7 +444,7 @@ async def test_a_flood_of_oversized_frames_logs_a_few_lines_and_a_count(
         told = [r.getMessage() for r in caplog.records if "peer 'node-b' refused" in r.getMessage()]
         assert len(told) == 5  # the sender's side of the same flood
         await trio.sleep(60)  # a new window: the next line says how many went unlogged
-        await conn.ws.send_message(b"x" * 200)
+        await conn.ws.send_message(pack([b"x" * 200]))
         await trio.sleep(1)
         refused = [
             r.getMessage()
