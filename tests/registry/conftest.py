@@ -6,14 +6,16 @@ etcd's own clock on etcd (short real TTLs, bounded waits).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import itertools
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 
 import pytest
 
 from corral.registry import MemoryRegistry, Registry
 from corral.registry._sqlite import SQLiteRegistry
-from corral.registry._testing import (
+from corral.testing import (
     ManualClock,
     RegistryHarness,
     etcd_endpoint_from_env,
@@ -45,9 +47,9 @@ def etcd_endpoint() -> str:
     return etcd_endpoint_from_env()
 
 
-@pytest.fixture
-async def backend(backend_name: str, tmp_path: Path) -> AsyncIterator[RegistryHarness]:
-    name = backend_name
+@asynccontextmanager
+async def open_backend(name: str, db_path: Path) -> AsyncIterator[RegistryHarness]:
+    """A fresh registry of backend ``name`` (SQLite: in a new file at ``db_path``)."""
     if name == "etcd":
         async with open_test_etcd_registry() as etcd:
             yield RegistryHarness(name, etcd, None)
@@ -58,7 +60,7 @@ async def backend(backend_name: str, tmp_path: Path) -> AsyncIterator[RegistryHa
         registry = MemoryRegistry(clock)
     else:
         registry = await SQLiteRegistry.open(
-            tmp_path / "registry.db",
+            db_path,
             clock=clock,
             poll_interval=0.01,
             synchronous="FULL" if name == "sqlite-full" else "NORMAL",
@@ -67,3 +69,18 @@ async def backend(backend_name: str, tmp_path: Path) -> AsyncIterator[RegistryHa
         yield RegistryHarness(name, registry, clock)
     finally:
         await registry.aclose()
+
+
+@pytest.fixture
+def make_backend(
+    backend_name: str, tmp_path: Path
+) -> Callable[[], AbstractAsyncContextManager[RegistryHarness]]:
+    """A factory of fresh registries of the backend under test (for ``check_registry``)."""
+    numbers = itertools.count(1)
+    return lambda: open_backend(backend_name, tmp_path / f"registry-{next(numbers)}.db")
+
+
+@pytest.fixture
+async def backend(backend_name: str, tmp_path: Path) -> AsyncIterator[RegistryHarness]:
+    async with open_backend(backend_name, tmp_path / "registry.db") as harness:
+        yield harness

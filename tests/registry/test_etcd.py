@@ -21,16 +21,14 @@ from corral.registry import (
     RegistryUnavailable,
     RevisionCompacted,
 )
-from corral.registry._testing import open_test_etcd_registry, take_events
+from corral.testing import open_test_etcd_registry, take_events
 
 
 def b64(text: str) -> str:
     return base64.b64encode(text.encode()).decode()
 
 
-def mock(
-    handler: Callable[[httpx.Request], httpx.Response], *endpoints: str
-) -> EtcdRegistry:
+def mock(handler: Callable[[httpx.Request], httpx.Response], *endpoints: str) -> EtcdRegistry:
     return EtcdRegistry(
         list(endpoints) or ["e1:2379"],
         transport=httpx.MockTransport(handler),
