@@ -22,8 +22,7 @@ and puts the message in the mailbox.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
 import outcome
 
@@ -68,8 +67,7 @@ class Target(Protocol):
 T = TypeVar("T", bound=Target)
 
 
-@dataclass(frozen=True, slots=True)
-class Reject:
+class Reject(NamedTuple):
     """Refuse the frame: log it, and answer with an error envelope if ``ask_id`` is set."""
 
     peer: str
@@ -78,8 +76,7 @@ class Reject:
     reason: str
 
 
-@dataclass(frozen=True, slots=True)
-class Reply:
+class Reply(NamedTuple):
     """The answer to one of our asks (``correlation_id`` None: it names none)."""
 
     peer: str
@@ -87,8 +84,7 @@ class Reply:
     result: outcome.Outcome[Any]
 
 
-@dataclass(frozen=True, slots=True)
-class Deliver(Generic[T]):
+class Deliver(NamedTuple, Generic[T]):
     """Put ``message`` in ``target``'s mailbox; ``ask_id`` set: the sender awaits a reply."""
 
     peer: str
