@@ -200,6 +200,9 @@ class _Connection:
         self.send_scopes: set[trio.CancelScope] = set()  # writes in progress, cancelled on loss
         # Held by whoever writes a message: the writer task, or a sender writing through.
         self.write_lock = trio.Lock()
+        # A write was cancelled part way: the stream may end in half a message, so
+        # no closing handshake may follow; the stream is just closed.
+        self.torn = False
 
 
 class _Link:
@@ -447,23 +450,24 @@ class WebSocketTransport(Transport):
     async def _write_through(self, link: _Link, conn: _Connection, data: bytes) -> None:
         """Write ``data`` to ``conn`` from the sending task, as a packet of one.
 
-        Shielded from the caller's cancellation, so that no half message is left
-        on the wire, but not from the connection's loss (then the frame is lost,
-        as a queued one would be).
+        Not shielded (a cancel scope per frame costs more than the rest of the
+        write): if the caller is cancelled while the message is being written,
+        part of it may be on the wire, so the connection is torn down without a
+        closing handshake (nothing may follow half a message) and redialed; the
+        frame is lost, as a queued one would be when a connection drops.
         """
+        await trio.lowlevel.checkpoint_if_cancelled()  # cancelled already: nothing written
         conn.write_lock.acquire_nowait()  # free: checked by the caller, nothing yielded since
         try:
-            with trio.CancelScope(shield=True) as scope:
-                conn.send_scopes.add(scope)
-                try:
-                    await conn.ws.send_message(pack((data,)))
-                except trio_websocket.ConnectionClosed as exc:
-                    link.frames_dropped += 1
-                    self._drop(conn, CloseCode.NORMAL, f"closed: {_close_text(exc.reason)}")
-                finally:
-                    conn.send_scopes.discard(scope)
-            if scope.cancelled_caught:
-                link.frames_dropped += 1
+            await conn.ws.send_message(pack((data,)))
+        except trio_websocket.ConnectionClosed as exc:
+            link.frames_dropped += 1
+            self._drop(conn, CloseCode.NORMAL, f"closed: {_close_text(exc.reason)}")
+        except trio.Cancelled:
+            link.frames_dropped += 1
+            conn.torn = True
+            self._drop(conn, CloseCode.PROTOCOL_ERROR, "a write was cancelled part way")
+            raise
         finally:
             conn.write_lock.release()
 
@@ -913,7 +917,8 @@ class WebSocketTransport(Transport):
             await conn.lost.wait()
         finally:
             self._drop(conn, CloseCode.GOING_AWAY, "node shutting down")
-            await self._close_ws(conn.ws, conn.close_code, conn.close_reason)
+            if not conn.torn:
+                await self._close_ws(conn.ws, conn.close_code, conn.close_reason)
             conn.closed.set()
             conn_nursery.cancel_scope.cancel()
 

@@ -453,3 +453,36 @@ async def test_a_flood_of_oversized_frames_logs_a_few_lines_and_a_count(
         ]
         assert len(refused) == 6
         assert "35 more refusals of frames from 'node-a' were not logged" in refused[-1]
+
+
+async def test_a_write_cancelled_part_way_tears_the_connection_down_not_the_stream(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    network = MemoryStreamNetwork()
+    async with cluster(network, "node-a", "node-b") as nodes:
+        a, b = nodes["node-a"], nodes["node-b"]
+        assert b.address is not None
+        await a.send("node-b", b"request")
+        assert (await b.receive()).data == b"request"
+        await b.send("node-a", b"reply")
+        assert (await a.receive()).data == b"reply"  # a's next frame is written through
+        network.blackhole(b.address)
+        with trio.move_on_after(0.5) as waited:
+            await a.send("node-b", b"x" * 1000)  # stuck in the stalled stream
+        assert waited.cancelled_caught
+        status = a.peer_status("node-b")
+        assert status is not None
+        assert status.state is not PeerState.CONNECTED  # torn down at once
+        assert status.frames_dropped == 1
+        network.heal(b.address)
+        with trio.fail_after(30):
+            while True:
+                try:
+                    await a.send("node-b", b"after")
+                    break
+                except PeerUnavailable:
+                    await trio.sleep(0.1)
+            got = []
+            while not got or got[-1] != b"after":
+                got.append((await b.receive()).data)
+        assert set(got) <= {b"x" * 1000, b"after"}  # whole frames or nothing, never a torn one
