@@ -28,7 +28,9 @@ def b64(text: str) -> str:
     return base64.b64encode(text.encode()).decode()
 
 
-def mock(handler: Callable[[httpx.Request], httpx.Response], *endpoints: str) -> EtcdRegistry:
+def mock(
+    handler: Callable[[httpx.Request], httpx.Response], *endpoints: str
+) -> EtcdRegistry:
     return EtcdRegistry(
         list(endpoints) or ["e1:2379"],
         transport=httpx.MockTransport(handler),
