@@ -17,7 +17,7 @@ import trio
 
 from corral.node._local_cluster import LocalCluster
 from corral.registry import open_registry
-from corral.registry._testing import etcd_endpoint_from_env
+from corral.testing import etcd_endpoint_from_env
 
 REPO = Path(__file__).resolve().parents[2]
 #: How long a down node keeps its work in these tests (300 000 ms by default).

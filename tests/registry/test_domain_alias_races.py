@@ -33,8 +33,7 @@ from corral.registry import (
     decode_record,
     domain_key,
 )
-from corral.registry._testing import RegistryHarness
-from corral.testing import RegistryGate
+from corral.testing import RegistryGate, RegistryHarness
 
 DOMAIN = "shop.example"
 #: Bounds a test whose racers would otherwise wait on each other forever.
