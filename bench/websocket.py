@@ -46,13 +46,11 @@ from corral.supervision import Actor, ActorSystem, ChildSpec, open_actor_system
 from corral.transport import (
     Envelope,
     PeerBusy,
+    WebSocketConfig,
+    WebSocketTransport,
     encode_envelope,
     encode_message,
     message,
-)
-from corral.transport._websocket import (
-    WebSocketConfig,
-    WebSocketTransport,
     open_websocket_transport,
 )
 

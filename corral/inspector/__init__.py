@@ -1,6 +1,9 @@
-"""corral.inspector: a live terminal view of a node's actor tree."""
+"""corral.inspector: the interactive actor inspector (``corral inspect``), a Textual app
+over a node's HTTP API, and the plain-text tree ``--once`` prints."""
 
+from corral.inspector._app import Inspector, run_app
 from corral.inspector._live import run_inspector
 from corral.inspector._render import render_tree
+from corral.inspector._source import NodeSource, SourceError
 
-__all__ = ["render_tree", "run_inspector"]
+__all__ = ["Inspector", "NodeSource", "SourceError", "render_tree", "run_app", "run_inspector"]

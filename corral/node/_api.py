@@ -15,15 +15,24 @@ Routes::
     GET    /v1/events[?follow=1]          recent events; follow streams them (NDJSON)
     GET    /v1/ps                         app instances across the cluster, and the
                                           coordinator's cooldown RELOC judged them by
-    GET    /v1/nodes                      nodes, with the operator's intent and the coordinator
+    GET    /v1/nodes                      nodes: the lease holder's states, the operator's intent,
+                                          the coordinator
     GET    /v1/apps, /v1/apps/{name}      app records
     POST   /v1/apps/{name}/deploy         {"artifact": base64, "replicas", "selector", ...}
     POST   /v1/apps/{name}/selector       {"selector": {k: v}} or {"clear": true}
     POST   /v1/apps/{name}/replicas       {"replicas": "all" | N}
     POST   /v1/apps/{name}/retire
+    POST   /v1/apps/{name}/domains        {"add": [d, ...]} | {"remove": [d, ...]} | {"clear": true}
+    GET    /v1/aliases                    every alias: domain, app, previous, revision
+    POST   /v1/aliases/{domain}           {"app": A}: create, refused when it exists (409)
+    POST   /v1/aliases/{domain}/flip      {"app": A, "expect": revision?}: repoint (409 if raced)
+    POST   /v1/aliases/{domain}/rollback  {"expect": revision?}: flip to the previous app
+    DELETE /v1/aliases/{domain}
     DELETE /v1/apps/{name}
     POST   /v1/nodes/{node}/cordon | uncordon | drain   (drain: {"force": bool})
     GET    /v1/artifacts/{digest}         raw tar.gz, for peers
+    GET    /metrics                       Prometheus text format (also without a token
+                                          on the loopback --metrics-listen address)
 """
 
 from __future__ import annotations
@@ -59,14 +68,16 @@ from corral.node._errors import (
     RequestInvalid,
 )
 from corral.node._requests import (
+    check_domain,
     check_name,
     parse_bool,
     parse_deploy,
+    parse_domains,
     parse_json_body,
     parse_pairs,
     parse_replicas,
 )
-from corral.node._views import CoordinatorView, node_rows, ps_rows
+from corral.node._views import CoordinatorView, NodeStatesView, node_rows, ps_rows
 from corral.registry import (
     COORDINATOR_LEASE_KEY,
     PROXIES_PREFIX,
@@ -90,6 +101,8 @@ MAX_BODY_BYTES = MAX_ARTIFACT_BYTES * 4 // 3 + 64 * 1024
 #: Bodies up to this size are parsed on the event loop; larger ones in a thread.
 PARSE_INLINE_BYTES = 256 * 1024
 EVENT_POLL_INTERVAL = 0.25
+#: The Prometheus text format, version 0.0.4.
+METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 JSONDict = dict[str, Any]
 
@@ -120,6 +133,8 @@ class ApiServices:
     coordinator: Callable[[], Awaitable[JSONDict]] | None = None
     #: request bodies larger than this are refused with 413 while they stream in.
     max_body_bytes: int = MAX_BODY_BYTES
+    #: ``GET /metrics``: the node's metrics in the Prometheus text format (None: 404).
+    metrics: Callable[[], Awaitable[bytes]] | None = None
 
 
 def record_json(record: AppRecord | NodeRecord | PlacementRecord | NodeIntent) -> JSONDict:
@@ -253,6 +268,16 @@ async def _json_body(request: Request, limit: int) -> Mapping[str, Any]:
     return await trio.to_thread.run_sync(parse_json_body, raw)
 
 
+def _expected_revision(body: Mapping[str, Any]) -> int | None:
+    """``expect``: the alias revision the caller saw (``corral alias ls --json``)."""
+    value = body.get("expect")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise RequestInvalid("expect", f"{value!r} is not an alias revision (a whole number >= 1)")
+    return value
+
+
 def _refuse_unknown(body: Mapping[str, Any], allowed: set[str]) -> None:
     for key in sorted(body):
         if key not in allowed:
@@ -334,16 +359,25 @@ def build_api(services: ApiServices) -> ASGIApp:
         lease_kv = await registry.get(COORDINATOR_LEASE_KEY)
         lease = None if lease_kv is None else decode_record(lease_kv.key, lease_kv.value)
         holder = lease.holder if isinstance(lease, CoordinatorLease) else None
+        # The lease holder's node states; the records alone when it cannot be asked.
+        states = NodeStatesView.from_state(
+            await services.coordinator()
+            if services.coordinator is not None
+            else {"holder": holder, "error": "this node has no coordinator to ask"}
+        )
         rows = node_rows(
             await read_by_name("nodes/", NodeRecord),
             await read_by_name("intent/", NodeIntent),
             holder,
+            states,
         )
         return JSONResponse(
             {
                 "nodes": [row.to_json() for row in rows],
                 "coordinator": holder,
                 "fence": lease_kv.create_revision if holder and lease_kv else None,
+                "states": states.to_json(),
+                "now": services.wall_clock(),
             }
         )
 
@@ -439,6 +473,59 @@ def build_api(services: ApiServices) -> ASGIApp:
         await changed(f"delete {name}")
         return JSONResponse({"deleted": name})
 
+    async def domains(request: Request) -> Response:
+        name = check_name("app", request.path_params["name"])
+        body = await body_of(request)
+        _refuse_unknown(body, {"add", "remove", "clear"})
+        clear = parse_bool(body.get("clear", False), "clear")
+        add = parse_domains(body.get("add", []), "add")
+        remove = parse_domains(body.get("remove", []), "remove")
+        if clear == bool(add or remove):
+            raise RequestInvalid(
+                "add",
+                'give {"add": ["d", ...]} and/or {"remove": ["d", ...]}, or {"clear": true}',
+            )
+        app = await ops.set_domains(registry, name, add=add, remove=remove, clear=clear)
+        await changed(f"domains {name}")
+        return JSONResponse({"app": record_json(app)})
+
+    async def list_aliases(request: Request) -> Response:
+        views, undecodable = await ops.list_aliases(registry)
+        return JSONResponse(
+            {
+                "aliases": [view.to_json() for view in views],
+                "undecodable": [{"key": u.key, "reason": u.reason} for u in undecodable],
+            }
+        )
+
+    async def set_alias(request: Request) -> Response:
+        domain = check_domain(request.path_params["domain"])
+        body = await body_of(request)
+        _refuse_unknown(body, {"app"})
+        app = check_name("app", body.get("app"), field="app")
+        view = await ops.set_alias(registry, domain, app)
+        return JSONResponse({"alias": view.to_json()}, status_code=201)
+
+    async def flip_alias(request: Request) -> Response:
+        domain = check_domain(request.path_params["domain"])
+        body = await body_of(request)
+        verb = request.path_params["verb"]
+        if verb == "flip":
+            _refuse_unknown(body, {"app", "expect"})
+            app = check_name("app", body.get("app"), field="app")
+            result = await ops.flip_alias(registry, domain, app, expect=_expected_revision(body))
+        elif verb == "rollback":
+            _refuse_unknown(body, {"expect"})
+            result = await ops.rollback_alias(registry, domain, expect=_expected_revision(body))
+        else:
+            raise NotFound(f"no alias operation {verb!r}; use flip or rollback")
+        return JSONResponse({"alias": result.alias.to_json(), "flipped": result.flipped})
+
+    async def remove_alias(request: Request) -> Response:
+        domain = check_domain(request.path_params["domain"])
+        app = await ops.remove_alias(registry, domain)
+        return JSONResponse({"removed": domain, "app": app})
+
     async def node_operation(request: Request) -> Response:
         node = check_name("node", request.path_params["node"], field="node")
         verb = request.path_params["verb"]
@@ -472,6 +559,11 @@ def build_api(services: ApiServices) -> ASGIApp:
         if data is None:
             raise NotFound(f"this node holds no artifact {digest}")
         return Response(data, media_type="application/gzip")
+
+    async def metrics(request: Request) -> Response:
+        if services.metrics is None:
+            raise NotFound("this node serves no metrics")
+        return Response(await services.metrics(), media_type=METRICS_CONTENT_TYPE)
 
     async def on_request_invalid(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, RequestInvalid)
@@ -517,8 +609,14 @@ def build_api(services: ApiServices) -> ASGIApp:
             Route("/v1/apps/{name}/selector", selector, methods=["POST"]),
             Route("/v1/apps/{name}/replicas", replicas, methods=["POST"]),
             Route("/v1/apps/{name}/retire", retire, methods=["POST"]),
+            Route("/v1/apps/{name}/domains", domains, methods=["POST"]),
+            Route("/v1/aliases", list_aliases, methods=["GET"]),
+            Route("/v1/aliases/{domain}", set_alias, methods=["POST"]),
+            Route("/v1/aliases/{domain}", remove_alias, methods=["DELETE"]),
+            Route("/v1/aliases/{domain}/{verb}", flip_alias, methods=["POST"]),
             Route("/v1/nodes/{node}/{verb}", node_operation, methods=["POST"]),
             Route("/v1/artifacts/{digest}", artifact, methods=["GET"]),
+            Route("/metrics", metrics, methods=["GET"]),
         ],
         exception_handlers={
             RequestInvalid: on_request_invalid,
@@ -537,3 +635,15 @@ def build_api(services: ApiServices) -> ASGIApp:
         ],
     )
     return app
+
+
+def build_metrics_app(scrape: Callable[[], Awaitable[bytes]]) -> ASGIApp:
+    """``GET /metrics`` alone, without a token: for the loopback ``--metrics-listen``
+    address (the configuration refuses any other)."""
+
+    async def metrics(request: Request) -> Response:
+        return Response(await scrape(), media_type=METRICS_CONTENT_TYPE)
+
+    return Starlette(
+        routes=[Route("/metrics", metrics, methods=["GET"])], middleware=[Middleware(ErrorIds)]
+    )

@@ -77,6 +77,29 @@ def _node_run_options(run: argparse.ArgumentParser) -> None:
     run.add_argument("--shutdown-grace-ms", metavar="MS", help="grace per actor on stop (10000)")
     run.add_argument("--max-artifact-mb", metavar="MB", help="max unpacked artifact (1024)")
     run.add_argument(
+        "--grace-period-ms", metavar="MS", help="a down node keeps its work this long (300000)"
+    )
+    run.add_argument(
+        "--cooldown-ms", metavar="MS", help="no rebalancing of an instance placed since (600000)"
+    )
+    run.add_argument("--disruption-budget", metavar="N", help="most relocations per pass (5)")
+    run.add_argument(
+        "--min-usable-percent",
+        metavar="PCT",
+        help="refuse relocations below this share of usable nodes (50)",
+    )
+    run.add_argument(
+        "--metrics-listen",
+        metavar="HOST:PORT",
+        help="also serve GET /metrics without a token here (loopback only; the API serves "
+        "it with the token anyway)",
+    )
+    run.add_argument(
+        "--log-format",
+        metavar="text|json",
+        help="log lines for people (text, the default) or one JSON object per line (json)",
+    )
+    run.add_argument(
         "--proxy",
         metavar="caddy=URL",
         action="append",
@@ -207,8 +230,15 @@ def _build_parser() -> argparse.ArgumentParser:
         action="append",
         help="environment variable for the app; NAME alone copies it from this shell",
     )
+    deploy.add_argument(
+        "--domain",
+        metavar="D",
+        action="append",
+        help="a host name the app serves (repeatable; replaces its domains; a redeploy "
+        "without --domain keeps them)",
+    )
 
-    app = _verb(commands, "app", "change an app: selector, replicas, retire, delete")
+    app = _verb(commands, "app", "change an app: selector, replicas, domains, retire, delete")
     app_verbs = app.add_subparsers(dest="verb", metavar="VERB", required=True)
     selector = _verb(app_verbs, "selector", "set or clear the app's node selector", [common])
     selector.add_argument("--name", required=True, help="the app")
@@ -225,12 +255,43 @@ def _build_parser() -> argparse.ArgumentParser:
     replicas.add_argument(
         "--count", metavar="N|all", required=True, help="all, or a whole number >= 1"
     )
+    domains = _verb(app_verbs, "domains", "add, remove or clear the app's domains", [common])
+    domains.add_argument("--name", required=True, help="the app")
+    domain_choice = domains.add_mutually_exclusive_group(required=True)
+    domain_choice.add_argument(
+        "--add", metavar="D", action="append", help="claim a domain for the app (repeatable)"
+    )
+    domain_choice.add_argument(
+        "--remove", metavar="D", action="append", help="release one of its domains (repeatable)"
+    )
+    domain_choice.add_argument("--clear", action="store_true", help="release all its domains")
     for verb, text in (
         ("retire", "stop every instance of the app and keep its record (deploy revives it)"),
         ("delete", "remove the app; nodes stop it and clear its ports and files"),
     ):
         sub = _verb(app_verbs, verb, text, [common])
         sub.add_argument("--name", required=True, help="the app")
+
+    alias = _verb(commands, "alias", "point domains at apps: set, flip, rollback, ls, rm")
+    alias_verbs = alias.add_subparsers(dest="verb", metavar="VERB", required=True)
+    for verb, text in (
+        ("set", "create an alias DOMAIN -> APP (refused if the alias exists)"),
+        ("flip", "repoint an alias at APP; the app it pointed at becomes its previous"),
+        ("rollback", "flip an alias back to its previous app"),
+        ("rm", "remove an alias"),
+    ):
+        sub = _verb(alias_verbs, verb, text, [common])
+        sub.add_argument("domain", metavar="DOMAIN", help="the alias's host name")
+        if verb in ("set", "flip"):
+            sub.add_argument("app", metavar="APP", help="the app it points at")
+        if verb in ("flip", "rollback"):
+            sub.add_argument(
+                "--expect",
+                metavar="REV",
+                type=int,
+                help="refuse unless the alias is still at this revision (corral alias ls)",
+            )
+    _verb(alias_verbs, "ls", "list the aliases: domain, app, previous app, revision", [common])
 
     _verb(commands, "ps", "app instances across the cluster, and whether each can move", [common])
     _verb(
@@ -241,20 +302,34 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     events = _verb(commands, "events", "what this node's actors did recently", [common])
     events.add_argument("--follow", "-f", action="store_true", help="keep printing new events")
-    inspect = _verb(commands, "inspect", "live view of this node's actor tree", [common])
+    inspect = _verb(
+        commands,
+        "inspect",
+        "the interactive inspector: nodes, apps, routes, actors and events, live "
+        "(press ? in it for the keys)",
+        [common],
+    )
     inspect.add_argument(
         "--interval",
         metavar="SECONDS",
         type=_positive_seconds,
         default=1.0,
-        help="redraw every SECONDS (default 1)",
+        help="read the node every SECONDS (default 1)",
     )
     inspect.add_argument(
-        "--once", action="store_true", help="print the tree once and exit (--json implies it)"
+        "--once",
+        action="store_true",
+        help="print the actor tree once as plain text and exit, for scripts (also when "
+        "standard output is not a terminal; --json implies it)",
     )
 
     demo = _verb(commands, "demo", "a three-node cluster on this machine, narrated")
-    demo.add_argument("--keep", action="store_true", help="keep the temporary directory")
+    demo.add_argument(
+        "--keep",
+        action="store_true",
+        help="leave the cluster running after the story, with how to reach it (corral "
+        "inspect...), until Ctrl-C; its data directories and logs are kept",
+    )
 
     plan = commands.add_parser(
         "plan",
@@ -344,6 +419,7 @@ def _deploy(args: argparse.Namespace, stdout: TextIO) -> int:
     from corral.node._format import printable_tree
     from corral.node._requests import (
         check_name,
+        parse_domains,
         parse_env,
         parse_megabytes,
         parse_pairs,
@@ -361,6 +437,7 @@ def _deploy(args: argparse.Namespace, stdout: TextIO) -> int:
     env = _env_pairs(args.env)
     if env is not None:
         parse_env(env)
+    domains = None if args.domain is None else parse_domains(args.domain, "domain")
     packed = pack_directory(Path(args.directory))
     with _client(args) as client:
         answer = client.deploy(
@@ -372,6 +449,7 @@ def _deploy(args: argparse.Namespace, stdout: TextIO) -> int:
             disk_mb=args.disk_mb,
             pinned=args.pin,
             env=env,
+            domains=domains,
         )
     if args.json:
         _print_json(stdout, answer)
@@ -384,7 +462,8 @@ def _deploy(args: argparse.Namespace, stdout: TextIO) -> int:
         f"{'created' if answer['created'] else 'updated'} {app['name']}: revision "
         f"{app['deployment']['revision'][:12]} ({answer['artifact_size']} bytes, kept in {where}); "
         f"replicas {app['replicas']}, selector {selector_text}"
-        + (", pinned" if app["pinned"] else ""),
+        + (", pinned" if app["pinned"] else "")
+        + (f"; domains {', '.join(app['domains'])}" if app.get("domains") else ""),
         file=stdout,
     )
     return 0
@@ -392,9 +471,11 @@ def _deploy(args: argparse.Namespace, stdout: TextIO) -> int:
 
 def _app(args: argparse.Namespace, stdout: TextIO) -> int:
     from corral.node._format import printable_tree
-    from corral.node._requests import check_name, parse_pairs, parse_replicas
+    from corral.node._requests import check_name, parse_domains, parse_pairs, parse_replicas
 
     name = check_name("app", args.name)
+    add = parse_domains(args.add, "add") if getattr(args, "add", None) else ()
+    remove = parse_domains(args.remove, "remove") if getattr(args, "remove", None) else ()
     with _client(args) as client:
         if args.verb == "selector":
             pairs = None if args.clear else parse_pairs(args.set, "set")
@@ -407,6 +488,10 @@ def _app(args: argparse.Namespace, stdout: TextIO) -> int:
         elif args.verb == "replicas":
             answer = client.set_replicas(name, parse_replicas(args.count, "count"))
             text = f"{name}: replicas {answer['app']['replicas']}"
+        elif args.verb == "domains":
+            answer = client.set_domains(name, add=add, remove=remove, clear=args.clear)
+            owned = printable_tree(answer["app"]["domains"])
+            text = f"{name}: domains " + (", ".join(owned) or "none")
         elif args.verb == "retire":
             answer = client.retire(name)
             text = f"{name}: retired; its instances stop, `corral deploy` brings it back"
@@ -417,6 +502,35 @@ def _app(args: argparse.Namespace, stdout: TextIO) -> int:
         _print_json(stdout, answer)
     else:
         print(text, file=stdout)
+    return 0
+
+
+def _alias(args: argparse.Namespace, stdout: TextIO) -> int:
+    from corral.node._format import alias_message, aliases_table
+    from corral.node._requests import check_domain, check_name
+
+    if args.verb == "ls":
+        with _client(args) as client:
+            answer = client.aliases()
+        print(json.dumps(answer, indent=2) if args.json else aliases_table(answer), file=stdout)
+        return 0
+    domain = check_domain(args.domain)
+    app = check_name("app", args.app, field="app") if args.verb in ("set", "flip") else None
+    with _client(args) as client:
+        if args.verb == "set":
+            assert app is not None
+            answer = client.set_alias(domain, app)
+        elif args.verb == "flip":
+            assert app is not None
+            answer = client.flip_alias(domain, app, expect=args.expect)
+        elif args.verb == "rollback":
+            answer = client.rollback_alias(domain, expect=args.expect)
+        else:
+            answer = client.remove_alias(domain)
+    if args.json:
+        _print_json(stdout, answer)
+    else:
+        print(alias_message(args.verb, answer), file=stdout)
     return 0
 
 
@@ -505,22 +619,28 @@ def _inspect(args: argparse.Namespace, stdout: TextIO) -> int:
     from corral.inspector import run_inspector
     from corral.node._format import printable_tree
 
-    with _client(args) as client:
-        if args.json:
-            _print_json(stdout, client.actors())
-            return 0
-        return run_inspector(
-            lambda: printable_tree(client.actors()),
-            stdout,
-            interval=args.interval,
-            once=args.once,
-        )
+    if args.json or args.once or not stdout.isatty():
+        with _client(args) as client:
+            if args.json:
+                _print_json(stdout, client.actors())
+                return 0
+            return run_inspector(
+                lambda: printable_tree(client.actors()), stdout, interval=args.interval, once=True
+            )
+    from corral.inspector import NodeSource, run_app
+    from corral.node._client import environment, resolve_api_url, resolve_token_and_source
+
+    env = environment()
+    url = resolve_api_url(args.api, env)
+    token, _ = resolve_token_and_source(args.token, env, args.data_dir, Path.cwd())
+    return run_app(NodeSource(url, token), interval=args.interval)
 
 
 def _dispatch(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
     handlers: dict[str, Callable[[argparse.Namespace, TextIO], int]] = {
         "deploy": _deploy,
         "app": _app,
+        "alias": _alias,
         "ps": _read_command,
         "routes": _read_command,
         "state": _read_command,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 import json
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -180,6 +180,7 @@ class NodeClient:
         disk_mb: int | None = None,
         pinned: bool | None = None,
         env: Mapping[str, str] | None = None,
+        domains: Sequence[str] | None = None,
     ) -> JSONDict:
         body: JSONDict = {"artifact": base64.b64encode(artifact.data).decode()}
         for key, value in (
@@ -189,6 +190,7 @@ class NodeClient:
             ("disk_mb", disk_mb),
             ("pinned", pinned),
             ("env", None if env is None else dict(env)),
+            ("domains", None if domains is None else list(domains)),
         ):
             if value is not None:
                 body[key] = value
@@ -206,6 +208,37 @@ class NodeClient:
 
     def delete(self, name: str) -> JSONDict:
         return self.request("DELETE", f"/v1/apps/{name}")
+
+    def set_domains(
+        self,
+        name: str,
+        *,
+        add: Sequence[str] = (),
+        remove: Sequence[str] = (),
+        clear: bool = False,
+    ) -> JSONDict:
+        body: JSONDict = {"clear": True} if clear else {"add": list(add), "remove": list(remove)}
+        return self.request("POST", f"/v1/apps/{name}/domains", body)
+
+    def aliases(self) -> JSONDict:
+        """``{"aliases": [{"domain", "app", "previous", "revision"}], "undecodable": [...]}``."""
+        return self.request("GET", "/v1/aliases")
+
+    def set_alias(self, domain: str, app: str) -> JSONDict:
+        return self.request("POST", f"/v1/aliases/{domain}", {"app": app})
+
+    def flip_alias(self, domain: str, app: str, *, expect: int | None = None) -> JSONDict:
+        body: JSONDict = {"app": app}
+        if expect is not None:
+            body["expect"] = expect
+        return self.request("POST", f"/v1/aliases/{domain}/flip", body)
+
+    def rollback_alias(self, domain: str, *, expect: int | None = None) -> JSONDict:
+        body: JSONDict = {} if expect is None else {"expect": expect}
+        return self.request("POST", f"/v1/aliases/{domain}/rollback", body)
+
+    def remove_alias(self, domain: str) -> JSONDict:
+        return self.request("DELETE", f"/v1/aliases/{domain}")
 
     def node_operation(self, node: str, verb: str, *, force: bool = False) -> JSONDict:
         body: JSONDict | None = {"force": True} if force else None

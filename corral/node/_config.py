@@ -11,6 +11,7 @@ the setting, where it came from, and what is allowed.
 
 from __future__ import annotations
 
+import ipaddress
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -36,6 +37,11 @@ DEFAULT_LEASE_TTL_MS = 45_000
 DEFAULT_NODE_TTL_MS = 15_000
 DEFAULT_SHUTDOWN_GRACE_MS = 10_000
 DEFAULT_MAX_ARTIFACT_MB = 1024
+# The coordinator's policy (the lease holder's values apply).
+DEFAULT_GRACE_PERIOD_MS = 300_000
+DEFAULT_COOLDOWN_MS = 600_000
+DEFAULT_DISRUPTION_BUDGET = 5
+DEFAULT_MIN_USABLE_PERCENT = 50
 
 # name -> kind; kind is how the raw text is parsed.
 SETTINGS: dict[str, str] = {
@@ -63,8 +69,15 @@ SETTINGS: dict[str, str] = {
     "node-ttl-ms": "ms",
     "shutdown-grace-ms": "ms",
     "max-artifact-mb": "mb",
+    "grace-period-ms": "ms",
+    "cooldown-ms": "ms",
+    "disruption-budget": "count",
+    "min-usable-percent": "percent",
+    "metrics-listen": "address",
+    "log-format": "str",
     "proxy": "proxies",
 }
+LOG_FORMATS = ("text", "json")
 
 
 def env_name(setting: str) -> str:
@@ -121,6 +134,17 @@ class NodeConfig:
     #: the most one artifact may unpack to, in MiB (checked at deploy and at unpack).
     max_artifact_mb: int = DEFAULT_MAX_ARTIFACT_MB
     registry_options: RegistryOptions = field(default_factory=RegistryOptions)
+    #: how long a down node keeps its work before it is relocated.
+    grace_period_ms: int = DEFAULT_GRACE_PERIOD_MS
+    #: an instance placed less than this long ago is not moved to rebalance.
+    cooldown_ms: int = DEFAULT_COOLDOWN_MS
+    #: most relocations per coordinator pass.
+    disruption_budget: int = DEFAULT_DISRUPTION_BUDGET
+    #: below this share of usable nodes (of those known) relocations are refused.
+    min_usable_percent: int = DEFAULT_MIN_USABLE_PERCENT
+    #: a loopback address serving ``GET /metrics`` without a token (None: only the API).
+    metrics_listen: Address | None = None
+    log_format: str = "text"
     #: Caddy admin endpoints (``http://HOST:PORT``) the coordinator pushes each table to
     #: (``--proxy caddy=http://HOST:PORT``, repeatable).
     proxies: tuple[str, ...] = ()
@@ -334,6 +358,23 @@ def resolve_node_config(
             "make --port-range-end larger than --port-range-start"
         )
 
+    found = pick("metrics-listen")
+    metrics_listen = None
+    if found is not None:
+        metrics_listen = parse_address(_file_text("metrics-listen", *found), found[1])
+        if not _loopback(metrics_listen.host):
+            raise ConfigError(
+                f"{found[1]}: {metrics_listen} is not a loopback address; the metrics "
+                "listener takes no token, so it serves only 127.0.0.1 or ::1 (scrape "
+                "GET /metrics on --api with the token from elsewhere)"
+            )
+    log_format = (text("log-format") or "text").strip().lower()
+    if log_format not in LOG_FORMATS:
+        given = pick("log-format")
+        raise ConfigError(
+            f"{given[1] if given else '--log-format'}: {log_format!r} is not a log format; "
+            f"give {' or '.join(LOG_FORMATS)}"
+        )
     proxies: list[str] = []
     found = pick("proxy")
     if found is not None:
@@ -373,5 +414,24 @@ def resolve_node_config(
         ),
         max_artifact_mb=number("max-artifact-mb", DEFAULT_MAX_ARTIFACT_MB, low=1, high=1024 * 1024),
         registry_options=registry_options,
+        grace_period_ms=number(
+            "grace-period-ms", DEFAULT_GRACE_PERIOD_MS, low=0, high=604_800_000
+        ),
+        cooldown_ms=number("cooldown-ms", DEFAULT_COOLDOWN_MS, low=0, high=604_800_000),
+        disruption_budget=number(
+            "disruption-budget", DEFAULT_DISRUPTION_BUDGET, low=0, high=100_000
+        ),
+        min_usable_percent=number(
+            "min-usable-percent", DEFAULT_MIN_USABLE_PERCENT, low=0, high=100
+        ),
+        metrics_listen=metrics_listen,
+        log_format=log_format,
         proxies=tuple(proxies),
     )
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"

@@ -7,15 +7,26 @@ and that each answers HTTP, stops the node running the single ``greeter``,
 shows it placed and answering elsewhere, then stops everything and checks that
 no process is left. Lease TTLs are short (3 s), so it all takes a few seconds
 (well under a minute on a busy machine).
+
+With ``--keep`` the story ends with the stopped node started again, and the
+cluster keeps running until Ctrl-C: the demo prints each node's API address and
+token file (all three nodes share one token, so the inspector reaches every
+node's actors from any of them) and the commands to try, ``corral inspect``
+first. Ctrl-C then stops it the same clean way, and the data directories and
+logs are kept.
 """
 
 from __future__ import annotations
 
+import os
 import secrets
+import shlex
 import shutil
+import signal
 import tempfile
+import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -25,6 +36,7 @@ import corral
 from corral.node._artifacts import pack_directory
 from corral.node._errors import NodeError
 from corral.node._format import ps_table
+from corral.node._identity import TOKEN_FILE
 from corral.node._local_cluster import LocalCluster, LocalNode, wait_for
 
 NODES: tuple[tuple[str, dict[str, str], tuple[int, int]], ...] = (
@@ -33,6 +45,8 @@ NODES: tuple[tuple[str, dict[str, str], tuple[int, int]], ...] = (
     ("node-3", {"disk": "hdd", "zone": "c"}, (24400, 24599)),
 )
 STEP_TIMEOUT = 30.0
+#: Seconds between checks that the kept cluster still runs.
+KEEP_POLL = 1.0
 
 
 def find_example_apps() -> Path:
@@ -103,6 +117,8 @@ class Demo:
         self.cluster = cluster
         self.apps_dir = apps_dir
         self.say = say
+        #: the node the story stopped (started again for --keep).
+        self.victim: LocalNode | None = None
 
     def ps(self) -> list[dict[str, Any]]:
         with self.cluster.any_client() as client:
@@ -123,14 +139,20 @@ class Demo:
 
         return wait_for("a node to take the coordinator lease", probe, timeout=STEP_TIMEOUT)
 
-    def start_nodes(self) -> None:
+    def start_nodes(self, token: str | None = None) -> None:
         say = self.say
         say(
             f"Starting three corral nodes, each its own OS process on 127.0.0.1, sharing one "
             f"SQLite registry at {self.cluster.registry_url.removeprefix('sqlite://')}."
         )
         for node_id, labels, port_range in NODES:
-            self.cluster.add_node(node_id, labels=labels, port_range=port_range)
+            node = self.cluster.add_node(node_id, labels=labels, port_range=port_range)
+            if token is not None:
+                # One token for all: a client of one node can read the others (a node
+                # reads the token file it finds and keeps it).
+                token_file = node.data_dir / TOKEN_FILE
+                token_file.write_text(token + "\n")
+                os.chmod(token_file, 0o600)
         for node in self.cluster.nodes.values():
             self.cluster.start(node)
         for node in self.cluster.nodes.values():
@@ -165,9 +187,9 @@ class Demo:
                     f"{_answer(int(row['public_port']))}"
                 )
 
-    def run(self) -> None:
+    def run(self, *, token: str | None = None) -> None:
         say = self.say
-        self.start_nodes()
+        self.start_nodes(token)
         say()
         self.deploy("hello", "all", None, {})
         self.deploy("greeter", "1", {"disk": "ssd"}, {"GREETING": "hello from the corral demo"})
@@ -213,26 +235,105 @@ class Demo:
                 "coordinator might still try to write would be refused."
             )
         say(
-            f"The coordinator ({holder}) saw {victim_id} leave and placed greeter on "
+            f"The coordinator ({holder}) saw {victim_id}'s record go, marked it down and "
+            f"kept its work there for the grace period ({DEMO_GRACE_PERIOD_MS / 1000:g} s "
+            "in this demo, 300 s by default: a node that comes back in time keeps "
+            "everything), then placed greeter on "
             f"{moved['node']}, the other node labelled disk=ssd; hello keeps running on the "
             "two nodes left:"
         )
         say.block(ps_table(rows))
         self.show_answers([moved])
         say()
+        self.victim = victim
+
+    def restart(self, node: LocalNode) -> None:
+        """Start a node the story stopped again, so the kept cluster has all three."""
+        self.say(f"Starting {node.node_id} again, so the cluster you keep has all three nodes.")
+        self.cluster.start(node)
+        self.cluster.wait_ready(node, timeout=60.0)
+        self.wait_rows(
+            f"hello to run on {node.node_id} again",
+            lambda rows: any(r["node"] == node.node_id for r in _running(rows, "hello")),
+        )
+        self.say(
+            f"{node.node_id} is up again (pid {node.pid}, API {node.api_url}) and runs hello "
+            "(replicas all); greeter stays where it moved."
+        )
+
+    def how_to_reach(self, root: Path) -> str:
+        """What to run against the kept cluster: every node's API and token file."""
+        nodes = list(self.cluster.nodes.values())
+        first = nodes[0]
+        data = shlex.quote(str(first.data_dir))
+        lines = ["The cluster keeps running. Its nodes:"]
+        for node in nodes:
+            lines.append(
+                f"  {node.node_id}  API {node.api_url}  token {node.data_dir / TOKEN_FILE}"
+            )
+        lines += [
+            "Try, in another terminal (add .venv/bin/ in front of corral if needed):",
+            f"  corral inspect --api {first.api_url} --data-dir {data}",
+            f"  corral ps --api {first.api_url} --data-dir {data}",
+            f"  corral node cordon node-3 --api {first.api_url} --data-dir {data}",
+            f'  curl -s -H "Authorization: Bearer $(cat {data}/{TOKEN_FILE})" '
+            f"{first.api_url}/metrics",
+            f"Nodes' logs: {root}/<node>/node.log. Press Ctrl-C here to stop the cluster.",
+        ]
+        return "\n".join(lines)
 
     def _left_by(self, node: LocalNode) -> list[int]:
         alive = set(self.cluster.leftovers())
         return sorted(pid for pid in node.seen_descendants if pid in alive)
 
 
-def demo_command(stdout: TextIO, *, keep: bool = False) -> int:
+#: How long the demo's stopped node keeps its work (``--grace-period-ms``).
+DEMO_GRACE_PERIOD_MS = 2000
+
+
+def _until_interrupted(cluster: LocalCluster) -> None:
+    """Block until Ctrl-C or SIGTERM (KeyboardInterrupt), or until no node runs."""
+    while cluster.running_nodes():
+        time.sleep(KEEP_POLL)
+
+
+def _interrupted(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def demo_command(
+    stdout: TextIO,
+    *,
+    keep: bool = False,
+    wait: Callable[[LocalCluster], None] | None = None,
+) -> int:
     """Run the demo; return 0 when the story ran to a clean finish.
+
+    With ``keep``, leave the cluster running after the story and print how to reach it,
+    until ``wait`` returns (by default: until Ctrl-C); then stop it as without.
 
     Raises:
         NodeError: the example apps are not there (a non-editable install).
     """
     apps_dir = find_example_apps()
+    # SIGTERM stops the demo as Ctrl-C does: its nodes live in sessions of their own,
+    # so they are stopped here or not at all.
+    if threading.current_thread() is not threading.main_thread():
+        return _run_demo(stdout, apps_dir, keep=keep, wait=wait)  # signals go elsewhere
+    previous = signal.signal(signal.SIGTERM, _interrupted)
+    try:
+        return _run_demo(stdout, apps_dir, keep=keep, wait=wait)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _run_demo(
+    stdout: TextIO,
+    apps_dir: Path,
+    *,
+    keep: bool,
+    wait: Callable[[LocalCluster], None] | None,
+) -> int:
     say = Narrator(stdout)
     root = Path(tempfile.mkdtemp(prefix="corral-demo-"))
     cluster = LocalCluster(
@@ -241,13 +342,27 @@ def demo_command(stdout: TextIO, *, keep: bool = False) -> int:
         lease_ttl_ms=3000,
         node_ttl_ms=3000,
         shutdown_grace_ms=5000,
+        extra_env={"CORRAL_GRACE_PERIOD_MS": str(DEMO_GRACE_PERIOD_MS)},
     )
     status = 0
+    kept = False
     try:
-        Demo(cluster, apps_dir, say).run()
+        demo = Demo(cluster, apps_dir, say)
+        demo.run(token=secrets.token_urlsafe(24) if keep else None)
+        if keep:
+            if demo.victim is not None:
+                demo.restart(demo.victim)
+            say()
+            say.block(demo.how_to_reach(root))
+            kept = True
+            (wait or _until_interrupted)(cluster)
+            say("Stopping the kept cluster.")
     except KeyboardInterrupt:
-        say("Interrupted; shutting the nodes down.")
-        status = 130
+        if kept:
+            say("Ctrl-C: stopping the kept cluster.")
+        else:
+            say("Interrupted; shutting the nodes down.")
+            status = 130
     except (NodeError, httpx.HTTPError) as exc:
         say(f"The demo failed: {exc}")
         for node in cluster.nodes.values():

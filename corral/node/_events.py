@@ -12,7 +12,7 @@ import itertools
 import json
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import trio
@@ -46,13 +46,18 @@ class EventLog:
         *,
         wall_clock: Callable[[], float] = time.time,
         clock: Callable[[], float] = trio.current_time,
+        listeners: Sequence[Callable[[Event], None]] = (),
     ) -> None:
         self._events: deque[dict[str, Any]] = deque(maxlen=size)
+        #: each called with every event as it is logged (metrics, the JSON log).
+        self._listeners = tuple(listeners)
         self._seq = itertools.count(1)
         self._wall_clock = wall_clock
         self._clock = clock
 
     def add(self, event: Event) -> None:
+        for listener in self._listeners:
+            listener(event)
         age = max(0.0, self._clock() - event.time)
         self._events.append(
             {

@@ -347,18 +347,40 @@ def _trouble_lines(processes: Sequence[Mapping[str, Any]], data_dir: object) -> 
     return lines
 
 
+def _node_state_cell(node: Mapping[str, Any], now: float) -> str:
+    """The state, and for a down node how long until its grace lapses."""
+    state = str(node.get("state"))
+    until = node.get("grace_until")
+    if state != "down" or not isinstance(until, int | float):
+        return state
+    left = float(until) - now
+    return f"down (moves in {duration(left)})" if left > 0 else "down (moving)"
+
+
+def _since_cell(node: Mapping[str, Any], now: float) -> str:
+    since = node.get("since")
+    if not isinstance(since, int | float):
+        return "-"
+    return duration(max(0.0, now - float(since)))
+
+
 def nodes_table(answer: Mapping[str, Any]) -> str:
-    """``corral node ls``: one row per node, then who coordinates."""
+    """``corral node ls``: one row per node (state, for how long, membership
+    incarnation), then who coordinates, and where the states came from."""
     answer = printable_tree(answer)
     nodes = answer.get("nodes") or []
     if not nodes:
         return "no nodes; start one with: corral node run"
+    raw_now = answer.get("now")
+    now = float(raw_now) if isinstance(raw_now, int | float) else time.time()
     text = table(
-        ("NODE", "STATE", "APPS", "LABELS", "RACK", "API"),
+        ("NODE", "STATE", "FOR", "INC", "APPS", "LABELS", "RACK", "API"),
         [
             (
                 n["node"] + (" *" if n.get("coordinator") else ""),
-                n["state"],
+                _node_state_cell(n, now),
+                _since_cell(n, now),
+                n.get("incarnation"),
                 n["serving"],
                 _pairs(n.get("labels")) if n.get("labels") else "-",
                 n.get("rack"),
@@ -373,6 +395,12 @@ def nodes_table(answer: Mapping[str, Any]) -> str:
         if any(n.get("coordinator") for n in nodes)
         else f"coordinator: {holder or 'none holds the lease right now'}"
     )
+    states = answer.get("states")
+    if isinstance(states, Mapping) and states.get("error"):
+        footer += (
+            "\nstates from the node records: the coordinator could not be asked "
+            f"({states['error']})"
+        )
     return f"{text}\n{footer}"
 
 
@@ -452,4 +480,42 @@ def event_line(event: Mapping[str, Any]) -> str:
     details = " ".join(f"{k}={_short(v)}" for k, v in sorted(fields.items()) if v is not None)
     return " ".join(
         p for p in (stamp, str(event.get("kind")), str(event.get("path")), details) if p
+    )
+
+
+ALIAS_HEADERS = ("DOMAIN", "APP", "PREVIOUS", "REVISION")
+
+
+def aliases_table(answer: Mapping[str, Any]) -> str:
+    """``corral alias ls``: one row per alias, then any alias key that cannot be read."""
+    answer = printable_tree(answer)
+    aliases = answer.get("aliases") or []
+    lines = [
+        table(
+            ALIAS_HEADERS,
+            [(a["domain"], a["app"], a.get("previous"), a.get("revision")) for a in aliases],
+        )
+        if aliases
+        else "no aliases; create one with: corral alias set DOMAIN APP"
+    ]
+    lines += [
+        f"unreadable: {u['key']} ({u['reason']}); remove it with corral alias rm"
+        for u in answer.get("undecodable") or []
+    ]
+    return "\n".join(lines)
+
+
+def alias_message(verb: str, answer: Mapping[str, Any]) -> str:
+    """What ``corral alias set | flip | rollback | rm`` prints."""
+    answer = printable_tree(answer)
+    if verb == "rm":
+        return f"{answer['removed']}: alias removed (it pointed at {answer['app']})"
+    alias = answer["alias"]
+    if verb == "set":
+        return f"{alias['domain']} -> {alias['app']}: alias created"
+    if not answer.get("flipped"):
+        return f"{alias['domain']} -> {alias['app']}: already points there; nothing changed"
+    return (
+        f"{alias['domain']} -> {alias['app']}: flipped from {alias['previous']} "
+        f"(revision {alias['revision']}; corral alias rollback {alias['domain']} undoes it)"
     )

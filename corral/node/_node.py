@@ -53,9 +53,11 @@ from corral.actors.node_record import (
     claim_on_start,
     node_registration_child_spec,
 )
+from corral.actors.planner import Policy
+from corral.actors.port_allocator import ListPorts
 from corral.actors.process_supervisor import ListProcesses, enable_subreaper
 from corral.actors.reconciler import AgentSpec, LastPass
-from corral.node._api import ApiServices, build_api, record_json
+from corral.node._api import ApiServices, build_api, build_metrics_app, record_json
 from corral.node._artifact_store import ArtifactStore, Materializer
 from corral.node._artifacts import ArtifactLimits
 from corral.node._config import SETTINGS, NodeConfig, load_config_file, resolve_node_config
@@ -72,6 +74,13 @@ from corral.node._identity import (
     process_running,
     same_fingerprint,
     secret_fingerprint,
+)
+from corral.node._logging import configure_logging, log_event, set_log_node
+from corral.node._metrics import (
+    InstrumentedRegistry,
+    MetricsSources,
+    NodeMetrics,
+    registry_observer,
 )
 from corral.node._peers import PeerDirectory
 from corral.node._server import ApiServer
@@ -97,6 +106,7 @@ from corral.registry import (
 from corral.supervision import (
     ActorSystem,
     ChildSpec,
+    Event,
     Strategy,
     SupervisionError,
     SupervisorSpec,
@@ -113,6 +123,12 @@ ROUTING = "routing"
 PROCESS_STOP_GRACE = 10.0
 
 ASK_TIMEOUT = 2.0
+#: How often a view asks the lease holder's coordinator before saying it cannot, and the
+#: pause between asks (a coordinator busy with a pass answers a moment later).
+HOLDER_ASK_TRIES = 3
+HOLDER_RETRY_PAUSE = 0.3
+#: Seconds all those asks may take together (a view must answer a client in time).
+HOLDER_ASK_BUDGET = 4.0
 
 
 @dataclass(frozen=True)
@@ -181,7 +197,10 @@ def prepare_runtime(config: NodeConfig, hostname: str | None = None) -> NodeRunt
 
 def check_bindable(config: NodeConfig) -> None:
     """Fail early, in one line, when the API or peer address is taken."""
-    for flag, address in (("--api", config.api), ("--listen", config.listen)):
+    addresses = [("--api", config.api), ("--listen", config.listen)]
+    if config.metrics_listen is not None:
+        addresses.append(("--metrics-listen", config.metrics_listen))
+    for flag, address in addresses:
         family = socket.AF_INET6 if ":" in address.host else socket.AF_INET
         with socket.socket(family, socket.SOCK_STREAM) as probe:
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -197,17 +216,36 @@ def check_bindable(config: NodeConfig) -> None:
 class NodeServices:
     """The node's view of itself for the API: state, actors, events."""
 
-    def __init__(self, runtime: NodeRuntime, registry: Registry, events: EventLog) -> None:
+    def __init__(
+        self,
+        runtime: NodeRuntime,
+        registry: Registry,
+        events: EventLog,
+        metrics: NodeMetrics | None = None,
+    ) -> None:
         self.runtime = runtime
         self.registry = registry
         self.events = events
         self.system: ActorSystem | None = None
+        self.metrics = metrics
+        if metrics is not None:
+            metrics.sources = MetricsSources(
+                actors=self.actors,
+                coordinator=lambda: self.ask(f"/{COORDINATOR}", GetCoordinatorState()),
+                processes=lambda: self.ask(
+                    f"/{AGENT}/{AgentSpec.PROCESS_SUPERVISOR}", ListProcesses()
+                ),
+                ports=lambda: self.ask(f"/{AGENT}/{AgentSpec.PORT_ALLOCATOR}", ListPorts()),
+                reconcile=lambda: self.ask(f"/{AGENT}/{AgentSpec.RECONCILER}", LastPass()),
+            )
 
-    async def ask(self, path: str, message: object, node: str | None = None) -> Any:
+    async def ask(
+        self, path: str, message: object, node: str | None = None, wait_s: float = ASK_TIMEOUT
+    ) -> Any:
         assert self.system is not None
         try:
             ref = self.system.ref(path, node=node)
-            return await ref.ask(message, timeout=ASK_TIMEOUT)
+            return await ref.ask(message, timeout=wait_s)
         except (SupervisionError, TransportError) as exc:
             # A view that cannot be had is reported in the state, never a 500.
             return {"error": str(exc)}
@@ -316,6 +354,7 @@ def root_spec(
                 events=services.recent_events,
                 wall_clock=time.time,
                 coordinator=services.coordination,
+                metrics=None if services.metrics is None else services.metrics.scrape,
             )
         )
 
@@ -341,6 +380,17 @@ def root_spec(
     children.append(
         ChildSpec(name="api", factory=lambda: ApiServer(api_app, config.api), shutdown_grace=3.0)
     )
+    metrics, metrics_listen = services.metrics, config.metrics_listen
+    if metrics is not None and metrics_listen is not None:
+        children.append(
+            ChildSpec(
+                name="metrics",
+                factory=lambda: ApiServer(
+                    lambda: build_metrics_app(metrics.scrape), metrics_listen
+                ),
+                shutdown_grace=3.0,
+            )
+        )
     return tuple(children)
 
 
@@ -372,11 +422,22 @@ def coordinator_specs(runtime: NodeRuntime, registry: Registry) -> list[ChildSpe
         coordinator_child_spec(
             runtime.node_id,
             registry,
+            policy=policy_from_config(config),
             lease_ttl=config.lease_ttl_ms / 1000,
             name=COORDINATOR,
             shutdown_grace=min(5.0, config.shutdown_grace_ms / 1000),
         )
     ]
+
+
+def policy_from_config(config: NodeConfig) -> Policy:
+    """The coordinator's policy from the node's settings (the lease holder's apply)."""
+    return Policy(
+        grace_period_s=config.grace_period_ms / 1000,
+        cooldown_s=config.cooldown_ms / 1000,
+        disruption_budget=config.disruption_budget,
+        min_usable_fraction=config.min_usable_percent / 100,
+    )
 
 
 def routing_specs(runtime: NodeRuntime, registry: Registry) -> list[ChildSpec | SupervisorSpec]:
@@ -409,18 +470,30 @@ async def ask_holder(
     transport. Never raises: ``{"holder": ..., "error": ...}`` says why it failed."""
     if not holder:
         return {"holder": None, "error": "no coordinator holds the lease right now"}
-    if holder == services.runtime.node_id:
-        answer = (
-            local
-            if local is not None
-            else await services.ask(f"/{COORDINATOR}", GetCoordinatorState())
+    node = None if holder == services.runtime.node_id else holder
+    answer = local if node is None and isinstance(local, dict) and "error" not in local else None
+    tries = 0
+    deadline = trio.current_time() + HOLDER_ASK_BUDGET
+    while answer is None or (isinstance(answer, dict) and "error" in answer):
+        # The holder may be busy with a pass (it handles one message at a time) or not
+        # yet reachable over the transport: ask again, a bounded number of times within
+        # a bounded time.
+        pause = HOLDER_RETRY_PAUSE if tries else 0.0
+        left = deadline - trio.current_time() - pause
+        if tries == HOLDER_ASK_TRIES or left <= 0:
+            break
+        await trio.sleep(pause)
+        tries += 1
+        answer = await services.ask(
+            f"/{COORDINATOR}", GetCoordinatorState(), node=node, wait_s=min(ASK_TIMEOUT, left)
         )
-    else:
-        answer = await services.ask(f"/{COORDINATOR}", GetCoordinatorState(), node=holder)
     if isinstance(answer, dict) and "error" not in answer:
         return answer
     why = answer.get("error") if isinstance(answer, dict) else answer
-    return {"holder": holder, "error": f"cannot ask coordinator {holder}: {why}"}
+    return {
+        "holder": holder,
+        "error": f"cannot ask coordinator {holder}: {why} (asked {tries} times)",
+    }
 
 
 async def coordination_view(services: NodeServices, state: dict[str, Any]) -> Any:
@@ -545,7 +618,13 @@ async def run_node(
     """
     check_bindable(config)  # before anything is written under --data-dir
     runtime = prepare_runtime(config)
-    events = EventLog()
+    set_log_node(runtime.node_id)
+    metrics = NodeMetrics(runtime.node_id)
+    # Every event is counted; in the JSON log each is also a line.
+    listeners = [metrics.observe]
+    if config.log_format == "json":
+        listeners.append(_log_event)
+    events = EventLog(listeners=listeners)
     # The first reason the node must stop by itself; it stops cleanly, then raises it.
     fatal: list[Exception] = []
     halt = trio.Event()
@@ -569,11 +648,14 @@ async def run_node(
             log.error("node %s stopping: %s", runtime.node_id, exc)
             halt_for(exc)
 
-    async with open_registry(config.registry_url, options=config.registry_options) as registry:
+    async with open_registry(config.registry_url, options=config.registry_options) as opened:
+        registry = InstrumentedRegistry(
+            opened, registry_backend(config.registry_url), registry_observer(metrics)
+        )
         await check_cluster_secret(runtime, registry)
         replaces = await check_node_id_free(runtime, registry)
         persist_node_id(config.data_dir, runtime.node_id)
-        services = NodeServices(runtime, registry, events)
+        services = NodeServices(runtime, registry, events, metrics)
         async with open_websocket_transport(
             runtime.node_id,
             (config.listen.host, config.listen.port),
@@ -594,8 +676,8 @@ async def run_node(
                 ) as system:
                     services.system = system
                     nursery.start_soon(events.follow, system)
-                    if isinstance(registry, SQLiteRegistry):
-                        nursery.start_soon(stop_if_registry_file_lost, registry)
+                    if isinstance(opened, SQLiteRegistry):
+                        nursery.start_soon(stop_if_registry_file_lost, opened)
                     log.info(
                         "node %s up: api http://%s, peers %s, registry %s, data %s",
                         runtime.node_id,
@@ -662,14 +744,14 @@ async def serve_until_signalled(config: NodeConfig) -> None:
             nursery.cancel_scope.cancel()
 
 
-def configure_logging(stream: TextIO) -> None:
-    logging.basicConfig(
-        level=os.environ.get("CORRAL_LOG_LEVEL", "INFO").upper(),
-        stream=stream,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    logging.getLogger("hypercorn.error").setLevel(logging.WARNING)
-    logging.getLogger("httpx").setLevel(logging.WARNING)
+def registry_backend(url: str) -> str:
+    """The registry's kind for metric labels: ``sqlite``, ``etcd``, ``memory``..."""
+    scheme, sep, _ = url.partition("://")
+    return scheme if sep and scheme else "unknown"
+
+
+def _log_event(event: Event) -> None:
+    log_event(event.kind, event.path, event.fields)
 
 
 def config_from_args(
@@ -688,7 +770,7 @@ def config_from_args(
 def node_run_command(args: argparse.Namespace, stderr: TextIO) -> int:
     """``corral node run``; returns the exit status."""
     config = config_from_args(args, os.environ)
-    configure_logging(stderr)
+    configure_logging(stderr, config.log_format)
     try:
         try:
             trio.run(serve_until_signalled, config)

@@ -4,32 +4,61 @@ Every change is one guarded transaction: read the record and its version,
 compute the new record (pure), write it only if the version is still the one
 read, and retry from the read when someone else wrote in between. So a request
 either applies whole or not at all, and two operators never blend.
+
+Domains: an app's domains are listed in its record, and each one is also claimed
+by a ``domain/<domain>`` key naming the app, written in the same transaction as the
+record and guarded on the claim being absent and on no ``alias/<domain>``. So of two
+deploys racing for one domain exactly one commits; the other reads the winner's
+claim on its retry and is refused, naming it. An alias is created guarded on
+``alias/<domain>`` and ``domain/<domain>`` both absent, so a domain is one app's or
+one alias's, never both.
+
+Aliases: ``alias/<domain>`` points a domain at an app, ``alias/<domain>/previous``
+at the one before. A flip is guarded on the alias's revision as observed (its
+``mod_revision``, which, unlike its version, never repeats after a remove and
+set), and is not retried: of two concurrent flips one commits and the other is
+told which app won.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 import trio
 
 from corral.node._artifacts import DEFAULT_LIMITS, Manifest, inspect_artifact
-from corral.node._errors import Conflict, NotFound, OperationRefused
-from corral.node._requests import DeployRequest, Replicas
+from corral.node._errors import Conflict, NotFound, OperationRefused, RequestInvalid
+from corral.node._requests import MAX_APP_DOMAINS, DeployRequest, Replicas
 from corral.registry import (
+    ALIAS_PREFIX,
+    DOMAIN_PREFIX,
+    AliasRecord,
     AppRecord,
     Compare,
+    CompareOp,
+    CompareTarget,
     Delete,
     Deployment,
+    DomainClaim,
+    KeyKind,
+    KeyValue,
     NodeIntent,
     PlacementRecord,
     Put,
     Registry,
+    TxnOp,
     Undecodable,
+    alias_key,
+    alias_previous_key,
     app_key,
     decode_record,
+    domain_key,
     intent_key,
+    is_valid_key,
     node_key,
+    parse_key,
     placement_key,
     read_records,
 )
@@ -66,6 +95,80 @@ async def _read_app(registry: Registry, name: str) -> tuple[AppRecord | None, in
     return record, kv.version
 
 
+def _decoded(kv: KeyValue) -> Any:
+    """The record under ``kv`` (an :class:`Undecodable` when it breaks its schema)."""
+    return decode_record(kv.key, kv.value)
+
+
+async def _domain_owner(registry: Registry, domain: str) -> tuple[str | None, KeyValue | None]:
+    """Who holds ``domain/<domain>``: ``(app, claim)``; app is None when the claim is
+    absent or stale (unreadable, or naming an app whose record no longer lists the
+    domain: a leftover, which the next claimant replaces under a revision guard)."""
+    kv = await registry.get(domain_key(domain))
+    if kv is None:
+        return None, None
+    claim = _decoded(kv)
+    if not isinstance(claim, DomainClaim):
+        return None, kv
+    owner_kv = await registry.get(app_key(claim.app))
+    owner = None if owner_kv is None else _decoded(owner_kv)
+    if not isinstance(owner, AppRecord) or domain not in owner.domains:
+        return None, kv
+    return claim.app, kv
+
+
+def _alias_target(kv: KeyValue) -> str:
+    record = _decoded(kv)
+    return record.app if isinstance(record, AliasRecord) else "(an unreadable value)"
+
+
+def _guard_as_seen(key: str, kv: KeyValue | None) -> Compare:
+    """The key still is as read: absent, or not written since."""
+    return Compare.absent(key) if kv is None else Compare.mod_revision_is(key, kv.mod_revision)
+
+
+def _app_exists(key: str) -> Compare:
+    return Compare(key, CompareTarget.VERSION, CompareOp.GREATER, 0)
+
+
+async def _domain_changes(
+    registry: Registry, name: str, old: Sequence[str], new: Sequence[str]
+) -> tuple[list[Compare], list[TxnOp]]:
+    """The guards and writes that claim the domains ``new`` adds for app ``name``
+    and release the ones it drops.
+
+    Raises:
+        OperationRefused: an added domain belongs to another app or is an alias,
+            naming the owner.
+    """
+    compares: list[Compare] = []
+    ops: list[TxnOp] = []
+    for domain in sorted(set(new) - set(old)):
+        alias = await registry.get(alias_key(domain))
+        if alias is not None:
+            raise OperationRefused(
+                f"domain {domain} is an alias pointing at app {_alias_target(alias)}; a domain "
+                f"is one app's or one alias's: remove the alias first (corral alias rm {domain})"
+            )
+        owner, claim = await _domain_owner(registry, domain)
+        if owner is not None and owner != name:
+            raise OperationRefused(
+                f"domain {domain} already belongs to app {owner}; remove it there first "
+                f"(corral app domains --name {owner} --remove {domain})"
+            )
+        compares += [Compare.absent(alias_key(domain)), _guard_as_seen(domain_key(domain), claim)]
+        ops.append(Put(domain_key(domain), DomainClaim(name).encode()))
+    for domain in sorted(set(old) - set(new)):
+        if not is_valid_key(f"{DOMAIN_PREFIX}{domain}"):
+            continue  # a record written by hand may list a non-domain: nothing to release
+        kv = await registry.get(domain_key(domain))
+        claim = None if kv is None else _decoded(kv)
+        if kv is not None and isinstance(claim, DomainClaim) and claim.app == name:
+            compares.append(_guard_as_seen(kv.key, kv))
+            ops.append(Delete(kv.key))
+    return compares, ops
+
+
 async def _guarded_update(
     registry: Registry,
     name: str,
@@ -74,14 +177,22 @@ async def _guarded_update(
     """Apply ``change`` to ``apps/<name>`` under a version guard, retrying on races.
 
     ``change`` gets the current record (None when absent) and returns the new one
-    (None = delete). Returns what was written.
+    (None = delete). Returns what was written. The domains the change adds are
+    claimed and the ones it drops released in the same transaction.
+
+    Raises:
+        OperationRefused: the record is unreadable, or an added domain is taken.
+        Conflict: the record kept changing for :data:`GUARDED_WRITE_ATTEMPTS` tries.
     """
     key = app_key(name)
     for _ in range(GUARDED_WRITE_ATTEMPTS):
         current, version = await _read_app(registry, name)
         new = change(current)
+        old_domains = [] if current is None else current.domains
+        new_domains = [] if new is None else new.domains
+        compares, ops = await _domain_changes(registry, name, old_domains, new_domains)
         op: Put | Delete = Delete(key) if new is None else Put(key, new.encode())
-        result = await registry.txn([Compare.version_is(key, version)], [op])
+        result = await registry.txn([Compare.version_is(key, version), *compares], [op, *ops])
         if result.succeeded:
             return new
     raise Conflict(
@@ -104,7 +215,8 @@ def apply_deploy(
     """The app record a deploy leaves (pure).
 
     A field the request does not name keeps the app's current value (or the default
-    for a new app: replicas all, no selector). A deploy makes a retired app active.
+    for a new app: replicas all, no selector, no domains); named domains replace the
+    app's. A deploy makes a retired app active.
     """
     base = current or AppRecord(name=request.name, replicas="all")
     return replace(
@@ -114,6 +226,7 @@ def apply_deploy(
         memory_mb=base.memory_mb if request.memory_mb is None else request.memory_mb,
         disk_mb=base.disk_mb if request.disk_mb is None else request.disk_mb,
         pinned=base.pinned if request.pinned is None else request.pinned,
+        domains=list(base.domains) if request.domains is None else sorted(set(request.domains)),
         retired=False,
         deployment=deployment,
     )
@@ -200,16 +313,277 @@ async def retire(registry: Registry, name: str) -> AppRecord:
 
 
 async def delete_app(registry: Registry, name: str) -> None:
-    """Remove ``apps/<name>``; nodes stop its instances and clear its state."""
+    """Remove ``apps/<name>`` (and release its domains); nodes stop its instances and
+    clear its state."""
     key = app_key(name)
     for _ in range(GUARDED_WRITE_ATTEMPTS):
         kv = await registry.get(key)
         if kv is None:
             raise NotFound(f"no app named {name!r}; `corral ps` lists the apps there are")
-        result = await registry.txn([Compare.version_is(key, kv.version)], [Delete(key)])
+        record = _decoded(kv)
+        domains = record.domains if isinstance(record, AppRecord) else []
+        compares, ops = await _domain_changes(registry, name, domains, [])
+        result = await registry.txn(
+            [Compare.version_is(key, kv.version), *compares], [Delete(key), *ops]
+        )
         if result.succeeded:
             return
     raise Conflict(f"apps/{name} kept changing while this request tried to delete it; try again")
+
+
+async def set_domains(
+    registry: Registry,
+    name: str,
+    *,
+    add: Sequence[str] = (),
+    remove: Sequence[str] = (),
+    clear: bool = False,
+) -> AppRecord:
+    """Add domains to the app, remove some, or clear them all (domains already
+    checked by :func:`corral.node._requests.check_domain`).
+
+    Raises:
+        NotFound: no such app, or a domain to remove is not the app's.
+        OperationRefused: a domain to add belongs to another app or is an alias.
+        RequestInvalid: (field ``add``) the app would own more than
+            :data:`MAX_APP_DOMAINS` domains.
+    """
+
+    def change(current: AppRecord | None) -> AppRecord:
+        app = _require(name, current)
+        missing = sorted(set(remove) - set(app.domains) - set(add))
+        if missing:
+            owned = ", ".join(app.domains) or "none"
+            raise NotFound(f"app {name} has no domain {', '.join(missing)} (its domains: {owned})")
+        domains = [] if clear else sorted((set(app.domains) | set(add)) - set(remove))
+        if len(domains) > MAX_APP_DOMAINS:
+            raise RequestInvalid(
+                "add",
+                f"app {name} would own {len(domains)} domains, more than the "
+                f"{MAX_APP_DOMAINS} allowed",
+            )
+        return replace(app, domains=domains)
+
+    app = await _guarded_update(registry, name, change)
+    assert app is not None
+    return app
+
+
+# --------------------------------------------------------------------------- aliases
+
+
+@dataclass(frozen=True)
+class AliasView:
+    """One alias: its domain, the app it points at, the one before (None: never
+    flipped), and its revision (what ``flip --expect`` guards on)."""
+
+    domain: str
+    app: str
+    previous: str | None
+    revision: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "domain": self.domain,
+            "app": self.app,
+            "previous": self.previous,
+            "revision": self.revision,
+        }
+
+
+@dataclass(frozen=True)
+class FlipResult:
+    """What a flip did: the alias now, and whether it wrote (False: it already
+    pointed at the app asked for)."""
+
+    alias: AliasView
+    flipped: bool
+
+
+async def _read_alias(registry: Registry, domain: str) -> tuple[AliasView, KeyValue]:
+    """The alias and its raw key.
+
+    Raises:
+        NotFound: there is no such alias.
+        OperationRefused: its value is unreadable.
+    """
+    kv = await registry.get(alias_key(domain))
+    if kv is None:
+        raise NotFound(
+            f"no alias {domain}; create it with corral alias set {domain} APP "
+            "(corral alias ls lists the aliases there are)"
+        )
+    record = _decoded(kv)
+    previous_kv = await registry.get(alias_previous_key(domain))
+    previous = None if previous_kv is None else _decoded(previous_kv)
+    if not isinstance(record, AliasRecord):
+        raise OperationRefused(
+            f"alias/{domain} holds a value this build cannot read ({record.reason}); "
+            f"remove it with corral alias rm {domain}"
+        )
+    return (
+        AliasView(
+            domain,
+            record.app,
+            previous.app if isinstance(previous, AliasRecord) else None,
+            kv.mod_revision,
+        ),
+        kv,
+    )
+
+
+async def _require_app_guard(registry: Registry, app: str) -> Compare:
+    """A txn guard that the app still exists, once it is known to.
+
+    Raises:
+        NotFound: no app of that name.
+    """
+    key = app_key(app)
+    if await registry.get(key) is None:
+        raise NotFound(
+            f"no app named {app!r}; an alias points at a deployed app "
+            f"(corral deploy DIR --name {app}, or corral ps for the apps there are)"
+        )
+    return _app_exists(key)
+
+
+async def set_alias(registry: Registry, domain: str, app: str) -> AliasView:
+    """Create ``alias/<domain>`` -> ``app``, guarded on the alias and any app's claim
+    on the domain being absent.
+
+    Raises:
+        OperationRefused: the alias exists (naming its target), or the domain is an
+            app's.
+        NotFound: no such app.
+    """
+    akey, pkey, ckey = alias_key(domain), alias_previous_key(domain), domain_key(domain)
+    for _ in range(GUARDED_WRITE_ATTEMPTS):
+        existing = await registry.get(akey)
+        if existing is not None:
+            raise OperationRefused(
+                f"alias {domain} already exists and points at app {_alias_target(existing)}; "
+                f"repoint it with corral alias flip {domain} {app}"
+            )
+        owner, claim = await _domain_owner(registry, domain)
+        if owner is not None:
+            raise OperationRefused(
+                f"domain {domain} is app {owner}'s own domain; a domain is one app's or one "
+                f"alias's: remove it there first (corral app domains --name {owner} "
+                f"--remove {domain})"
+            )
+        guard = await _require_app_guard(registry, app)
+        ops: list[TxnOp] = [Put(akey, AliasRecord(app).encode()), Delete(pkey)]
+        if claim is not None:
+            ops.append(Delete(ckey))  # a stale claim (see _domain_owner)
+        result = await registry.txn([Compare.absent(akey), _guard_as_seen(ckey, claim), guard], ops)
+        if result.succeeded:
+            return AliasView(domain, app, None, result.revision)
+    raise Conflict(f"alias/{domain} kept changing while this request tried to create it; try again")
+
+
+async def flip_alias(
+    registry: Registry, domain: str, app: str, *, expect: int | None = None
+) -> FlipResult:
+    """Point the alias at ``app`` and its ``previous`` at the app it pointed at, in
+    one transaction guarded on the alias's revision as read (or as ``expect``
+    says the caller saw it). Not retried: a lost race is reported.
+
+    Raises:
+        NotFound: no such alias, or no such app.
+        Conflict: the alias changed since it was observed; the message names the
+            app it points at now (the winner).
+    """
+    view, kv = await _read_alias(registry, domain)
+    if expect is not None and view.revision != expect:
+        raise Conflict(
+            f"alias {domain} changed since revision {expect}: it now points at app "
+            f"{view.app} (revision {view.revision}); nothing was written; look again "
+            "(corral alias ls) and flip again if need be"
+        )
+    guard = await _require_app_guard(registry, app)
+    if view.app == app:
+        return FlipResult(view, flipped=False)
+    result = await registry.txn(
+        [Compare.mod_revision_is(kv.key, kv.mod_revision), guard],
+        [Put(kv.key, AliasRecord(app).encode()), Put(alias_previous_key(domain), kv.value)],
+    )
+    if result.succeeded:
+        return FlipResult(AliasView(domain, app, view.app, result.revision), flipped=True)
+    now = await registry.get(kv.key)
+    if now is None:
+        raise NotFound(f"alias {domain} was removed while this flip ran; nothing was written")
+    if now.mod_revision != kv.mod_revision:
+        raise Conflict(
+            f"alias {domain} was flipped to app {_alias_target(now)} by another writer while "
+            f"this flip to {app} ran (it pointed at {view.app}); nothing was written; flip "
+            f"again if {app} should still win"
+        )
+    await _require_app_guard(registry, app)  # the app went away meanwhile
+    raise Conflict(f"alias {domain} changed while this flip ran; nothing was written; try again")
+
+
+async def rollback_alias(
+    registry: Registry, domain: str, *, expect: int | None = None
+) -> FlipResult:
+    """Flip the alias back to its ``previous`` app (which then becomes the previous).
+
+    Raises:
+        OperationRefused: the alias was never flipped, so it has no previous app.
+        NotFound, Conflict: as :func:`flip_alias`.
+    """
+    view, _ = await _read_alias(registry, domain)
+    if view.previous is None:
+        raise OperationRefused(
+            f"alias {domain} has no previous app to roll back to: it was set and never "
+            f"flipped (it points at {view.app})"
+        )
+    return await flip_alias(
+        registry, domain, view.previous, expect=view.revision if expect is None else expect
+    )
+
+
+async def remove_alias(registry: Registry, domain: str) -> str:
+    """Remove ``alias/<domain>`` and its ``previous``; returns the app it pointed at.
+
+    Raises:
+        NotFound: there is no such alias.
+    """
+    akey = alias_key(domain)
+    for _ in range(GUARDED_WRITE_ATTEMPTS):
+        kv = await registry.get(akey)
+        if kv is None:
+            raise NotFound(f"no alias {domain}; corral alias ls lists the aliases there are")
+        result = await registry.txn(
+            [Compare.mod_revision_is(akey, kv.mod_revision)],
+            [Delete(akey), Delete(alias_previous_key(domain))],
+        )
+        if result.succeeded:
+            return _alias_target(kv)
+    raise Conflict(f"alias/{domain} kept changing while this request tried to remove it; try again")
+
+
+async def list_aliases(registry: Registry) -> tuple[list[AliasView], list[Undecodable]]:
+    """Every alias, sorted by domain, and the alias keys whose value is unreadable."""
+    targets: dict[str, tuple[str, int]] = {}
+    previous: dict[str, str] = {}
+    undecodable: list[Undecodable] = []
+    for kv in await registry.range(ALIAS_PREFIX):
+        record = _decoded(kv)
+        if not isinstance(record, AliasRecord):
+            undecodable.append(
+                record if isinstance(record, Undecodable) else Undecodable(kv.key, "not an alias")
+            )
+            continue
+        kind, parts = parse_key(kv.key)
+        if kind is KeyKind.ALIAS:
+            targets[parts[0]] = (record.app, kv.mod_revision)
+        else:
+            previous[parts[0]] = record.app
+    views = [
+        AliasView(domain, app, previous.get(domain), revision)
+        for domain, (app, revision) in sorted(targets.items())
+    ]
+    return views, undecodable
 
 
 async def _require_node(registry: Registry, node: str) -> None:

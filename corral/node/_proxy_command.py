@@ -61,7 +61,7 @@ def add_proxy_run_options(run: argparse.ArgumentParser) -> None:
 
 def proxy_run_command(args: argparse.Namespace, stderr: TextIO) -> int:
     """Run ``corral proxy run`` until a signal; returns the exit status."""
-    from corral.node._node import configure_logging
+    from corral.node._logging import configure_logging
     from corral.proxy import InvalidProxySetup, ProxyError, run_proxy
     from corral.registry import RegistryError
 

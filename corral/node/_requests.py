@@ -38,6 +38,43 @@ def check_name(kind: str, name: object, field: str = "name") -> str:
         raise RequestInvalid(field, str(exc)) from None
 
 
+#: Most domains one app may own.
+MAX_APP_DOMAINS = 64
+
+
+def check_domain(value: object, field: str = "domain") -> str:
+    """A domain as corral stores it (stripped, lowercased, one trailing dot dropped),
+    checked by the one domain check, :func:`corral.actors.routing.normalize_domain`.
+
+    Raises:
+        RequestInvalid: naming ``field`` and the rules.
+    """
+    from corral.actors.routing import normalize_domain
+
+    if not isinstance(value, str):
+        raise RequestInvalid(field, f"{value!r} is not a domain; give a name such as shop.example")
+    try:
+        return normalize_domain(value)
+    except InvalidName as exc:
+        raise RequestInvalid(field, str(exc)) from None
+
+
+def parse_domains(value: object, field: str = "domains") -> tuple[str, ...]:
+    """A list of domains, each checked by :func:`check_domain`; sorted, without
+    duplicates, at most :data:`MAX_APP_DOMAINS`.
+
+    Raises:
+        RequestInvalid: naming ``field``.
+    """
+    if isinstance(value, str) or not isinstance(value, list | tuple):
+        raise RequestInvalid(field, 'must be a list of domains, e.g. ["shop.example"]')
+    if len(value) > MAX_APP_DOMAINS:
+        raise RequestInvalid(
+            field, f"{len(value)} domains, more than the {MAX_APP_DOMAINS} an app may own"
+        )
+    return tuple(sorted({check_domain(item, field) for item in value}))
+
+
 def parse_replicas(value: object, field: str = "replicas") -> Replicas:
     """``"all"`` or a whole number >= 1 (given as int or decimal text)."""
     if value == "all":
@@ -262,10 +299,12 @@ class DeployRequest:
     disk_mb: int | None = None
     pinned: bool | None = None
     env: Mapping[str, str] | None = None
+    #: The app's domains, replacing the ones it has (None: keep them).
+    domains: tuple[str, ...] | None = None
 
 
 DEPLOY_FIELDS = frozenset(
-    {"artifact", "replicas", "selector", "memory_mb", "disk_mb", "pinned", "env"}
+    {"artifact", "replicas", "selector", "memory_mb", "disk_mb", "pinned", "env", "domains"}
 )
 
 
@@ -299,6 +338,7 @@ def parse_deploy(name: object, body: object) -> DeployRequest:
     disk = None if body.get("disk_mb") is None else parse_megabytes(body["disk_mb"], "disk_mb")
     pinned = None if body.get("pinned") is None else parse_bool(body["pinned"], "pinned")
     env = None if body.get("env") is None else parse_env(body["env"])
+    domains = None if body.get("domains") is None else parse_domains(body["domains"])
     encoded = body.get("artifact")
     if not isinstance(encoded, str) or not encoded:
         raise RequestInvalid("artifact", "missing; send the app's tar.gz as base64")
@@ -315,4 +355,5 @@ def parse_deploy(name: object, body: object) -> DeployRequest:
         disk_mb=disk,
         pinned=pinned,
         env=env,
+        domains=domains,
     )

@@ -23,8 +23,12 @@ coordinator's own (:class:`CoordinatorView`, from the lease holder's state:
 its policy, and the ``until`` of each move it deferred); when that state
 cannot be had RELOC says the cooldown is unknown rather than guessing.
 
-:func:`node_rows` is the node list (``corral node ls``): each node's record
-with the operator's intent on top. Pure: no I/O, no clock (``now`` is given).
+:func:`node_rows` is the node list (``corral node ls``): each node's state as
+the lease holder's coordinator decided it (:class:`NodeStatesView`: membership,
+records and down entries combined, with incarnation, since when and, for a
+down node, when its grace lapses), with the operator's intent on top; when the
+holder cannot be asked, each node's record with the intent on top, and the
+answer says so. Pure: no I/O, no clock (``now`` is given).
 """
 
 from __future__ import annotations
@@ -103,6 +107,17 @@ class CoordinatorView:
                 )
         return cls(cooldown_s=float(cooldown), deferred=deferred, holder=holder)
 
+    def unknown_because(self) -> str:
+        """Why the cooldown is unknown, in a few words (the full reason is ``error``)."""
+        error = self.error or ""
+        if self.holder is None:
+            return "no node holds the coordinator lease yet"
+        if "no reply" in error or "within" in error:
+            return f"coordinator {self.holder} is busy and did not answer in time"
+        if "does not report" in error:
+            return f"coordinator {self.holder} does not report it"
+        return f"coordinator {self.holder} cannot be asked"
+
     def to_json(self) -> dict[str, Any]:
         """What ``GET /v1/ps`` says of the coordinator next to the rows."""
         if self.error is not None:
@@ -169,7 +184,7 @@ def relocation(
     elif coordinator.cooldown_s is not None:
         until = None if placed_at is None else placed_at + coordinator.cooldown_s
     elif placed_at is not None:
-        return "yes (cooldown unknown: the coordinator's state is unavailable)"
+        return f"yes (cooldown unknown: {coordinator.unknown_because()})"
     else:
         until = None
     if until is not None and now < until:
@@ -270,9 +285,65 @@ class NodeRow:
     datacenter: str | None
     api_address: str | None
     coordinator: bool
+    #: membership's incarnation (None until membership is wired in).
+    incarnation: int | None = None
+    #: wall-clock time the node entered its state, as the coordinator knows it.
+    since: float | None = None
+    #: when the coordinator decided it was down (down nodes only).
+    down_since: float | None = None
+    #: when its grace lapses and its work is relocated (down nodes only).
+    grace_until: float | None = None
+    #: memory and disk in MiB, total and free (the record's ``capacity``), when it says.
+    capacity: dict[str, int] | None = None
 
     def to_json(self) -> dict[str, object]:
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class NodeStatesView:
+    """The node states of the lease holder's coordinator (its last pass), or why not.
+
+    Attributes:
+        states: node id -> the coordinator's status of it (``state``, ``since``,
+            ``down_since``, ``grace_until``, ``incarnation``...); None when unknown.
+        holder: the node whose coordinator answered (or was asked).
+        error: why the states could not be had (then ``states`` is None).
+    """
+
+    states: Mapping[str, Mapping[str, Any]] | None = None
+    holder: str | None = None
+    error: str | None = None
+
+    @classmethod
+    def from_state(cls, state: object) -> NodeStatesView:
+        """From the lease holder's coordinator state (``GetCoordinatorState``'s answer) or
+        the ``{"holder": ..., "error": ...}`` given in its place. Never raises."""
+        view = CoordinatorView.from_state(state)
+        if view.error is not None or not isinstance(state, Mapping):
+            return cls(holder=view.holder, error=view.error)
+        items = state.get("node_states")
+        if not isinstance(items, list) or not state.get("coordinating", True):
+            who = f"coordinator {view.holder}" if view.holder else "the coordinator"
+            return cls(holder=view.holder, error=f"{who} does not report node states")
+        states = {
+            str(item["node"]): item
+            for item in items
+            if isinstance(item, Mapping) and isinstance(item.get("node"), str)
+        }
+        return cls(states=states, holder=view.holder)
+
+    def to_json(self) -> dict[str, Any]:
+        """What ``GET /v1/nodes`` says of where the states came from."""
+        if self.error is not None:
+            return {"source": "records", "holder": self.holder, "error": self.error}
+        return {"source": "coordinator", "holder": self.holder}
+
+
+def _number(value: object) -> float | None:
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    return None
 
 
 def node_state(record: NodeRecord | None, intent: NodeIntent | None) -> str:
@@ -294,25 +365,53 @@ def node_state(record: NodeRecord | None, intent: NodeIntent | None) -> str:
     return base
 
 
+def _state_text(status: Mapping[str, Any], intent: NodeIntent | None) -> str:
+    """The coordinator's state of a node, with the intent named as the operator gave it
+    (also when the coordinator has not run a pass since the intent was written)."""
+    state = str(status.get("state"))
+    if intent is not None and intent.draining:
+        return "draining, forced" if intent.force else "draining"
+    if intent is not None and intent.cordoned and state in ("alive", "suspect"):
+        return "cordoned"
+    return state
+
+
 def node_rows(
     nodes: Mapping[str, NodeRecord],
     intents: Mapping[str, NodeIntent],
     coordinator: str | None,
+    states: NodeStatesView | None = None,
 ) -> list[NodeRow]:
-    """Every node with a live record or an operator intent, sorted by id."""
+    """Every node with a live record, an operator intent or a state the coordinator
+    keeps (a down node whose record lapsed), sorted by id.
+
+    ``states``: the coordinator's node states; without them (or when they could not
+    be had) each state is the record's with the intent on top (:func:`node_state`).
+    """
+    known = {} if states is None or states.states is None else states.states
     rows: list[NodeRow] = []
-    for node_id in sorted(set(nodes) | set(intents)):
+    for node_id in sorted(set(nodes) | set(intents) | set(known)):
         record = nodes.get(node_id)
+        status = known.get(node_id)
         rows.append(
             NodeRow(
                 node=node_id,
-                state=node_state(record, intents.get(node_id)),
+                state=node_state(record, intents.get(node_id))
+                if status is None
+                else _state_text(status, intents.get(node_id)),
                 serving=len(record.serving) if record else 0,
                 labels=dict(record.labels) if record else {},
                 rack=record.rack if record else None,
                 datacenter=record.datacenter if record else None,
                 api_address=(record.api_address or None) if record else None,
                 coordinator=node_id == coordinator,
+                incarnation=None
+                if status is None or not isinstance(status.get("incarnation"), int)
+                else int(status["incarnation"]),
+                since=None if status is None else _number(status.get("since")),
+                down_since=None if status is None else _number(status.get("down_since")),
+                grace_until=None if status is None else _number(status.get("grace_until")),
+                capacity=record.capacity.to_json() if record and record.capacity else None,
             )
         )
     return rows

@@ -26,7 +26,7 @@ import json
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias
+from typing import TYPE_CHECKING, Any, Final, Literal, Self, TypeAlias
 
 from corral.registry._errors import InvalidKey, InvalidName
 
@@ -47,7 +47,9 @@ INTENT_PREFIX: Final = "intent/"
 PLACEMENT_PREFIX: Final = "placement/"
 PORTS_PREFIX: Final = "ports/"
 ALIAS_PREFIX: Final = "alias/"
+DOMAIN_PREFIX: Final = "domain/"
 ARTIFACTS_PREFIX: Final = "artifacts/"
+DOWN_PREFIX: Final = "down/"
 PROXIES_PREFIX: Final = "proxies/"
 
 
@@ -63,9 +65,11 @@ class KeyKind(enum.StrEnum):
     PORT = "ports"
     ALIAS = "alias"
     ALIAS_PREVIOUS = "alias-previous"
+    DOMAIN = "domain"
     ROUTING = "routing"
     ARTIFACT = "artifacts"
     SECRET_FINGERPRINT = "cluster"
+    DOWN = "down"
     PROXY = "proxies"
 
 
@@ -210,6 +214,10 @@ def placement_key(name: str) -> str:
     return f"placement/{validate_name('app', name)}"
 
 
+def down_key(node_id: str) -> str:
+    return f"down/{validate_name('node', node_id)}"
+
+
 def port_key(node_id: str, port: int) -> str:
     return f"ports/{validate_name('node', node_id)}/{_validate_port(port)}"
 
@@ -227,6 +235,9 @@ def alias_previous_key(domain: str) -> str:
     return f"alias/{validate_domain(domain)}/previous"
 
 
+def domain_key(domain: str) -> str:
+    """``domain/<domain>``: the claim that gives a domain to one app."""
+    return f"domain/{validate_domain(domain)}"
 def proxy_key(proxy_id: str) -> str:
     """``proxies/<id>``: what the proxy of that name applied (written by ``corral proxy run``)."""
     return f"{PROXIES_PREFIX}{validate_name('proxy', proxy_id)}"
@@ -255,8 +266,8 @@ def parse_key(key: str) -> tuple[KeyKind, tuple[str, ...]]:
 
 _KEY_SHAPES = (
     "accepted: apps/<app>, nodes/<node>, intent/<node>, placement/<app>, lease/coordinator, "
-    "ports/<node>/<port>, alias/<domain>, alias/<domain>/previous, routing, artifacts/<sha256>, "
-    "cluster/secret-fingerprint, proxies/<id>"
+    "ports/<node>/<port>, alias/<domain>, alias/<domain>/previous, domain/<domain>, routing, "
+    "artifacts/<sha256>, cluster/secret-fingerprint, down/<node>, proxies/<id>"
 )
 
 
@@ -277,6 +288,8 @@ def _parse_key(key: str) -> tuple[KeyKind, tuple[str, ...]]:
         return KeyKind.NODE, (validate_name("node", parts[0]),)
     if head == "intent" and len(parts) == 1:
         return KeyKind.INTENT, (validate_name("node", parts[0]),)
+    if head == "down" and len(parts) == 1:
+        return KeyKind.DOWN, (validate_name("node", parts[0]),)
     if head == "placement" and len(parts) == 1:
         return KeyKind.PLACEMENT, (validate_name("app", parts[0]),)
     if head == "ports" and len(parts) == 2:
@@ -289,6 +302,8 @@ def _parse_key(key: str) -> tuple[KeyKind, tuple[str, ...]]:
         return KeyKind.ALIAS, (validate_domain(parts[0]),)
     if head == "alias" and len(parts) == 2 and parts[1] == "previous":
         return KeyKind.ALIAS_PREVIOUS, (validate_domain(parts[0]),)
+    if head == "domain" and len(parts) == 1:
+        return KeyKind.DOMAIN, (validate_domain(parts[0]),)
     if head == "artifacts" and len(parts) == 1:
         return KeyKind.ARTIFACT, (validate_digest(parts[0]),)
     if head == "proxies" and len(parts) == 1:
@@ -745,6 +760,56 @@ class NodeIntent:
 
 
 @dataclass(frozen=True, slots=True)
+class NodeDown:
+    """``down/<node>`` (written by the coordinator, under its fence): a node that is
+    ``down``, or whose leased record lapsed, as the coordinator last knew it.
+
+    ``down_since`` is when the coordinator decided the node was down (None: its
+    record lapsed but membership still reaches it, a registry blip); the rest is
+    the node's last known record, so a successor coordinator knows the node's
+    labels, place and capacity after its record is gone.
+    """
+
+    node: str
+    down_since: float | None = None
+    labels: dict[str, str] = field(default_factory=dict)
+    rack: str | None = None
+    datacenter: str | None = None
+    capacity: Capacity | None = None
+
+    def __post_init__(self) -> None:
+        validate_name("node", self.node)
+
+    @property
+    def key(self) -> str:
+        return down_key(self.node)
+
+    def encode(self) -> bytes:
+        return _dump(
+            {
+                "node": self.node,
+                "down_since": self.down_since,
+                "labels": dict(self.labels),
+                "rack": self.rack,
+                "datacenter": self.datacenter,
+                "capacity": None if self.capacity is None else self.capacity.to_json(),
+            }
+        )
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> NodeDown:
+        capacity = _field(obj, "capacity", None)
+        return cls(
+            node=_str(_field(obj, "node"), "node"),
+            down_since=_opt_float(_field(obj, "down_since", None), "down_since"),
+            labels=_str_dict(_field(obj, "labels", {}), "labels"),
+            rack=_opt_str(_field(obj, "rack", None), "rack"),
+            datacenter=_opt_str(_field(obj, "datacenter", None), "datacenter"),
+            capacity=None if capacity is None else Capacity.from_json(_obj(capacity, "capacity")),
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class PlacementRecord:
     """``placement/<app>``: the nodes chosen, when, and under which coordinator fence.
 
@@ -858,8 +923,8 @@ class PortClaim:
 
 
 @dataclass(frozen=True, slots=True)
-class AliasRecord:
-    """``alias/<domain>`` and ``alias/<domain>/previous``: the app a domain points at."""
+class _AppPointer:
+    """A value naming one app (``{"app": name}``)."""
 
     app: str
 
@@ -870,8 +935,20 @@ class AliasRecord:
         return _dump({"app": self.app})
 
     @classmethod
-    def from_json(cls, obj: dict[str, Any]) -> AliasRecord:
+    def from_json(cls, obj: dict[str, Any]) -> Self:
         return cls(app=_str(_field(obj, "app"), "app"))
+
+
+@dataclass(frozen=True, slots=True)
+class AliasRecord(_AppPointer):
+    """``alias/<domain>`` and ``alias/<domain>/previous``: the app a domain points at."""
+
+
+@dataclass(frozen=True, slots=True)
+class DomainClaim(_AppPointer):
+    """``domain/<domain>``: the app that owns a domain. Written in the same txn as
+    the app record that lists the domain, guarded on the claim being absent (and on
+    no ``alias/<domain>``), so one domain belongs to one app or one alias."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -984,9 +1061,11 @@ Record: TypeAlias = (
     | CoordinatorLease
     | PortClaim
     | AliasRecord
+    | DomainClaim
     | RoutingTable
     | Artifact
     | SecretFingerprint
+    | NodeDown
     | ProxyRecord
 )
 
@@ -1008,8 +1087,10 @@ _JSON_DECODERS: Final[dict[KeyKind, Callable[[dict[str, Any]], Record]]] = {
     KeyKind.PORT: PortClaim.from_json,
     KeyKind.ALIAS: AliasRecord.from_json,
     KeyKind.ALIAS_PREVIOUS: AliasRecord.from_json,
+    KeyKind.DOMAIN: DomainClaim.from_json,
     KeyKind.ROUTING: RoutingTable.from_json,
     KeyKind.SECRET_FINGERPRINT: SecretFingerprint.from_json,
+    KeyKind.DOWN: NodeDown.from_json,
     KeyKind.PROXY: ProxyRecord.from_json,
 }
 
@@ -1056,6 +1137,8 @@ def _name_mismatch(kind: KeyKind, parts: tuple[str, ...], record: Record) -> str
         return f"record names proxy {record.id!r} but the key names {parts[0]!r}"
     if isinstance(record, NodeRecord) and record.id != parts[0]:
         return f"record names node {record.id!r} but the key names {parts[0]!r}"
+    if isinstance(record, NodeDown) and record.node != parts[0]:
+        return f"record names node {record.node!r} but the key names {parts[0]!r}"
     if isinstance(record, PortClaim) and (record.node, str(record.port)) != parts:
         return (
             f"record claims port {record.port} on node {record.node!r} but the key names "

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import outcome
 import trio
@@ -18,9 +18,8 @@ from corral.supervision._errors import (
 
 if TYPE_CHECKING:
     from corral.supervision._runtime import Cell
-    from corral.supervision._system import ActorSystem
 
-__all__ = ["ActorRef"]
+__all__ = ["ActorRef", "Ask", "Directory", "Remote"]
 
 _CLOSED = (trio.ClosedResourceError, trio.BrokenResourceError)
 
@@ -63,6 +62,50 @@ class Ask:
         return await trio.lowlevel.wait_task_rescheduled(abort)
 
 
+class Remote(Protocol):
+    """What refs and asks from other nodes need of the link to other nodes.
+
+    :class:`~corral.supervision._remote.RemoteBridge` is the implementation over a
+    transport; a system without one uses :class:`~corral.supervision._remote.Unreachable`.
+    """
+
+    async def tell(self, address: str, node: str, message: object) -> None:
+        """Send ``message`` to the actor at ``address`` (``"<node>/<path>"``) on ``node``."""
+
+    def tell_nowait(self, address: str, node: str, message: object) -> None:
+        """The same without waiting; raises MailboxFull when the outbound queue is full."""
+
+    async def ask(self, address: str, node: str, message: object, timeout: float) -> Any:  # noqa: ASYNC109
+        """Send ``message`` as an ask and return the reply (or raise its error)."""
+
+    async def reply(self, peer: str, correlation_id: int, result: outcome.Outcome[Any]) -> None:
+        """Answer the ask ``correlation_id`` that came from ``peer``, now."""
+
+    def queue_reply(self, peer: str, correlation_id: int, result: outcome.Outcome[Any]) -> None:
+        """Answer it without waiting (queued behind earlier frames to ``peer``)."""
+
+
+class Directory:
+    """One node's actors by path: what local refs resolve against and frames are routed to."""
+
+    __slots__ = ("cells",)
+
+    def __init__(self) -> None:
+        #: path -> cell (read it; change it with add and remove)
+        self.cells: dict[str, Cell] = {}
+
+    def get(self, path: str) -> Cell | None:
+        return self.cells.get(path)
+
+    def add(self, cell: Cell) -> None:
+        self.cells[cell.path] = cell
+
+    def remove(self, cell: Cell) -> None:
+        """Forget ``cell`` (not a newer cell that took its path since)."""
+        if self.cells.get(cell.path) is cell:
+            del self.cells[cell.path]
+
+
 class ActorRef:
     """Where to send messages to one actor. Cheap, hashable, compared by node and path.
 
@@ -71,16 +114,23 @@ class ActorRef:
     messages are passed as Python objects, remote ones are encoded.
     """
 
-    __slots__ = ("_cell", "_remote", "_system", "node_id", "path")
+    __slots__ = ("_cell", "_directory", "_is_remote", "_link", "node_id", "path")
 
     def __init__(
-        self, system: ActorSystem, node_id: str, path: str, cell: Cell | None, remote: bool
+        self,
+        directory: Directory,
+        link: Remote,
+        node_id: str,
+        path: str,
+        cell: Cell | None,
+        remote: bool,
     ) -> None:
-        self._system = system
+        self._directory = directory
+        self._link = link
         self.node_id = node_id
         self.path = path
         self._cell = cell
-        self._remote = remote
+        self._is_remote = remote
 
     @property
     def address(self) -> str:
@@ -90,7 +140,7 @@ class ActorRef:
     @property
     def is_remote(self) -> bool:
         """Whether the actor lives on another node."""
-        return self._remote
+        return self._is_remote
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, ActorRef):
@@ -132,8 +182,8 @@ class ActorRef:
             MailboxFull: the mailbox is full (for a remote actor: the outbound queue).
             ActorNotFound, ActorStopped, UnhandledMessage: as for :meth:`tell`.
         """
-        if self._remote:
-            self._system._remote_tell_nowait(self, message)
+        if self._is_remote:
+            self._link.tell_nowait(self.address, self.node_id, message)
             return
         for _ in range(2):
             cell = self._resolve()
@@ -153,8 +203,8 @@ class ActorRef:
         raise ActorStopped(f"actor {self.address} has stopped")
 
     async def _tell_slow(self, message: object) -> None:
-        if self._remote:
-            await self._system._remote_tell(self, message)
+        if self._is_remote:
+            await self._link.tell(self.address, self.node_id, message)
             return
         for _ in range(2):
             self._cell = None
@@ -172,7 +222,7 @@ class ActorRef:
     def _resolve(self) -> Cell:
         cell = self._cell
         if cell is None or cell.closed:
-            cell = self._system._cells.get(self.path)
+            cell = self._directory.get(self.path)
             if cell is None:
                 raise ActorNotFound(
                     f"no actor at {self.path} on node {self.node_id!r}; "
@@ -201,8 +251,8 @@ class ActorRef:
             RemoteError: remote only: the remote side refused or failed (code, message).
             PeerUnavailable, PeerBusy, SchemaError, FrameError: remote only, sending side.
         """
-        if self._remote:
-            return await self._system._remote_ask(self, message, timeout)
+        if self._is_remote:
+            return await self._link.ask(self.address, self.node_id, message, timeout)
         cell = self._cell
         if cell is None or cell.closed:
             cell = self._resolve()

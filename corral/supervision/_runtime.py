@@ -39,7 +39,7 @@ from corral.supervision._policy import (
     restart_set,
     should_restart,
 )
-from corral.supervision._ref import ActorRef, Ask
+from corral.supervision._ref import ActorRef, Ask, Directory, Remote
 from corral.supervision._spec import ChildSpec, Restart, SupervisorSpec
 
 if TYPE_CHECKING:
@@ -119,21 +119,21 @@ class Signal:
 class RemoteAsk:
     """An ask that arrived from another node; the reply goes back over the transport."""
 
-    __slots__ = ("correlation_id", "message", "peer", "system")
+    __slots__ = ("correlation_id", "link", "message", "peer")
 
-    def __init__(self, system: ActorSystem, message: object, peer: str, correlation_id: int):
-        self.system = system
+    def __init__(self, link: Remote, message: object, peer: str, correlation_id: int):
+        self.link = link
         self.message = message
         self.peer = peer
         self.correlation_id = correlation_id
 
     async def reply(self, result: outcome.Outcome[Any]) -> None:
         """Send the reply now, from the actor's task (keeps it ordered before later tells)."""
-        await self.system._send_reply(self.peer, self.correlation_id, result)
+        await self.link.reply(self.peer, self.correlation_id, result)
 
     def resolve(self, result: outcome.Outcome[Any]) -> None:
         """Queue the reply (used where the caller cannot wait)."""
-        self.system._queue_reply(self.peer, self.correlation_id, result)
+        self.link.queue_reply(self.peer, self.correlation_id, result)
 
 
 class Cell:
@@ -142,9 +142,11 @@ class Cell:
     __slots__ = (
         "closed",
         "current",
+        "directory",
         "handled",
         "kind",
         "last_error",
+        "link",
         "loop_scope",
         "mailbox_receive",
         "mailbox_send",
@@ -165,6 +167,8 @@ class Cell:
     def __init__(
         self,
         system: ActorSystem,
+        directory: Directory,
+        link: Remote,
         parent: SupervisorRun | None,
         name: str,
         path: str,
@@ -172,6 +176,8 @@ class Cell:
         mailbox_size: int,
     ) -> None:
         self.system = system
+        self.directory = directory
+        self.link = link
         self.parent = parent
         self.name = name
         self.path = path
@@ -194,7 +200,12 @@ class Cell:
         self.stop_requested = False
         self.self_stop = False
         self.supervisor: SupervisorRun | None = None
-        self.ref = ActorRef(system, system.node_id, path, self, False)
+        self.ref = ActorRef(directory, link, system.node_id, path, self, False)
+
+    @property
+    def takes_messages(self) -> bool:
+        """Whether messages can be put in this cell (an actor's), for the frame router."""
+        return self.mailbox_send is not None
 
     # ------------------------------------------------------------------ stopping
 
@@ -219,7 +230,7 @@ class Cell:
         """
         if self.closed:
             if not keep_listed:
-                self.system._unregister(self)
+                self.directory.remove(self)
             return
         self.closed = True
         self.state = "stopped"
@@ -237,7 +248,7 @@ class Cell:
             assert self.mailbox_send is not None
             self.mailbox_send.close()
         if not keep_listed:
-            self.system._unregister(self)
+            self.directory.remove(self)
 
     # ------------------------------------------------------------------ introspection
 
@@ -549,7 +560,7 @@ class SupervisorRun:
         path = self.child_path(spec.name)
         prepared: Actor | Exception | None = None
         if isinstance(spec, SupervisorSpec):
-            cell = Cell(self.system, self, spec.name, path, "supervisor", 0)
+            cell = self._new_cell(spec.name, path, "supervisor", 0)
         else:
             size = spec.mailbox_size
             if size is None:
@@ -562,14 +573,22 @@ class SupervisorRun:
                 size = getattr(prepared, "mailbox_size", Actor.mailbox_size)
                 if not isinstance(size, int) or size < 1:
                     size = Actor.mailbox_size
-            cell = Cell(self.system, self, spec.name, path, "actor", size)
-        self.system._register(cell)
+            cell = self._new_cell(spec.name, path, "actor", size)
+        self.cell.directory.add(cell)
         child = Child(spec, cell)
         if isinstance(spec, ChildSpec):
             child.prepared = prepared
         self.children.append(child)
         self.by_name[spec.name] = child
         return child
+
+    def _new_cell(
+        self, name: str, path: str, kind: Literal["actor", "supervisor"], mailbox_size: int
+    ) -> Cell:
+        parent = self.cell
+        return Cell(
+            self.system, parent.directory, parent.link, self, name, path, kind, mailbox_size
+        )
 
     async def _start(self, child: Child) -> None:
         assert self._nursery is not None

@@ -13,8 +13,23 @@ Embed corral in your own test suite the way its own tests do::
 
 A pytest plugin with a ``corral_cluster`` fixture lives in
 ``corral.testing.pytest_plugin`` (``pytest_plugins = ["corral.testing.pytest_plugin"]``).
+
+Writing your own transport or registry backend? Run the conformance suites the
+built-in ones pass, as trio's ``check_two_way_stream`` is run on every stream:
+:func:`check_transport` (give it a factory of connected transport pairs) and
+:func:`check_registry` (a factory of :class:`RegistryHarness` objects, each a
+fresh registry and a way to let lease time pass). See the README's "Your own
+backend" section.
 """
 
+from corral.testing._check_registry import (
+    ManualClock,
+    RegistryHarness,
+    check_registry,
+    take_events,
+)
+from corral.testing._check_transport import TransportPair, check_transport
+from corral.testing._checks import CheckFailed
 from corral.testing._cluster import (
     DEFAULT_TEST_CAPACITY,
     VIRTUAL_EPOCH,
@@ -27,20 +42,39 @@ from corral.testing._cluster import (
     open_cluster,
     virtual_wall_clock,
 )
+from corral.testing._etcd import (
+    SECURE_PREFIX,
+    SecureEtcd,
+    etcd_endpoint_from_env,
+    open_test_etcd_registry,
+    run_secure_etcd,
+)
 from corral.testing._registry import CountingRegistry, GateMode, RegistryGate
 
 __all__ = [
     "DEFAULT_TEST_CAPACITY",
+    "SECURE_PREFIX",
     "VIRTUAL_EPOCH",
+    "CheckFailed",
     "Cluster",
     "ClusterNode",
     "CoordinatorInterval",
     "CountingRegistry",
     "GateMode",
+    "ManualClock",
     "NodeContext",
     "RegistryGate",
+    "RegistryHarness",
+    "SecureEtcd",
+    "TransportPair",
     "agent_node_children",
+    "check_registry",
+    "check_transport",
     "default_node_children",
+    "etcd_endpoint_from_env",
     "open_cluster",
+    "open_test_etcd_registry",
+    "run_secure_etcd",
+    "take_events",
     "virtual_wall_clock",
 ]

@@ -58,7 +58,7 @@ from typing import Any
 
 import trio
 
-from corral.actors.coordinator import GetCoordinatorState, coordinator_child_spec
+from corral.actors.coordinator import GetCoordinatorState, MemberStatus, coordinator_child_spec
 from corral.actors.node_record import NodeIdentity, node_registration_child_spec
 from corral.actors.planner import Policy
 from corral.actors.process_supervisor import AppPaths, LaunchEvent, MemoryLauncher
@@ -133,6 +133,8 @@ class NodeContext:
     life: int
     data_dir: Path
     launcher: MemoryLauncher
+    #: the membership view the coordinator combines with the records (None: not wired).
+    membership: Callable[[], Mapping[str, MemberStatus]] | None = None
 
 
 ChildrenFactory = Callable[[NodeContext], Sequence[ChildSpec | SupervisorSpec]]
@@ -150,7 +152,12 @@ def default_node_children(ctx: NodeContext) -> list[ChildSpec | SupervisorSpec]:
             lease_ttl=ctx.node_lease_ttl,
         ),
         coordinator_child_spec(
-            ctx.node_id, ctx.registry, ctx.policy, ctx.lease_ttl, ctx.wall_clock
+            ctx.node_id,
+            ctx.registry,
+            ctx.policy,
+            ctx.lease_ttl,
+            ctx.wall_clock,
+            membership=ctx.membership,
         ),
     ]
 
@@ -263,6 +270,7 @@ class Cluster:
         wall_clock: Callable[[], float],
         children: ChildrenFactory,
         data_dir: Path,
+        membership: Mapping[str, MemberStatus] | None = None,
     ) -> None:
         self._nursery = nursery
         self.registry = CountingRegistry(registry)
@@ -273,6 +281,7 @@ class Cluster:
         self.wall_clock = wall_clock
         self._children = children
         self.data_dir = data_dir
+        self.membership = membership
         self.nodes: dict[str, ClusterNode] = {}
 
     # ------------------------------------------------------------------ membership
@@ -349,6 +358,12 @@ class Cluster:
         await self._nursery.start(self._run_life, node)
         return node
 
+    def _membership_view(self) -> Callable[[], Mapping[str, MemberStatus]] | None:
+        view = self.membership
+        if view is None:
+            return None
+        return lambda: dict(view)
+
     async def _run_life(
         self, node: ClusterNode, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
     ) -> None:
@@ -367,6 +382,7 @@ class Cluster:
             life=node.life,
             data_dir=node.data_dir,
             launcher=node.launcher,
+            membership=self._membership_view(),
         )
         spec = SupervisorSpec(name=NODE_SUPERVISOR, children=tuple(self._children(ctx)))
         system: ActorSystem | None = None
@@ -607,6 +623,7 @@ async def open_cluster(
     labels: Mapping[str, Mapping[str, str]] | None = None,
     capacity: Capacity | None = DEFAULT_TEST_CAPACITY,
     data_dir: Path | None = None,
+    membership: Mapping[str, MemberStatus] | None = None,
 ) -> AsyncIterator[Cluster]:
     """Run a cluster of in-process nodes for the duration of the block.
 
@@ -625,6 +642,9 @@ async def open_cluster(
         capacity: what every node reports.
         data_dir: each node gets ``<data_dir>/<node id>`` (default: a temporary
             directory, removed on exit).
+        membership: node id -> :class:`~corral.actors.coordinator.MemberStatus`, the
+            membership view every coordinator reads (each pass reads it anew, so a
+            test may change the mapping as it goes); None: membership is not wired in.
 
     Leaving the block stops every node cleanly.
     """
@@ -646,6 +666,7 @@ async def open_cluster(
                 wall_clock=wall_clock,
                 children=children,
                 data_dir=data_dir,
+                membership=membership,
             )
             try:
                 for node_id in ids:

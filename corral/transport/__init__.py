@@ -28,10 +28,12 @@ from corral.transport._errors import (
     TransportError,
     UnknownKind,
 )
+from corral.transport._log_budget import LogBudget, LogVerdict
 from corral.transport._memory import MemoryNetwork, MemoryTransport
 from corral.transport._schema import (
     decode_message,
     encode_message,
+    encode_value,
     message,
     message_class,
     message_kind,
@@ -57,6 +59,8 @@ __all__ = [
     "FrameHandler",
     "FrameTooLarge",
     "HandshakeFailed",
+    "LogBudget",
+    "LogVerdict",
     "MalformedFrame",
     "MemoryNetwork",
     "MemoryTransport",
@@ -78,6 +82,7 @@ __all__ = [
     "decode_message",
     "encode_envelope",
     "encode_message",
+    "encode_value",
     "message",
     "message_class",
     "message_kind",

@@ -30,13 +30,13 @@ import logging
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 logger = logging.getLogger("corral.transport")
 
 
-@dataclass(frozen=True, slots=True)
-class Frame:
-    """One frame as received: who sent it, and its bytes."""
+class Frame(NamedTuple):
+    """One frame as received: who sent it, and its bytes (immutable)."""
 
     sender: str
     data: bytes

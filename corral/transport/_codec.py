@@ -25,8 +25,9 @@ Pure: no trio, no clock, no I/O.
 from __future__ import annotations
 
 import io
+import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import cbor2
 
@@ -84,9 +85,8 @@ class ErrorCode:
     REPLY_NOT_ENCODABLE = "reply-not-encodable"
 
 
-@dataclass(frozen=True, slots=True)
-class Envelope:
-    """One message between actor systems.
+class Envelope(NamedTuple):
+    """One message between actor systems (immutable; a named tuple, cheap to build).
 
     Attributes:
         id: unique per sending system; asks are answered by it.
@@ -189,16 +189,12 @@ def decode_envelope(data: bytes, limits: CodecLimits = DEFAULT_LIMITS) -> Envelo
     if not data:
         raise MalformedFrame("empty frame")
     stream = io.BytesIO(data)
+    decoder = _decoder(limits.max_depth)
+    decoder.fp = stream
     try:
-        decoded = cbor2.CBORDecoder(
-            stream,
-            max_depth=limits.max_depth,
-            semantic_decoders=_NO_TAGS,
-            tag_hook=_refuse_tag,
-            strict_hashable_types=True,
-            allow_duplicate_keys=False,
-        ).decode()
+        decoded = decoder.decode()
     except Exception as exc:
+        _forget_decoder(limits.max_depth)  # its state after a failure is not ours to trust
         raise MalformedFrame(f"frame is not valid CBOR within the limits: {exc}") from None
     if stream.tell() != len(data):
         raise MalformedFrame(f"frame has {len(data) - stream.tell()} trailing bytes")
@@ -218,6 +214,36 @@ def decode_envelope(data: bytes, limits: CodecLimits = DEFAULT_LIMITS) -> Envelo
     if type(expects_reply) is not bool:
         raise MalformedFrame("envelope expects_reply must be a bool")
     return Envelope(ident, to, sender, kind, body, correlation_id, expects_reply, version)
+
+
+# Building a decoder with these options costs several times the decoding of a small
+# frame, so each thread keeps one per depth limit and points it at each new frame.
+# Every tag is refused, so no decode leaves shared values or string references
+# behind for the next one; a decoder that raised is thrown away.
+_local = threading.local()
+
+
+def _decoder(max_depth: int) -> cbor2.CBORDecoder:
+    decoders: dict[int, cbor2.CBORDecoder] | None = getattr(_local, "decoders", None)
+    if decoders is None:
+        decoders = _local.decoders = {}
+    decoder = decoders.get(max_depth)
+    if decoder is None:
+        decoder = decoders[max_depth] = cbor2.CBORDecoder(
+            io.BytesIO(b""),
+            max_depth=max_depth,
+            semantic_decoders=_NO_TAGS,
+            tag_hook=_refuse_tag,
+            strict_hashable_types=True,
+            allow_duplicate_keys=False,
+        )
+    return decoder
+
+
+def _forget_decoder(max_depth: int) -> None:
+    decoders: dict[int, cbor2.CBORDecoder] | None = getattr(_local, "decoders", None)
+    if decoders is not None:
+        decoders.pop(max_depth, None)
 
 
 def _depth_exceeds(value: Any, limit: int) -> bool:

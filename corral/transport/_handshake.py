@@ -42,8 +42,10 @@ from typing import Any
 
 import cbor2
 
-PROTOCOL_VERSION = 1
-SUPPORTED_VERSIONS: tuple[int, ...] = (1,)
+# Version 2: after the handshake, every binary message is a packet of frames
+# (corral.transport._ws_wire); version 1 carried one frame per message.
+PROTOCOL_VERSION = 2
+SUPPORTED_VERSIONS: tuple[int, ...] = (2,)
 NONCE_SIZE = 32
 MAX_HANDSHAKE_MESSAGE = 4096
 MAX_NODE_ID_LENGTH = 256

@@ -3,23 +3,26 @@
 Each node listens on its peer address. A frame for a peer goes into that
 peer's bounded outbound queue (full: ``send`` raises PeerBusy at once); one
 writer task per peer drains it into the peer's single WebSocket connection,
-one binary message per frame, as many queued frames per socket write as are
-waiting. A small frame sent while the link is in a request/reply rhythm (the
-peer sent us a frame since our last one) and nothing of ours is waiting to be
-written skips the queue: ``send`` writes it straight to the socket
-(:func:`~corral.transport._ws_wire.write_now`), which spares a round trip the
-writer task's turn. Streams of frames still go through the queue and batch.
+as many queued frames per WebSocket message (one socket write) as are waiting
+(see :mod:`corral.transport._ws_wire`). A small frame sent while the link is in
+a request/reply rhythm (the peer sent us a frame since our last one), with
+nothing of ours waiting or being written, skips the queue: ``send`` writes it
+itself, which spares a request or a reply the writer task's turn. Streams of
+frames still go through the queue and batch.
 
-Received frames are checked and handed to ``receive`` by trio-websocket's own
-reader task (see :class:`_FrameSink`), or, once someone called
-``deliver_frames_to``, to that handler directly from the same task. The
-connection is dialed on first use, authenticated by the handshake in
-:mod:`corral.transport._handshake`, kept alive by ping/pong heartbeats, and
-redialed with exponential backoff and jitter when it drops. A peer that dials
-us is identified by the node id it proved in the handshake, and the same
-connection carries frames both ways. When a peer's connection closes or misses
-its heartbeat, or a dial to it fails, ``on_peer_lost`` handlers hear of it once
-(until it connects again).
+Only trio-websocket's public API is used: ``wrap_client_stream`` /
+``wrap_server_stream`` over whatever byte stream the network gives,
+``send_message``, ``get_message``, ``ping`` and ``aclose``. One reader task
+per connection takes its messages (the library's own queue holds at most a
+few), splits them into frames and hands each to ``receive`` through a bounded
+queue, or, once someone called ``deliver_frames_to``, to that handler
+directly. The connection is dialed on first use, authenticated by the
+handshake in :mod:`corral.transport._handshake`, kept alive by ping/pong
+heartbeats, and redialed with exponential backoff and jitter when it drops. A
+peer that dials us is identified by the node id it proved in the handshake,
+and the same connection carries frames both ways. When a peer's connection
+closes or misses its heartbeat, or a dial to it fails, ``on_peer_lost``
+handlers hear of it once (until it connects again).
 
 Delivery is at most once and in order per sender→receiver pair: frames queued
 while a connection dies, or sent on a connection that loses the
@@ -33,12 +36,10 @@ import itertools
 import logging
 import random as random_module
 import secrets
-from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, cast
 
 import trio
 import trio_websocket
@@ -78,13 +79,7 @@ from corral.transport._ws_rules import (
     parse_peer_address,
     reconnect_delay,
 )
-from corral.transport._ws_wire import (
-    Written,
-    can_write_now,
-    finish_write,
-    send_frames,
-    write_now,
-)
+from corral.transport._ws_wire import MalformedPacket, pack, pack_into_messages, unpack
 
 log = logging.getLogger("corral.transport.websocket")
 
@@ -203,8 +198,11 @@ class _Connection:
         self.close_code = CloseCode.NORMAL
         self.close_reason = ""
         self.send_scopes: set[trio.CancelScope] = set()  # writes in progress, cancelled on loss
-        self.sink: _FrameSink | None = None
-        self.write_through = can_write_now(ws)
+        # Held by whoever writes a message: the writer task, or a sender writing through.
+        self.write_lock = trio.Lock()
+        # A write was cancelled part way: the stream may end in half a message, so
+        # no closing handshake may follow; the stream is just closed.
+        self.torn = False
 
 
 class _Link:
@@ -293,85 +291,6 @@ def _close_text(reason: trio_websocket.CloseReason | None) -> str:
     name = "" if reason.code >= 4000 else f" {reason.name}"
     detail = f" ({reason.reason})" if reason.reason else ""
     return f"close code {reason.code}{name}{detail}"
-
-
-class _FrameSink:
-    """Takes the place of trio-websocket's internal message channel on one connection.
-
-    trio-websocket's reader task hands every complete message to
-    ``connection._send_channel.send``; a task of ours would then take it out again
-    and pass it on. With this object in that place the reader task delivers each
-    frame itself: one task switch less per frame received. Messages that arrive
-    before the connection is installed (the dialer's welcome and anything right
-    behind it) wait in a backlog that is delivered first, in order.
-
-    ``attach_to`` returns None if a trio-websocket version lacks the attribute;
-    the transport then runs a reader task per connection instead.
-    """
-
-    def __init__(self, transport: WebSocketTransport) -> None:
-        self._transport = transport
-        self._conn: _Connection | None = None
-        self._backlog: deque[bytes | str] = deque()
-        self._lock = trio.Lock()
-        self._arrived = trio.Event()
-        self._closed = False
-
-    @classmethod
-    def attach_to(
-        cls, transport: WebSocketTransport, ws: trio_websocket.WebSocketConnection
-    ) -> _FrameSink | None:
-        if not hasattr(ws, "_send_channel"):
-            return None
-        sink = cls(transport)
-        cast(Any, ws)._send_channel = sink
-        return sink
-
-    async def send(self, message: bytes | str) -> None:
-        """Called by trio-websocket's reader task for each complete message."""
-        conn = self._conn
-        if conn is None:
-            self._backlog.append(message)
-            self._arrived.set()
-            return
-        if self._backlog or self._lock.locked():
-            async with self._lock:
-                await self._drain(conn)
-                await self._transport._on_message(conn, message)
-            return
-        await self._transport._on_message(conn, message)
-
-    async def aclose(self) -> None:
-        """Called by trio-websocket once the connection is closed."""
-        self._closed = True
-        self._arrived.set()
-        if self._conn is not None:
-            self._transport._on_closed(self._conn, self._conn.ws.closed)
-        await trio.lowlevel.checkpoint()
-
-    async def first_message(self, ws: trio_websocket.WebSocketConnection) -> bytes | str:
-        """The first message after attaching (the dialer's welcome).
-
-        Raises:
-            trio_websocket.ConnectionClosed: the peer closed instead.
-        """
-        await self._arrived.wait()
-        if self._backlog:
-            return self._backlog.popleft()
-        raise trio_websocket.ConnectionClosed(ws.closed)
-
-    async def deliver_to(self, conn: _Connection) -> None:
-        """From now on, messages are ``conn``'s; deliver any backlog first."""
-        self._conn = conn
-        conn.sink = self
-        if self._closed:
-            self._transport._on_closed(conn, conn.ws.closed)
-        async with self._lock:
-            await self._drain(conn)
-
-    async def _drain(self, conn: _Connection) -> None:
-        while self._backlog:
-            await self._transport._on_message(conn, self._backlog.popleft())
 
 
 class WebSocketTransport(Transport):
@@ -508,16 +427,16 @@ class WebSocketTransport(Transport):
         answered, link.answered = link.answered, False
         if (
             answered
-            and conn.write_through
             and not link.unwritten
             and len(data) <= _WRITE_THROUGH_BYTES
             and conn.ready.is_set()
+            and not conn.write_lock.locked()
         ):
             # Nothing is ahead of this frame: write it from this task, now. Frames
             # that follow without an answer in between go through the queue and
-            # are written many per system call by the writer task.
-            if await self._write_through(link, conn, data):
-                return
+            # are written many per message by the writer task.
+            await self._write_through(link, conn, data)
+            return
         try:
             link.queue_send.send_nowait(data)
         except trio.WouldBlock:
@@ -528,29 +447,29 @@ class WebSocketTransport(Transport):
         link.unwritten += 1
         await trio.lowlevel.cancel_shielded_checkpoint()
 
-    async def _write_through(self, link: _Link, conn: _Connection, data: bytes) -> bool:
-        """Write ``data`` to ``conn`` from the sending task; False: queue it instead."""
+    async def _write_through(self, link: _Link, conn: _Connection, data: bytes) -> None:
+        """Write ``data`` to ``conn`` from the sending task, as a packet of one.
+
+        Not shielded (a cancel scope per frame costs more than the rest of the
+        write): if the caller is cancelled while the message is being written,
+        part of it may be on the wire, so the connection is torn down without a
+        closing handshake (nothing may follow half a message) and redialed; the
+        frame is lost, as a queued one would be when a connection drops.
+        """
+        await trio.lowlevel.checkpoint_if_cancelled()  # cancelled already: nothing written
+        conn.write_lock.acquire_nowait()  # free: checked by the caller, nothing yielded since
         try:
-            written, rest = write_now(conn.ws, data)
-        except trio_websocket.ConnectionClosed:
-            return False  # the reader task notices; the queue counts the frame dropped
-        if written is Written.NOTHING:
-            return False
-        if written is Written.PART:
-            # Rare (the socket buffer filled mid-message): finish the message now,
-            # shielded from the caller's cancellation so that no half message is
-            # left on the wire, but not from the connection's loss.
-            with trio.CancelScope(shield=True) as scope:
-                conn.send_scopes.add(scope)
-                try:
-                    await finish_write(conn.ws, rest)
-                except trio_websocket.ConnectionClosed as exc:
-                    self._drop(conn, CloseCode.NORMAL, f"closed: {_close_text(exc.reason)}")
-                finally:
-                    conn.send_scopes.discard(scope)
-            return True
-        await trio.lowlevel.cancel_shielded_checkpoint()
-        return True
+            await conn.ws.send_message(pack((data,)))
+        except trio_websocket.ConnectionClosed as exc:
+            link.frames_dropped += 1
+            self._drop(conn, CloseCode.NORMAL, f"closed: {_close_text(exc.reason)}")
+        except trio.Cancelled:
+            link.frames_dropped += 1
+            conn.torn = True
+            self._drop(conn, CloseCode.PROTOCOL_ERROR, "a write was cancelled part way")
+            raise
+        finally:
+            conn.write_lock.release()
 
     def on_peer_lost(self, handler: PeerLostHandler) -> Callable[[], None]:
         """Call ``handler`` when a peer's connection closes or misses its heartbeat, or a
@@ -766,15 +685,13 @@ class WebSocketTransport(Transport):
                         max_message_size=self._config.wire_limit,
                         receive_buffer_size=self._config.receive_buffer_size,
                     )
-                    info, sink = await self._client_handshake(ws, link.peer, address)
+                    info = await self._client_handshake(ws, link.peer, address)
                 conn = _Connection(link, ws, info, trio.current_time())
                 if not self._install(link, conn):
                     await self._close_ws(ws, CloseCode.SUPERSEDED, "a preferred connection exists")
                     raise HandshakeFailed(
                         f"connection to {link.peer!r} superseded by the one it dialed to us"
                     )
-                if sink is not None:
-                    await sink.deliver_to(conn)  # whatever came right behind the welcome
                 conn.ready.set()
                 task_status.started(conn)
                 started = True
@@ -844,9 +761,6 @@ class WebSocketTransport(Transport):
         if not self._install(link, conn):
             await self._close_ws(ws, CloseCode.SUPERSEDED, "a preferred connection exists")
             return None
-        sink = _FrameSink.attach_to(self, ws)
-        if sink is not None:
-            await sink.deliver_to(conn)  # nothing is waiting: the peer awaits our welcome
         try:
             await ws.send_message(welcome)
         except trio_websocket.ConnectionClosed as exc:
@@ -856,7 +770,7 @@ class WebSocketTransport(Transport):
 
     async def _client_handshake(
         self, ws: trio_websocket.WebSocketConnection, peer: str, address: str
-    ) -> tuple[PeerInfo, _FrameSink | None]:
+    ) -> PeerInfo:
         handshake = ClientHandshake(
             self._identity,
             self._secret,
@@ -874,11 +788,8 @@ class WebSocketTransport(Transport):
                     f"refused peer {peer!r} at {address}: {proof.reason} "
                     f"(close code {int(proof.code)})"
                 )
-            # From the welcome on, messages go to the sink (if trio-websocket lets us).
-            sink = _FrameSink.attach_to(self, ws)
             await ws.send_message(proof)
-            welcome = await (ws.get_message() if sink is None else sink.first_message(ws))
-            info = handshake.receive_welcome(welcome)
+            info = handshake.receive_welcome(await ws.get_message())
         except trio_websocket.ConnectionClosed as exc:
             raise HandshakeFailed(
                 f"peer {peer!r} at {address} refused the handshake: {_close_text(exc.reason)}"
@@ -886,7 +797,7 @@ class WebSocketTransport(Transport):
         if isinstance(info, Refused):
             await self._refuse(ws, info, f"peer {peer!r} at {address}", address)
             raise HandshakeFailed(f"refused peer {peer!r} at {address}: {info.reason}")
-        return info, sink
+        return info
 
     async def _server_handshake(
         self, ws: trio_websocket.WebSocketConnection, remote: str
@@ -1000,19 +911,19 @@ class WebSocketTransport(Transport):
             self._loss_listeners.notify(link.peer, reason)
 
     async def _run_connection(self, conn: _Connection, conn_nursery: trio.Nursery) -> None:
-        if conn.sink is None:
-            conn_nursery.start_soon(self._read_loop, conn)
+        conn_nursery.start_soon(self._read_loop, conn)
         conn_nursery.start_soon(self._heartbeat, conn)
         try:
             await conn.lost.wait()
         finally:
             self._drop(conn, CloseCode.GOING_AWAY, "node shutting down")
-            await self._close_ws(conn.ws, conn.close_code, conn.close_reason)
+            if not conn.torn:
+                await self._close_ws(conn.ws, conn.close_code, conn.close_reason)
             conn.closed.set()
             conn_nursery.cancel_scope.cancel()
 
     async def _read_loop(self, conn: _Connection) -> None:
-        """Deliver a connection's messages (used when no sink could be attached)."""
+        """Take a connection's messages until it closes, and deliver their frames."""
         try:
             while True:
                 await self._on_message(conn, await conn.ws.get_message())
@@ -1022,40 +933,25 @@ class WebSocketTransport(Transport):
             self._drop(conn, CloseCode.GOING_AWAY, "node shutting down")
 
     async def _on_message(self, conn: _Connection, message: bytes | str) -> None:
-        """One message from an authenticated peer: a frame, or a control notice.
+        """One message from an authenticated peer: a packet of frames, or a control notice.
 
         Raises:
             trio.ClosedResourceError: this transport is closing.
         """
         link = conn.link
         if isinstance(message, bytes):
-            limit = self._config.max_frame_size
-            if len(message) > limit:
+            try:
+                frames = unpack(message)
+            except MalformedPacket as exc:
                 link.frames_refused_from_peer += 1
                 self._warn_within_budget(
                     f"from:{link.peer}",
-                    f"refused a {len(message)}-byte frame from {link.peer!r} (limit {limit} bytes)",
+                    f"refused a malformed message from {link.peer!r}: {exc}",
                     f"refusals of frames from {link.peer!r}",
                 )
-                await conn.ws.send_message(frame_refusal_message(len(message), limit))
-            elif link.conn is conn:
-                link.answered = True
-                frame = Frame(link.peer, message)
-                handler = self._handler
-                if handler is not None and not self._closed:
-                    if not self._backlog_delivered.is_set():
-                        await self._backlog_delivered.wait()
-                    await self._deliver(handler, frame)
-                    return
-                try:
-                    try:
-                        self._inbound_send.send_nowait(frame)  # the common case: no yield
-                    except trio.WouldBlock:
-                        await self._inbound_send.send(frame)  # the node is behind: backpressure
-                except (trio.BrokenResourceError, trio.ClosedResourceError):
-                    self._drop(conn, CloseCode.GOING_AWAY, "node shutting down")
-                    raise trio.ClosedResourceError("the WebSocket transport is closed") from None
-            # else: superseded; frames on the losing connection are dropped
+                return
+            for data in frames:
+                await self._on_frame(conn, link, data)
             return
         refusal = parse_control_message(message)
         if refusal is None:
@@ -1068,6 +964,39 @@ class WebSocketTransport(Transport):
             f"(its limit is {refusal.limit} bytes)",
             f"refusals by {link.peer!r}",
         )
+
+    async def _on_frame(self, conn: _Connection, link: _Link, data: bytes) -> None:
+        limit = self._config.max_frame_size
+        if len(data) > limit:
+            link.frames_refused_from_peer += 1
+            self._warn_within_budget(
+                f"from:{link.peer}",
+                f"refused a {len(data)}-byte frame from {link.peer!r} (limit {limit} bytes)",
+                f"refusals of frames from {link.peer!r}",
+            )
+            try:
+                await conn.ws.send_message(frame_refusal_message(len(data), limit))
+            except trio_websocket.ConnectionClosed:
+                pass  # the reader notices
+            return
+        if link.conn is not conn:
+            return  # superseded; frames on the losing connection are dropped
+        link.answered = True
+        frame = Frame(link.peer, data)
+        handler = self._handler
+        if handler is not None and not self._closed:
+            if not self._backlog_delivered.is_set():
+                await self._backlog_delivered.wait()
+            await self._deliver(handler, frame)
+            return
+        try:
+            try:
+                self._inbound_send.send_nowait(frame)  # the common case: no yield
+            except trio.WouldBlock:
+                await self._inbound_send.send(frame)  # the node is behind: backpressure
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            self._drop(conn, CloseCode.GOING_AWAY, "node shutting down")
+            raise trio.ClosedResourceError("the WebSocket transport is closed") from None
 
     def _warn_within_budget(
         self,
@@ -1149,10 +1078,13 @@ class WebSocketTransport(Transport):
             return
         if not conn.ready.is_set():
             await conn.ready.wait()
+        messages = pack_into_messages(batch, min(_BATCH_BYTES, conn.info.max_frame))
         with trio.CancelScope() as scope:
             conn.send_scopes.add(scope)
             try:
-                await send_frames(conn.ws, batch)
+                async with conn.write_lock:
+                    for packet in messages:
+                        await conn.ws.send_message(packet)
             except trio_websocket.ConnectionClosed as exc:
                 link.frames_dropped += len(batch)
                 self._drop(conn, CloseCode.NORMAL, f"closed: {_close_text(exc.reason)}")

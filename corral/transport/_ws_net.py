@@ -55,14 +55,29 @@ class TcpNetwork(StreamNetwork):
         return await trio.open_tcp_stream(host, port)
 
 
+#: connections dialed but not yet accepted, per listener (a TCP listen backlog's role)
+MEMORY_BACKLOG = 128
+
+
 class _MemoryListener(trio.abc.Listener[trio.abc.Stream]):
     def __init__(self, network: MemoryStreamNetwork, address: str) -> None:
         self._network = network
         self.address = address
-        self._send, self._receive = trio.open_memory_channel[trio.abc.Stream](float("inf"))
+        self._send, self._receive = trio.open_memory_channel[trio.abc.Stream](MEMORY_BACKLOG)
 
     def offer(self, stream: trio.abc.Stream) -> None:
-        self._send.send_nowait(stream)
+        """Queue a dialed connection for ``accept``.
+
+        Raises:
+            ConnectionRefusedError: the backlog is full (nobody accepts).
+        """
+        try:
+            self._send.send_nowait(stream)
+        except trio.WouldBlock:
+            raise ConnectionRefusedError(
+                errno.ECONNREFUSED,
+                f"{self.address}: {MEMORY_BACKLOG} connections wait to be accepted",
+            ) from None
 
     async def accept(self) -> trio.abc.Stream:
         try:
@@ -157,7 +172,7 @@ class MemoryStreamNetwork(StreamNetwork):
         self._pipes.add(inbound)
         client = trio.StapledStream(outbound.send, inbound.receive)
         server = trio.StapledStream(inbound.send, outbound.receive)
-        listener.offer(server)
+        listener.offer(server)  # ConnectionRefusedError when its backlog is full
         self.connections_made += 1
         return client
 

@@ -1,132 +1,99 @@
-"""Writing several queued frames to a WebSocket in one socket write.
+"""Several frames in one WebSocket message: the transport's own batching, pure.
 
-trio-websocket's public ``send_message`` costs one ``send_all`` (one system
-call) per message. When a peer's outbound queue holds many small frames, the
-transport instead encodes each as its own WebSocket binary message with the
-connection's wsproto state machine and writes them all at once, under the
-connection's own send lock, so they interleave safely with pings, pongs and
-close frames that trio-websocket sends itself. On the wire it is exactly the
-same sequence of messages.
+trio-websocket's public ``send_message`` costs one socket write per message, and
+its reader hands over one message per task switch. So that a stream of small
+frames does not pay that per frame, the WebSocket transport puts every frame
+in a *packet*: each frame preceded by its length as 4 bytes, big-endian, as
+many frames in one binary message as are waiting (up to a byte budget). A lone
+frame is a packet of one. The receiver splits the packet and checks each frame
+against its own limit, as if it had come alone.
 
-When a connection is idle, :func:`write_now` goes one step further for a
-single frame: it encodes it and hands the bytes to the socket at once from the
-sending task (a non-blocking ``write``), so a request or a reply leaves without
-waiting for the writer task's next turn. If the socket takes only part of it,
-the sending task holds the connection's send lock and must finish with
-:func:`finish_write`; if it takes none, the frame goes through the queue.
+Protocol version 2 of the peer handshake means "binary messages are packets";
+version 1 (one frame per message) is no longer spoken, so a node of an older
+release is refused at the handshake with close code 4002, not misread.
 
-This is the only module that reaches into trio-websocket's private attributes
-(``_wsproto``, ``_stream``, ``_stream_lock``, ``_abort_web_socket``), present
-in 0.11 and 0.12. If they are missing (a future version), every frame goes
-through ``send_message`` instead: slower, equally correct.
+No trio, no I/O: :func:`pack`, :func:`pack_into_messages` and :func:`unpack`
+are functions of their arguments.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
-from enum import Enum
 
-import trio
-import trio_websocket
-from wsproto.events import BytesMessage
-from wsproto.utilities import LocalProtocolError
-
-_INTERNALS = ("_wsproto", "_stream", "_stream_lock", "_abort_web_socket")
+HEADER_BYTES = 4
+#: a packet carrying more frames than this is refused (a sender batches far fewer)
+MAX_FRAMES_PER_PACKET = 4096
 
 
-def can_batch(ws: trio_websocket.WebSocketConnection) -> bool:
-    """Whether ``ws`` exposes the internals batched writes need."""
-    return all(hasattr(ws, name) for name in _INTERNALS)
+class MalformedPacket(ValueError):
+    """A binary message that is not a sequence of length-prefixed frames."""
 
 
-def can_write_now(ws: trio_websocket.WebSocketConnection) -> bool:
-    """Whether :func:`write_now` may be used on ``ws`` (a TCP socket on a POSIX system)."""
-    return os.name == "posix" and can_batch(ws) and isinstance(ws._stream, trio.SocketStream)
+def pack(frames: Sequence[bytes]) -> bytes:
+    """One packet holding ``frames`` in order."""
+    if len(frames) == 1:
+        frame = frames[0]
+        return len(frame).to_bytes(HEADER_BYTES, "big") + frame
+    parts: list[bytes] = []
+    for frame in frames:
+        parts.append(len(frame).to_bytes(HEADER_BYTES, "big"))
+        parts.append(frame)
+    return b"".join(parts)
 
 
-class Written(Enum):
-    """What :func:`write_now` did."""
+def pack_into_messages(frames: Sequence[bytes], budget: int) -> list[bytes]:
+    """``frames`` in order as packets of at most ``budget`` bytes each.
 
-    ALL = "all"  # the whole frame is on its way
-    NOTHING = "nothing"  # the connection was busy or the socket full: queue the frame
-    PART = "part"  # the rest must follow at once: call finish_write (the lock is held)
+    A frame too large to share a packet within the budget travels alone (its
+    packet is then larger than the budget; the caller bounds frame sizes).
+    """
+    messages: list[bytes] = []
+    group: list[bytes] = []
+    size = 0
+    for frame in frames:
+        cost = HEADER_BYTES + len(frame)
+        if group and size + cost > budget:
+            messages.append(pack(group))
+            group, size = [], 0
+        group.append(frame)
+        size += cost
+    if group:
+        messages.append(pack(group))
+    return messages
 
 
-def write_now(ws: trio_websocket.WebSocketConnection, frame: bytes) -> tuple[Written, bytes]:
-    """Write ``frame`` as one binary message straight to the socket, without yielding.
-
-    Only for connections :func:`can_write_now` accepts, and only when nothing else
-    waits to be written ahead of it (the caller knows its own queue; this checks
-    the connection's send lock). Returns ``(Written.PART, rest)`` when the socket
-    took part of the message: the send lock is then held by the calling task,
-    and it must call :func:`finish_write` with ``rest`` before anything else.
+def unpack(packet: bytes) -> list[bytes]:
+    """The frames of ``packet``, in order.
 
     Raises:
-        trio_websocket.ConnectionClosed: the connection is closed or closing.
+        MalformedPacket: a length runs past the end, a header is cut short, or
+            there are more than :data:`MAX_FRAMES_PER_PACKET` frames. No frame of
+            a malformed packet is returned.
     """
-    lock = ws._stream_lock
-    if lock.locked():
-        return Written.NOTHING, b""
-    if ws.closed is not None:
-        raise trio_websocket.ConnectionClosed(ws.closed)
-    try:
-        wire = ws._wsproto.send(BytesMessage(data=frame))
-    except LocalProtocolError:
-        raise trio_websocket.ConnectionClosed(ws.closed) from None
-    stream = ws._stream
-    assert isinstance(stream, trio.SocketStream)
-    try:
-        sent = os.write(stream.socket.fileno(), wire)
-    except OSError:
-        # Full (EAGAIN) or broken: the queue's writer retries and reports a broken
-        # socket as trio-websocket does. wsproto keeps no state for a whole message.
-        return Written.NOTHING, b""
-    if sent == len(wire):
-        return Written.ALL, b""
-    lock.acquire_nowait()  # free: nothing yielded since the check above
-    return Written.PART, wire[sent:]
-
-
-async def finish_write(ws: trio_websocket.WebSocketConnection, rest: bytes) -> None:
-    """Write what :func:`write_now` left over, then release the send lock it took.
-
-    Raises:
-        trio_websocket.ConnectionClosed: the connection broke.
-    """
-    broken = False
-    try:
-        await ws._stream.send_all(rest)
-    except (trio.BrokenResourceError, trio.ClosedResourceError):
-        broken = True
-    finally:
-        ws._stream_lock.release()
-    if broken:
-        await ws._abort_web_socket()
-        raise trio_websocket.ConnectionClosed(ws.closed)
-
-
-async def send_frames(ws: trio_websocket.WebSocketConnection, frames: Sequence[bytes]) -> None:
-    """Send ``frames`` in order, one binary WebSocket message each.
-
-    Raises:
-        trio_websocket.ConnectionClosed: the connection is closed or closing;
-            some leading frames may have been written.
-    """
-    if len(frames) == 1 or not can_batch(ws):
-        for frame in frames:
-            await ws.send_message(frame)
-        return
-    if ws.closed is not None:
-        raise trio_websocket.ConnectionClosed(ws.closed)
-    try:
-        wire = b"".join([ws._wsproto.send(BytesMessage(data=frame)) for frame in frames])
-    except LocalProtocolError:
-        # wsproto refuses data once a close frame went either way
-        raise trio_websocket.ConnectionClosed(ws.closed) from None
-    async with ws._stream_lock:
-        try:
-            await ws._stream.send_all(wire)
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            await ws._abort_web_socket()
-            raise trio_websocket.ConnectionClosed(ws.closed) from None
+    end = len(packet)
+    if end >= HEADER_BYTES:
+        size = int.from_bytes(packet[:HEADER_BYTES], "big")
+        if size + HEADER_BYTES == end:  # the common case: a packet of one
+            return [packet[HEADER_BYTES:]]
+    frames: list[bytes] = []
+    at = 0
+    while at < end:
+        if len(frames) == MAX_FRAMES_PER_PACKET:
+            raise MalformedPacket(
+                f"more than {MAX_FRAMES_PER_PACKET} frames in one {end}-byte message"
+            )
+        start = at + HEADER_BYTES
+        if start > end:
+            raise MalformedPacket(
+                f"a frame header is cut short at byte {at} of a {end}-byte message"
+            )
+        size = int.from_bytes(packet[at:start], "big")
+        at = start + size
+        if at > end:
+            raise MalformedPacket(
+                f"a {size}-byte frame at byte {start} runs past the end of a {end}-byte message"
+            )
+        frames.append(packet[start:at])
+    if not frames:
+        raise MalformedPacket("an empty message carries no frame")
+    return frames

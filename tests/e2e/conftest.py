@@ -17,9 +17,11 @@ import trio
 
 from corral.node._local_cluster import LocalCluster
 from corral.registry import open_registry
-from corral.registry._testing import etcd_endpoint_from_env
+from corral.testing import etcd_endpoint_from_env
 
 REPO = Path(__file__).resolve().parents[2]
+#: How long a down node keeps its work in these tests (300 000 ms by default).
+GRACE_PERIOD_MS = 1000
 GREETER = REPO / "examples" / "apps" / "greeter"
 
 #: node id -> labels; every node gets its own app port range.
@@ -44,7 +46,13 @@ async def _wipe(url: str) -> None:
 def cluster(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LocalCluster]:
     url = _etcd_url() if request.param == "etcd" else None
     local = LocalCluster(
-        tmp_path, registry_url=url, lease_ttl_ms=3000, node_ttl_ms=3000, shutdown_grace_ms=5000
+        tmp_path,
+        registry_url=url,
+        lease_ttl_ms=3000,
+        node_ttl_ms=3000,
+        shutdown_grace_ms=5000,
+        # A lost node keeps its work for the grace period: short, so tests see it move.
+        extra_env={"CORRAL_GRACE_PERIOD_MS": str(GRACE_PERIOD_MS)},
     )
     for index, (node_id, labels) in enumerate(NODES.items()):
         start = 25000 + 200 * index

@@ -10,6 +10,7 @@ import pytest
 
 from corral.node._api import ApiServices, build_api
 from corral.node._artifact_store import ArtifactStore, artifact_capability
+from corral.node._format import nodes_table
 from corral.registry import (
     COORDINATOR_LEASE_KEY,
     AppRecord,
@@ -402,7 +403,7 @@ async def test_ps_says_the_cooldown_is_unknown_when_the_coordinator_cannot_be_as
     fx.coordinator_state = {"holder": "n2", "error": why}
     answer = await ps_answer(fx)
     assert answer["rows"][0]["reloc"] == (
-        "yes (cooldown unknown: the coordinator's state is unavailable)"
+        "yes (cooldown unknown: coordinator n2 cannot be asked)"
     )
     assert answer["coordinator"] == {"holder": "n2", "error": why}
 
@@ -444,3 +445,39 @@ async def test_nodes_lists_intents_and_the_coordinator(fx: Fixture) -> None:
         ("n2", "cordoned", False),
     ]
     assert answer["nodes"][1]["labels"] == {"zone": "a"}
+
+
+async def test_nodes_carry_the_lease_holders_node_states(fx: Fixture) -> None:
+    await put_node(fx, "n1")
+    await fx.registry.put(
+        COORDINATOR_LEASE_KEY, CoordinatorLease(holder="n1", acquired_at=0.0).encode()
+    )
+    # Without node states (the fixture's holder does not report them): the records.
+    async with fx.client() as client:
+        answer = (await client.get("/v1/nodes")).json()
+    assert answer["states"]["source"] == "records"
+    assert "does not report node states" in answer["states"]["error"]
+    assert [(n["node"], n["state"], n["since"]) for n in answer["nodes"]] == [
+        ("n1", "alive", None)
+    ]
+    # The holder's states: n2's record lapsed, it is down in its grace.
+    fx.coordinator_state["coordinating"] = True
+    fx.coordinator_state["node_states"] = [
+        {"node": "n1", "state": "alive", "since": 1.0, "down_since": None,
+         "grace_until": None, "incarnation": None, "record": True, "reason": "live"},
+        {"node": "n2", "state": "down", "since": 1_699_999_990.0,
+         "down_since": 1_699_999_990.0, "grace_until": 1_700_000_290.0, "incarnation": 4,
+         "record": False, "reason": "its registry record lapsed"},
+    ]
+    async with fx.client() as client:
+        answer = (await client.get("/v1/nodes")).json()
+    assert answer["states"] == {"source": "coordinator", "holder": "n1"}
+    assert answer["now"] == 1_700_000_000.0
+    assert [
+        (n["node"], n["state"], n["since"], n["down_since"], n["incarnation"])
+        for n in answer["nodes"]
+    ] == [
+        ("n1", "alive", 1.0, None, None),
+        ("n2", "down", 1_699_999_990.0, 1_699_999_990.0, 4),
+    ]
+    assert "down (moves in 4m 50s)" in nodes_table(answer)

@@ -406,7 +406,8 @@ async def test_an_escape_written_into_the_registry_is_printed_escaped(tmp_path: 
     async with client(app) as http:
         answer = (await http.get("/v1/nodes")).json()
     text = nodes_table(answer)
-    assert_one_line_per_row(text, 3)  # header, n2, the coordinator footer
+    # header, n2, the coordinator footer, and where the states came from
+    assert_one_line_per_row(text, 4)
     assert r"r1\x1b]0;owned\x07" in text
     assert r"\x1b[2J127.0.0.1:7400" in text
     node = {**hostile, "labels": {"zone\u001b[31m": "a\nb"}}

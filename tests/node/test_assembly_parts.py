@@ -13,6 +13,9 @@ from corral.node._config import resolve_node_config
 from corral.node._errors import ConfigError
 from corral.node._events import EventLog, jsonable
 from corral.node._node import (
+    HOLDER_ASK_BUDGET,
+    HOLDER_ASK_TRIES,
+    HOLDER_RETRY_PAUSE,
     NodeServices,
     check_bindable,
     check_node_id_free,
@@ -30,7 +33,7 @@ from corral.registry import (
     node_key,
     placement_key,
 )
-from corral.supervision import ChildSpec, Event, open_actor_system
+from corral.supervision import AskTimeout, ChildSpec, Event, open_actor_system
 from corral.transport import PeerUnavailable
 
 
@@ -127,7 +130,7 @@ class _UnreachableSystem:
 
 
 async def test_state_reports_an_unreachable_coordinator_instead_of_failing(
-    tmp_path: Path,
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
     registry = MemoryRegistry()
     config = resolve_node_config({"data-dir": "d", "node-id": "n1"}, {}, cwd=tmp_path)
@@ -148,6 +151,8 @@ async def test_state_reports_an_unreachable_coordinator_instead_of_failing(
         "error": "peer 'c' at 127.0.0.1:9 is unreachable: handshake refused"
     }
     assert state["unplaced"]["error"].startswith("cannot ask coordinator c: peer 'c'")
+    # Asked a bounded number of times, a pause apart, before saying so.
+    assert state["unplaced"]["error"].endswith(f"(asked {HOLDER_ASK_TRIES} times)")
     assert state["coordination"] == {"holder": "c", "error": state["unplaced"]["error"]}
     # What ps judges RELOC's cooldown by says the same.
     assert await services.coordination() == state["coordination"]
@@ -228,3 +233,60 @@ async def test_peer_directory_reports_nodes_joining_and_leaving(
         await trio.sleep(2)
         assert changes == ["node b joined", "node c joined, node b left"]
         assert book.peers == {"c": "127.0.0.1:3"}
+
+
+class _BusyOnceSystem:
+    """A holder whose coordinator is busy with a pass the first time it is asked."""
+
+    def __init__(self) -> None:
+        self.asks = 0
+
+    def ref(self, path: str, node: str | None = None) -> _BusyOnceSystem:
+        return self
+
+    async def ask(self, message: object, timeout: float) -> object:
+        self.asks += 1
+        if self.asks == 1:
+            raise AskTimeout("no reply from c/coordinator within 2.0 s; the actor is busy")
+        return {"node": "c", "policy": {"cooldown_s": 60.0}, "unplaced": []}
+
+
+async def test_a_busy_coordinator_is_asked_again_before_the_cooldown_is_called_unknown(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    registry = MemoryRegistry()
+    config = resolve_node_config({"data-dir": "d", "node-id": "n1"}, {}, cwd=tmp_path)
+    services = NodeServices(prepare_runtime(config), registry, EventLog())
+    system = _BusyOnceSystem()
+    services.system = system  # type: ignore[assignment]
+    await registry.put(COORDINATOR_LEASE_KEY, CoordinatorLease(holder="c", acquired_at=0).encode())
+    started = trio.current_time()
+    answer = await services.coordination()
+    assert answer["policy"] == {"cooldown_s": 60.0}
+    assert system.asks == 2
+    assert trio.current_time() - started == HOLDER_RETRY_PAUSE
+
+
+class _AlwaysBusySystem:
+    def ref(self, path: str, node: str | None = None) -> _AlwaysBusySystem:
+        return self
+
+    async def ask(self, message: object, timeout: float) -> object:
+        await trio.sleep(timeout)
+        raise AskTimeout(f"no reply from c/coordinator within {timeout} s; the actor is busy")
+
+
+async def test_asking_a_busy_coordinator_again_is_bounded_in_time(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    registry = MemoryRegistry()
+    config = resolve_node_config({"data-dir": "d", "node-id": "n1"}, {}, cwd=tmp_path)
+    services = NodeServices(prepare_runtime(config), registry, EventLog())
+    services.system = _AlwaysBusySystem()  # type: ignore[assignment]
+    await registry.put(COORDINATOR_LEASE_KEY, CoordinatorLease(holder="c", acquired_at=0).encode())
+    started = trio.current_time()
+    answer = await services.coordination()
+    # 2 s, a pause, then the 1.7 s left of the budget: never longer than the budget.
+    assert trio.current_time() - started == pytest.approx(HOLDER_ASK_BUDGET)
+    assert answer["error"].endswith("(asked 2 times)")
+    assert "busy" in answer["error"]

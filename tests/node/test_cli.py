@@ -284,10 +284,27 @@ def test_node_ls_and_inspect_json(
                     "datacenter": None,
                     "api_address": "127.0.0.1:7410",
                     "coordinator": False,
+                    "incarnation": 3,
+                    "since": 1000.0,
+                },
+                {
+                    "node": "n3",
+                    "state": "down",
+                    "serving": 0,
+                    "labels": {},
+                    "rack": None,
+                    "datacenter": None,
+                    "api_address": None,
+                    "coordinator": False,
+                    "since": 1060.0,
+                    "down_since": 1060.0,
+                    "grace_until": 1360.0,
                 },
             ],
             "coordinator": "n1",
             "fence": 7,
+            "states": {"source": "coordinator", "holder": "n1"},
+            "now": 1090.0,
         },
         "/v1/actors": {"name": "n1", "path": "/", "children": []},
     }
@@ -299,14 +316,31 @@ def test_node_ls_and_inspect_json(
     code, out, _ = run(["node", "ls", *AUTH], capsys)
     assert code == 0
     assert out.splitlines() == [
-        "NODE  STATE     APPS  LABELS  RACK  API",
-        "n1 *  alive     2     zone=a  -     127.0.0.1:7400",
-        "n2    cordoned  0     -       r2    127.0.0.1:7410",
+        "NODE  STATE                   FOR     INC  APPS  LABELS  RACK  API",
+        "n1 *  alive                   -       -    2     zone=a  -     127.0.0.1:7400",
+        "n2    cordoned                1m 30s  3    0     -       r2    127.0.0.1:7410",
+        "n3    down (moves in 4m 30s)  30s     -    0     -       -     -",
         "* coordinator (fence 7)",
     ]
+    code, out, _ = run(["node", "ls", "--json", *AUTH], capsys)
+    assert code == 0
+    down = json.loads(out)["nodes"][2]
+    assert (down["state"], down["since"], down["down_since"]) == ("down", 1060.0, 1060.0)
+    # Without the coordinator's states, the table says where they came from.
+    answers["/v1/nodes"]["states"] = {"source": "records", "holder": "n1", "error": "timed out"}
+    code, out, _ = run(["node", "ls", *AUTH], capsys)
+    assert out.splitlines()[-1] == (
+        "states from the node records: the coordinator could not be asked (timed out)"
+    )
     code, out, _ = run(["inspect", "--json", *AUTH], capsys)
     assert code == 0
     assert json.loads(out) == answers["/v1/actors"]
+    # Not a terminal (a pipe, a script): the tree once, as plain text, not the TUI.
+    code, out, _ = run(["inspect", *AUTH], capsys)
+    assert code == 0
+    assert out.splitlines()[0].startswith("ACTOR")
+    assert out.splitlines()[1].startswith("n1")
+    assert "\x1b" not in out
 
 
 def test_forced_drain_names_the_pinned_apps_it_stops_and_ps_says_why_reloc_cannot_tell(

@@ -89,3 +89,42 @@ def test_parse_address_forms() -> None:
     assert parse_address("[::1]:80", "x") == Address("::1", 80)
     assert str(Address("::1", 80)) == "[::1]:80"
     assert Address("127.0.0.1", 7400).url == "http://127.0.0.1:7400"
+
+
+def test_policy_settings_from_each_source(tmp_path: Path) -> None:
+    from corral.node._node import policy_from_config
+
+    defaults = resolve_node_config({}, {}, cwd=tmp_path)
+    assert (
+        defaults.grace_period_ms,
+        defaults.cooldown_ms,
+        defaults.disruption_budget,
+        defaults.min_usable_percent,
+    ) == (300_000, 600_000, 5, 50)
+    policy = policy_from_config(defaults)
+    assert (policy.grace_period_s, policy.cooldown_s) == (300.0, 600.0)
+    assert (policy.disruption_budget, policy.min_usable_fraction) == (5, 0.5)
+    config = resolve_node_config(
+        {"grace-period-ms": "2000"},
+        {"CORRAL_COOLDOWN_MS": "1500", "CORRAL_DISRUPTION_BUDGET": "0"},
+        {"min-usable-percent": 75, "grace-period-ms": 9},
+        cwd=tmp_path,
+    )
+    policy = policy_from_config(config)
+    assert (policy.grace_period_s, policy.cooldown_s) == (2.0, 1.5)
+    assert (policy.disruption_budget, policy.min_usable_fraction) == (0, 0.75)
+
+
+@pytest.mark.parametrize(
+    ("flags", "match"),
+    [
+        ({"grace-period-ms": "-1"}, "--grace-period-ms: '-1' is not a whole number"),
+        ({"min-usable-percent": "101"}, "from 0 to 100"),
+        ({"disruption-budget": "many"}, "--disruption-budget"),
+    ],
+)
+def test_bad_policy_settings_name_the_setting(
+    tmp_path: Path, flags: dict[str, object], match: str
+) -> None:
+    with pytest.raises(ConfigError, match=match):
+        resolve_node_config(flags, {}, cwd=tmp_path)

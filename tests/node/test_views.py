@@ -7,6 +7,7 @@ from hypothesis import strategies as st
 
 from corral.node._views import (
     CoordinatorView,
+    NodeStatesView,
     node_rows,
     node_state,
     ps_rows,
@@ -127,8 +128,14 @@ def test_reloc_prefers_the_coordinators_deferred_until() -> None:
     assert reloc(until, now=220.0) == "yes"  # the cooldown is over: it moves next pass
     budget = CoordinatorView(cooldown_s=600.0, deferred={("web", "n1"): None})
     assert reloc(budget) == "yes (deferred by the disruption budget: moves on a later pass)"
-    unknown = CoordinatorView(error="cannot ask coordinator n2: timed out")
-    assert reloc(unknown) == "yes (cooldown unknown: the coordinator's state is unavailable)"
+    unknown = CoordinatorView(
+        holder="n2", error="cannot ask coordinator n2: no reply from n2/coordinator within 2.0 s"
+    )
+    assert reloc(unknown) == (
+        "yes (cooldown unknown: coordinator n2 is busy and did not answer in time)"
+    )
+    nobody = CoordinatorView.from_state({"holder": None, "error": "no coordinator holds it"})
+    assert reloc(nobody) == "yes (cooldown unknown: no node holds the coordinator lease yet)"
     # An instance that cannot move says so whatever the coordinator's state.
     all_apps = {"web": AppRecord(name="web", replicas="all")}
     assert ps_rows(all_apps, placed, nodes, {}, now=160.0, coordinator=unknown)[0].reloc.startswith(
@@ -228,3 +235,43 @@ def test_node_rows_put_the_intent_on_top_of_the_record() -> None:
     assert rows[1].api_address is None
     assert node_state(None, None) == "gone"
     assert node_state(nodes["b"], NodeIntent(draining=True, force=True)) == "draining, forced"
+
+
+def test_node_rows_take_the_coordinator_s_states_and_fall_back_to_records() -> None:
+    nodes = {"a": NodeRecord(id="a"), "b": NodeRecord(id="b")}
+    intents = {"b": NodeIntent(draining=True, force=True)}
+    holder_state = {
+        "node": "a",
+        "coordinating": True,
+        "policy": {"cooldown_s": 600.0},
+        "node_states": [
+            {"node": "a", "state": "suspect", "since": 5.0, "incarnation": 2},
+            {"node": "b", "state": "left", "since": None, "incarnation": None},
+            # Its record lapsed: known to the coordinator only, down in its grace.
+            {"node": "c", "state": "down", "since": 7.0, "down_since": 7.0,
+             "grace_until": 307.0, "incarnation": None},
+        ],
+    }
+    states = NodeStatesView.from_state(holder_state)
+    assert states.to_json() == {"source": "coordinator", "holder": "a"}
+    rows = node_rows(nodes, intents, coordinator="a", states=states)
+    assert [(r.node, r.state, r.incarnation, r.since, r.down_since, r.grace_until)
+            for r in rows] == [
+        ("a", "suspect", 2, 5.0, None, None),
+        ("b", "draining, forced", None, None, None, None),
+        ("c", "down", None, 7.0, 7.0, 307.0),
+    ]
+    # The holder cannot be asked, or does not coordinate: the records, saying so.
+    for answer in (
+        {"holder": "a", "error": "timed out"},
+        {**holder_state, "coordinating": False},
+        {k: v for k, v in holder_state.items() if k != "node_states"},
+    ):
+        fallback = NodeStatesView.from_state(answer)
+        assert fallback.states is None
+        assert fallback.to_json()["source"] == "records"
+        assert fallback.error
+        rows = node_rows(nodes, intents, coordinator="a", states=fallback)
+        assert [(r.node, r.state, r.incarnation) for r in rows] == [
+            ("a", "alive", None), ("b", "draining, forced", None),
+        ]

@@ -10,14 +10,16 @@ again.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+import itertools
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 
 import pytest
 
 from corral.registry import MemoryRegistry, Registry
 from corral.registry._sqlite import SQLiteRegistry
-from corral.registry._testing import (
+from corral.testing import (
     ManualClock,
     RegistryHarness,
     SecureEtcd,
@@ -62,14 +64,14 @@ def etcd_endpoint() -> str:
     return etcd_endpoint_from_env()
 
 
-@pytest.fixture
-async def backend(
-    backend_name: str, tmp_path: Path, request: pytest.FixtureRequest
+@asynccontextmanager
+async def open_backend(
+    name: str, db_path: Path, secure: SecureEtcd | None = None
 ) -> AsyncIterator[RegistryHarness]:
-    name = backend_name
+    """A fresh registry of backend ``name`` (SQLite: in a new file at ``db_path``;
+    ``etcd-tls``: on ``secure``)."""
     if name in ("etcd", "etcd-tls"):
-        secure = request.getfixturevalue("secure_etcd") if name == "etcd-tls" else None
-        async with open_test_etcd_registry(secure=secure) as etcd:
+        async with open_test_etcd_registry(secure=secure if name == "etcd-tls" else None) as etcd:
             yield RegistryHarness(name, etcd, None)
         return
     clock = ManualClock()
@@ -78,7 +80,7 @@ async def backend(
         registry = MemoryRegistry(clock)
     else:
         registry = await SQLiteRegistry.open(
-            tmp_path / "registry.db",
+            db_path,
             clock=clock,
             poll_interval=0.01,
             synchronous="FULL" if name == "sqlite-full" else "NORMAL",
@@ -87,3 +89,31 @@ async def backend(
         yield RegistryHarness(name, registry, clock)
     finally:
         await registry.aclose()
+
+
+def _secure_for(backend_name: str, request: pytest.FixtureRequest) -> SecureEtcd | None:
+    if backend_name != "etcd-tls":
+        return None
+    secure: SecureEtcd = request.getfixturevalue("secure_etcd")
+    return secure
+
+
+@pytest.fixture
+def make_backend(
+    backend_name: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> Callable[[], AbstractAsyncContextManager[RegistryHarness]]:
+    """A factory of fresh registries of the backend under test (for ``check_registry``)."""
+    numbers = itertools.count(1)
+    secure = _secure_for(backend_name, request)
+    return lambda: open_backend(
+        backend_name, tmp_path / f"registry-{next(numbers)}.db", secure
+    )
+
+
+@pytest.fixture
+async def backend(
+    backend_name: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> AsyncIterator[RegistryHarness]:
+    secure = _secure_for(backend_name, request)
+    async with open_backend(backend_name, tmp_path / "registry.db", secure) as harness:
+        yield harness

@@ -21,7 +21,7 @@ from corral.registry import (
     RegistryUnavailable,
     RevisionCompacted,
 )
-from corral.registry._testing import open_test_etcd_registry, take_events
+from corral.testing import open_test_etcd_registry, take_events
 
 
 def b64(text: str) -> str:

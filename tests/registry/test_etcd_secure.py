@@ -25,7 +25,7 @@ from corral.registry import (
     open_registry,
     parse_registry_url,
 )
-from corral.registry._testing import SECURE_PREFIX, SecureEtcd, open_test_etcd_registry
+from corral.testing import SECURE_PREFIX, SecureEtcd, open_test_etcd_registry
 
 PASSWORD = "s3cret-Pa55word"
 

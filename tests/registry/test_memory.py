@@ -13,7 +13,7 @@ from corral.registry import (
     RevisionCompacted,
     node_key,
 )
-from corral.registry._testing import take_events
+from corral.testing import take_events
 
 
 async def test_a_45s_lease_key_vanishes_at_exactly_45s(

@@ -21,7 +21,7 @@ from corral.registry import (
     open_registry,
 )
 from corral.registry._sqlite import SQLiteRegistry
-from corral.registry._testing import ManualClock, take_events
+from corral.testing import ManualClock, take_events
 
 
 async def test_two_registries_on_one_file_share_state_watches_and_expiry(

@@ -16,7 +16,7 @@ import trio
 
 from corral.registry import RegistryReplaced, default_registry_url, open_registry
 from corral.registry._sqlite import PROBE_WINDOW, SQLiteRegistry, host_clock, lease_epoch
-from corral.registry._testing import ManualClock
+from corral.testing import ManualClock
 
 
 def _remove_database(path: Path) -> None:

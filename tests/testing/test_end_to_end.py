@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 import trio
 
+from corral.actors.planner import Policy
 from corral.registry import (
     AppRecord,
     Deployment,
@@ -19,6 +20,7 @@ from corral.testing import Cluster, agent_node_children, open_cluster
 
 TTL = 45.0  # coordinator lease and node records
 TICK = TTL / 3
+GRACE = 5.0  # a lost node keeps its work this long after it is down
 APP = "shop"
 R1 = "1" * 64
 
@@ -55,7 +57,10 @@ def starts(cluster: Cluster) -> dict[str, int]:
 
 
 async def test_three_nodes_run_replace_and_never_overrun_an_app(autojump_clock: object) -> None:
-    async with open_cluster(3, lease_ttl=TTL, children=agent_node_children) as cluster:
+    policy = Policy(grace_period_s=GRACE)
+    async with open_cluster(
+        3, lease_ttl=TTL, children=agent_node_children, policy=policy
+    ) as cluster:
         holder = await cluster.wait_for_coordinator()
         placements: list[tuple[float, EventType, list[str]]] = []
 
@@ -102,11 +107,12 @@ async def test_three_nodes_run_replace_and_never_overrun_an_app(autojump_clock: 
 
             moved_at = await until(
                 lambda: cluster.instances().get(APP) == sorted([survivor, spare]),
-                within=TTL + TICK + 5,
+                within=TTL + GRACE + 5,
             )
             # Not before the victim's node record could lapse (its last keepalive was at
-            # most a third of the TTL before the kill), and at the coordinator's next tick.
-            assert TTL * 2 / 3 <= moved_at - killed_at <= TTL + TICK + 1
+            # most a third of the TTL before the kill) and the grace passed; then at once
+            # (the pass that saw the lapse decided it down; a timer ends its grace).
+            assert TTL * 2 / 3 + GRACE <= moved_at - killed_at <= TTL + GRACE + 1
             (_, kind, nodes) = placements[-1]
             assert kind is EventType.PUT
             assert nodes == sorted([survivor, spare])

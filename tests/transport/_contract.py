@@ -1,11 +1,13 @@
-"""The transport contract suite: what every transport must do under actor systems.
+"""The kernel over a transport: what actor systems on any transport must do.
 
-Each ``check_*`` coroutine takes a factory ``open_systems(count, limits)``: an
-async context manager yielding ``count`` connected :class:`ActorSystem` objects,
-named ``node-0``, ``node-1``, ... on the transport under test. The checks use
-only public behaviour plus ``ActorSystem._raw_ask`` (to hand-craft bad frames),
-and short timeouts, so they run the same on virtual time (memory transport) and
-on real sockets (websocket transport).
+The transport itself is checked by the public ``corral.testing.check_transport``;
+these checks are about the kernel on top of it. Each ``check_*`` coroutine takes
+a factory ``open_transports(count)``: an async context manager yielding ``count``
+transports named ``node-0``, ``node-1``, ... that can reach each other. A check
+runs actor systems on some of them and, where it needs to hand-craft (bad)
+frames and read the answers, keeps one bare transport as a prober: public
+behaviour only, and short timeouts, so the checks run the same on virtual time
+(memory transport, WebSocket over in-memory streams) and on real sockets.
 
 Use::
 
@@ -16,8 +18,9 @@ Use::
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from contextlib import AbstractAsyncContextManager
+import itertools
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +36,7 @@ from corral.supervision import (
     ChildSpec,
     RemoteError,
     UnhandledMessage,
+    open_actor_system,
 )
 from corral.transport import (
     CodecLimits,
@@ -40,12 +44,14 @@ from corral.transport import (
     ErrorCode,
     FrameTooLarge,
     PeerUnavailable,
+    Transport,
+    decode_envelope,
     encode_envelope,
     message,
 )
 
-SystemsFactory = Callable[[int, CodecLimits], AbstractAsyncContextManager[list[ActorSystem]]]
-Check = Callable[[SystemsFactory], Awaitable[None]]
+TransportsFactory = Callable[[int], AbstractAsyncContextManager[list[Transport]]]
+Check = Callable[[TransportsFactory], Awaitable[None]]
 
 #: small enough that an oversized frame is cheap, large enough for every normal message
 CONTRACT_LIMITS = CodecLimits(max_frame_bytes=64 * 1024, max_depth=32)
@@ -135,11 +141,46 @@ async def _spawn_recorder(system: ActorSystem, name: str = "recorder") -> None:
     await system.spawn(ChildSpec(name, Recorder, shutdown_grace=1.0))
 
 
-def _frame(kind: str, body: Any, to: str) -> Callable[[int, str], bytes]:
+Build = Callable[[int, str], bytes]  # (id, sender address) -> frame bytes
+_probe_ids = itertools.count(1)
+
+
+@asynccontextmanager
+async def systems(
+    transports: Sequence[Transport], limits: CodecLimits = CONTRACT_LIMITS
+) -> AsyncIterator[list[ActorSystem]]:
+    """An actor system on each of ``transports``."""
+    async with AsyncExitStack() as stack:
+        yield [
+            await stack.enter_async_context(open_actor_system(t.node_id, t, limits))
+            for t in transports
+        ]
+
+
+def _frame(kind: str, body: Any, to: str) -> Build:
     def build(ident: int, sender: str) -> bytes:
         return encode_envelope(Envelope(ident, to, sender, kind, body, None, True))
 
     return build
+
+
+async def probe(prober: Transport, peer: str, build: Build) -> Envelope:
+    """Send the ask ``build(id, sender)`` from a bare transport; return the answer's envelope."""
+    ident = next(_probe_ids)
+    await prober.send(peer, build(ident, f"{prober.node_id}/"))
+    with trio.fail_after(TIMEOUT):
+        while True:
+            answer = decode_envelope((await prober.receive()).data)
+            if answer.correlation_id == ident:
+                return answer
+
+
+async def probe_error(prober: Transport, peer: str, build: Build) -> tuple[str, str]:
+    """The ``(code, message)`` of the error envelope that answers ``build``'s ask."""
+    answer = await probe(prober, peer, build)
+    assert answer.kind == "error", answer
+    assert isinstance(answer.body, dict)
+    return answer.body["code"], answer.body["message"]
 
 
 def _rejections(system: ActorSystem, code: str) -> int:
@@ -153,11 +194,18 @@ async def _still_serving(asker: ActorSystem, target: str) -> None:
     assert reply == Echoed(text="still there?", node=target.split("/")[0])
 
 
+async def _prober_sees_it_serving(prober: Transport, target: str) -> None:
+    node = target.split("/")[0]
+    answer = await probe(prober, node, _frame("contract.echo", {"text": "still there?"}, target))
+    assert answer.kind == "reply"
+    assert answer.body == ["contract.echoed", {"text": "still there?", "node": node}]
+
+
 # ---------------------------------------------------------------------------- checks
 
 
-async def check_tell_and_ask_across_systems(open_systems: SystemsFactory) -> None:
-    async with open_systems(2, CONTRACT_LIMITS) as (a, b):
+async def check_tell_and_ask_across_systems(open_transports: TransportsFactory) -> None:
+    async with open_transports(2) as transports, systems(transports) as (a, b):
         await _spawn_recorder(b)
         ref = a.ref("node-1/recorder")
         assert ref.is_remote
@@ -174,9 +222,9 @@ async def check_tell_and_ask_across_systems(open_systems: SystemsFactory) -> Non
         )
 
 
-async def check_order_per_sender_receiver_pair(open_systems: SystemsFactory) -> None:
+async def check_order_per_sender_receiver_pair(open_transports: TransportsFactory) -> None:
     count = 300
-    async with open_systems(3, CONTRACT_LIMITS) as (a, b, c):
+    async with open_transports(3) as transports, systems(transports) as (a, b, c):
         await _spawn_recorder(b)
 
         async def send_all(system: ActorSystem, name: str) -> None:
@@ -195,28 +243,29 @@ async def check_order_per_sender_receiver_pair(open_systems: SystemsFactory) -> 
             assert [seq for s, seq in seen if s == name] == list(range(count))
 
 
-async def check_ask_unknown_actor_raises_actor_not_found(open_systems: SystemsFactory) -> None:
-    async with open_systems(2, CONTRACT_LIMITS) as (a, b):
+async def check_ask_unknown_actor_raises_actor_not_found(
+    open_transports: TransportsFactory,
+) -> None:
+    async with open_transports(2) as transports, systems(transports) as (a, b):
         with pytest.raises(ActorNotFound, match="no-such-actor"):
             await a.ref("node-1/no-such-actor").ask(Echo("anyone?"), timeout=TIMEOUT)
         assert _rejections(b, ErrorCode.ACTOR_NOT_FOUND) == 1
 
 
-async def check_unknown_kind_gets_error_reply(open_systems: SystemsFactory) -> None:
-    async with open_systems(2, CONTRACT_LIMITS) as (a, b):
+async def check_unknown_kind_gets_error_reply(open_transports: TransportsFactory) -> None:
+    async with open_transports(2) as (prober, t1), systems([t1]) as (b,):
         await _spawn_recorder(b)
-        with pytest.raises(RemoteError) as info:
-            await a._raw_ask(
-                "node-1", _frame("contract.nobody-declared-this", {}, "node-1/recorder"), TIMEOUT
-            )
-        assert info.value.code == ErrorCode.UNKNOWN_KIND
-        assert "contract.nobody-declared-this" in info.value.message
+        code, text = await probe_error(
+            prober, "node-1", _frame("contract.nobody-declared-this", {}, "node-1/recorder")
+        )
+        assert code == ErrorCode.UNKNOWN_KIND
+        assert "contract.nobody-declared-this" in text
         assert _rejections(b, ErrorCode.UNKNOWN_KIND) == 1
-        await _still_serving(a, "node-1/recorder")
+        await _prober_sees_it_serving(prober, "node-1/recorder")
 
 
-async def check_schema_violation_gets_error_reply(open_systems: SystemsFactory) -> None:
-    async with open_systems(2, CONTRACT_LIMITS) as (a, b):
+async def check_schema_violation_gets_error_reply(open_transports: TransportsFactory) -> None:
+    async with open_transports(2) as (prober, t1), systems([t1]) as (b,):
         await _spawn_recorder(b)
         bad_bodies = [
             {"sender": "a", "seq": "not-an-int"},  # wrong type
@@ -225,24 +274,22 @@ async def check_schema_violation_gets_error_reply(open_systems: SystemsFactory) 
             ["not", "a", "map"],
         ]
         for body in bad_bodies:
-            with pytest.raises(RemoteError) as info:
-                await a._raw_ask(
-                    "node-1", _frame("contract.record", body, "node-1/recorder"), TIMEOUT
-                )
-            assert info.value.code == ErrorCode.SCHEMA
+            code, _ = await probe_error(
+                prober, "node-1", _frame("contract.record", body, "node-1/recorder")
+            )
+            assert code == ErrorCode.SCHEMA
         assert _rejections(b, ErrorCode.SCHEMA) == len(bad_bodies)
         # nothing reached the actor
-        assert await a.ref("node-1/recorder").ask(History(), timeout=TIMEOUT) == []
+        answer = await probe(prober, "node-1", _frame("contract.history", {}, "node-1/recorder"))
+        assert answer.body == [None, []]
 
 
 async def check_malformed_frames_are_refused_and_system_keeps_running(
-    open_systems: SystemsFactory,
+    open_transports: TransportsFactory,
 ) -> None:
-    async with open_systems(2, CONTRACT_LIMITS) as (a, b):
+    async with open_transports(2) as (prober, t1), systems([t1]) as (b,):
         await _spawn_recorder(b)
-        assert a.transport is not None
         garbage = [
-            b"",
             b"\xff\xff\xff",
             b"not cbor at all",
             cbor2.dumps({"to": "node-1/recorder"}),  # CBOR, but not an envelope
@@ -250,10 +297,9 @@ async def check_malformed_frames_are_refused_and_system_keeps_running(
             b"\x9f" * 50,  # unterminated indefinite arrays
         ]
         for data in garbage:
-            if data:
-                await a.transport.send("node-1", data)
-        await _still_serving(a, "node-1/recorder")
-        assert _rejections(b, ErrorCode.MALFORMED_FRAME) == len([g for g in garbage if g])
+            await prober.send("node-1", data)
+        await _prober_sees_it_serving(prober, "node-1/recorder")
+        assert _rejections(b, ErrorCode.MALFORMED_FRAME) == len(garbage)
 
         # A frame whose header is readable but whose body is not gets an error reply.
         def tagged_body(ident: int, sender: str) -> bytes:
@@ -262,9 +308,7 @@ async def check_malformed_frames_are_refused_and_system_keeps_running(
             )
             return head[:-1] + b"\xc1\x1a\x00\x00\x00\x01"  # body: a datetime tag
 
-        with pytest.raises(RemoteError) as info:
-            await a._raw_ask("node-1", tagged_body, TIMEOUT)
-        assert info.value.code == ErrorCode.MALFORMED_FRAME
+        assert (await probe_error(prober, "node-1", tagged_body))[0] == ErrorCode.MALFORMED_FRAME
 
         def too_deep(ident: int, sender: str) -> bytes:
             head = cbor2.dumps(
@@ -272,14 +316,12 @@ async def check_malformed_frames_are_refused_and_system_keeps_running(
             )
             return head[:-1] + b"\x81" * 200 + b"\x00"
 
-        with pytest.raises(RemoteError) as info:
-            await a._raw_ask("node-1", too_deep, TIMEOUT)
-        assert info.value.code == ErrorCode.MALFORMED_FRAME
-        await _still_serving(a, "node-1/recorder")
+        assert (await probe_error(prober, "node-1", too_deep))[0] == ErrorCode.MALFORMED_FRAME
+        await _prober_sees_it_serving(prober, "node-1/recorder")
 
 
-async def check_oversized_frames(open_systems: SystemsFactory) -> None:
-    async with open_systems(2, CONTRACT_LIMITS) as (a, b):
+async def check_oversized_frames(open_transports: TransportsFactory) -> None:
+    async with open_transports(3) as (prober, t1, t2), systems([t1, t2]) as (b, a):
         await _spawn_recorder(b)
         big = b"x" * (CONTRACT_LIMITS.max_frame_bytes + 1)
         # The sender refuses to encode it: the error is raised where it asked.
@@ -299,15 +341,13 @@ async def check_oversized_frames(open_systems: SystemsFactory) -> None:
             )
             return encode_envelope(env, CodecLimits(max_frame_bytes=4 * len(big)))
 
-        with pytest.raises(RemoteError) as info:
-            await a._raw_ask("node-1", oversized, TIMEOUT)
-        assert info.value.code == ErrorCode.FRAME_TOO_LARGE
+        assert (await probe_error(prober, "node-1", oversized))[0] == ErrorCode.FRAME_TOO_LARGE
         assert _rejections(b, ErrorCode.FRAME_TOO_LARGE) == 1
         await _still_serving(a, "node-1/recorder")
 
 
-async def check_ask_timeout(open_systems: SystemsFactory) -> None:
-    async with open_systems(2, CONTRACT_LIMITS) as (a, b):
+async def check_ask_timeout(open_transports: TransportsFactory) -> None:
+    async with open_transports(2) as transports, systems(transports) as (a, b):
         await _spawn_recorder(b)
         t0 = trio.current_time()
         with pytest.raises(AskTimeout):
@@ -316,8 +356,10 @@ async def check_ask_timeout(open_systems: SystemsFactory) -> None:
         assert 0.2 <= elapsed < 5.0
 
 
-async def check_remote_crash_and_unhandled_are_error_replies(open_systems: SystemsFactory) -> None:
-    async with open_systems(2, CONTRACT_LIMITS) as (a, b):
+async def check_remote_crash_and_unhandled_are_error_replies(
+    open_transports: TransportsFactory,
+) -> None:
+    async with open_transports(2) as transports, systems(transports) as (a, b):
         await _spawn_recorder(b)
         ref = a.ref("node-1/recorder")
         with pytest.raises(RemoteError) as info:
@@ -340,8 +382,8 @@ async def check_remote_crash_and_unhandled_are_error_replies(open_systems: Syste
         assert snapshot.restarts == 1
 
 
-async def check_an_ask_fails_fast_when_its_peer_is_lost(open_systems: SystemsFactory) -> None:
-    async with open_systems(2, CONTRACT_LIMITS) as (a, b):
+async def check_an_ask_fails_fast_when_its_peer_is_lost(open_transports: TransportsFactory) -> None:
+    async with open_transports(2) as transports, systems(transports) as (a, b):
         await _spawn_recorder(b)
         await _still_serving(a, "node-1/recorder")  # connected
         peer = b.transport

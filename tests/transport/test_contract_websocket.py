@@ -1,8 +1,10 @@
-"""The transport contract suite on WebSocketTransport over real loopback sockets.
+"""WebSocketTransport passes the public transport contract, and the kernel runs on it.
 
-The same checks MemoryTransport passes, unchanged, plus what only a real network
-transport has to show: a peer process killed and restarted is reconnected to, and
-a node with the wrong secret is refused before anything reaches an actor.
+Both over in-memory streams under the virtual clock (trio-websocket's
+``wrap_client_stream`` / ``wrap_server_stream`` over trio.testing memory streams)
+and over real loopback sockets; plus what only a real network transport has to
+show: a peer process killed and restarted is reconnected to, and a node with
+the wrong secret is refused before anything reaches an actor.
 """
 
 from __future__ import annotations
@@ -17,20 +19,22 @@ from contextlib import AsyncExitStack, asynccontextmanager
 
 import pytest
 import trio
+import trio.testing
 
 from corral.supervision import ActorSystem, open_actor_system
-from corral.transport import CodecLimits, PeerUnavailable
+from corral.testing import check_transport
+from corral.transport import PeerUnavailable, Transport
 from corral.transport._websocket import (
     PeerState,
     WebSocketConfig,
     WebSocketTransport,
     open_websocket_transport,
 )
+from corral.transport._ws_net import MemoryStreamNetwork, StreamNetwork
 from corral.transport._ws_rules import ReconnectPolicy
 
 from ._contract import (
     CONTRACT_CHECKS,
-    CONTRACT_LIMITS,
     TIMEOUT,
     Check,
     Echo,
@@ -39,6 +43,7 @@ from ._contract import (
     Record,
     Recorder,
     _spawn_recorder,
+    systems,
 )
 
 SECRET = b"contract-secret"
@@ -53,16 +58,18 @@ CONFIG = WebSocketConfig(
 
 
 @asynccontextmanager
-async def websocket_systems(
-    count: int, limits: CodecLimits, secrets: list[bytes] | None = None
-) -> AsyncIterator[list[ActorSystem]]:
-    """``count`` actor systems, each on its own WebSocketTransport on 127.0.0.1:0."""
+async def websocket_transports(
+    count: int, secrets: list[bytes] | None = None, network: StreamNetwork | None = None
+) -> AsyncIterator[list[WebSocketTransport]]:
+    """``count`` WebSocketTransports that know each other's addresses: on 127.0.0.1:0,
+    or on ``network`` (in-memory streams)."""
     secrets = secrets or [SECRET] * count
+    host = "127.0.0.1" if network is None else "10.0.0.1"
     async with AsyncExitStack() as stack:
         transports: list[WebSocketTransport] = [
             await stack.enter_async_context(
                 open_websocket_transport(
-                    f"node-{i}", ("127.0.0.1", 0), secret=secrets[i], config=CONFIG
+                    f"node-{i}", (host, 0), secret=secrets[i], config=CONFIG, network=network
                 )
             )
             for i in range(count)
@@ -71,25 +78,74 @@ async def websocket_systems(
             for other in transports:
                 if other is not transport and other.address is not None:
                     transport.add_peer(other.node_id, other.address)
-        systems = [
-            await stack.enter_async_context(open_actor_system(t.node_id, t, limits))
-            for t in transports
-        ]
-        yield systems
+        yield transports
+
+
+@asynccontextmanager
+async def tcp_transports(count: int) -> AsyncIterator[list[Transport]]:
+    async with websocket_transports(count) as transports:
+        yield list(transports)
+
+
+@asynccontextmanager
+async def memory_stream_transports(count: int) -> AsyncIterator[list[Transport]]:
+    async with websocket_transports(count, network=MemoryStreamNetwork()) as transports:
+        yield list(transports)
+
+
+@asynccontextmanager
+async def tcp_pair() -> AsyncIterator[tuple[Transport, Transport]]:
+    async with websocket_transports(2) as (a, b):
+        yield a, b
+
+
+@asynccontextmanager
+async def memory_stream_pair() -> AsyncIterator[tuple[Transport, Transport]]:
+    async with websocket_transports(2, network=MemoryStreamNetwork()) as (a, b):
+        yield a, b
+
+
+@asynccontextmanager
+async def clogged_memory_stream_pair() -> AsyncIterator[tuple[Transport, Transport]]:
+    """Connected, then the link stalls (in-memory streams never fill up by themselves)."""
+    network = MemoryStreamNetwork()
+    async with websocket_transports(2, network=network) as (a, b):
+        await a.send(b.node_id, b"connect")
+        assert (await b.receive()).data == b"connect"
+        assert b.address is not None
+        network.blackhole(b.address)
+        yield a, b
+
+
+async def test_the_transport_contract_over_in_memory_streams(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    await check_transport(memory_stream_pair, make_clogged_pair=clogged_memory_stream_pair)
+
+
+async def test_the_transport_contract_over_real_sockets() -> None:
+    with trio.fail_after(120):
+        await check_transport(tcp_pair, make_clogged_pair=tcp_pair)
 
 
 @pytest.mark.parametrize("check", CONTRACT_CHECKS, ids=lambda c: c.__name__)
-async def test_contract(check: Check) -> None:
+async def test_kernel_contract_over_in_memory_streams(
+    check: Check, autojump_clock: trio.testing.MockClock
+) -> None:
+    await check(memory_stream_transports)
+
+
+@pytest.mark.parametrize("check", CONTRACT_CHECKS, ids=lambda c: c.__name__)
+async def test_kernel_contract_over_real_sockets(check: Check) -> None:
     with trio.fail_after(30):
-        await check(websocket_systems)
+        await check(tcp_transports)
 
 
 async def test_a_node_with_the_wrong_secret_reaches_no_actor() -> None:
     with trio.fail_after(20):
-        async with websocket_systems(3, CONTRACT_LIMITS, secrets=[b"guessed", SECRET, SECRET]) as (
-            intruder,
-            b,
-            c,
+        async with (
+            websocket_transports(3, secrets=[b"guessed", SECRET, SECRET]) as transports,
+            systems(transports) as (intruder, b, c),
         ):
             await _spawn_recorder(b)
             with pytest.raises(PeerUnavailable, match="4001"):

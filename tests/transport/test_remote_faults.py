@@ -12,7 +12,7 @@ import pytest
 import trio
 import trio.testing
 
-import corral.supervision._system as system_module
+import corral.supervision._remote as remote_module
 from corral.supervision import (
     Actor,
     ActorStopped,
@@ -244,8 +244,8 @@ async def test_local_messages_are_never_encoded(
 
     network = MemoryNetwork()
     async with two_nodes(network) as (_, b):
-        monkeypatch.setattr(system_module, "encode_envelope", refuse)
-        monkeypatch.setattr(system_module, "encode_message", refuse)
+        monkeypatch.setattr(remote_module, "encode_envelope", refuse)
+        monkeypatch.setattr(remote_module, "encode_message", refuse)
         ref = b.ref("/pong")
         await ref.tell(Ping(1))
         assert await ref.ask(Ping(2)) == {"pong": 2, "seen": 2}

@@ -18,7 +18,6 @@ import pytest
 import trio
 import trio_websocket
 
-from corral.transport import _websocket, _ws_wire
 from corral.transport._base import Frame
 from corral.transport._errors import FrameTooLarge, PeerBusy, PeerUnavailable
 from corral.transport._handshake import (
@@ -35,7 +34,6 @@ from corral.transport._websocket import (
     PeerState,
     WebSocketConfig,
     WebSocketTransport,
-    _FrameSink,
     open_websocket_transport,
 )
 from corral.transport._ws_rules import (
@@ -43,6 +41,7 @@ from corral.transport._ws_rules import (
     frame_refusal_message,
     parse_peer_address,
 )
+from corral.transport._ws_wire import pack
 
 LOGGER = "corral.transport.websocket"
 SECRET = b"test-cluster-secret"
@@ -164,45 +163,6 @@ async def test_frames_arrive_in_order_per_sender() -> None:
                 await a.send("node-b", cbor2.dumps({"seq": i, "pad": "x" * 80}))
             received = [cbor2.loads((await b.receive()).data)["seq"] for _ in range(count)]
             assert received == list(range(count))
-
-
-async def test_frames_stay_in_order_without_batched_writes(monkeypatch: pytest.MonkeyPatch) -> None:
-    # Should a trio-websocket release drop the internals batched writes use,
-    # every frame goes through send_message: slower, same order.
-    monkeypatch.setattr(_ws_wire, "_INTERNALS", ("_an_attribute_nobody_has",))
-    count = 500
-    with trio.fail_after(30):
-        async with two_nodes() as (a, b):
-            for i in range(count):
-                await a.send("node-b", b"%d" % i)
-            received = [int((await b.receive()).data) for _ in range(count)]
-            assert received == list(range(count))
-
-
-async def test_everything_works_with_a_reader_task_instead_of_the_sink(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
-    caplog.set_level(logging.INFO, logger=LOGGER)
-    # Should trio-websocket lose the attribute the sink replaces, each connection
-    # gets a reader task of its own; frames, order and close detection are the same.
-    monkeypatch.setattr(_FrameSink, "attach_to", classmethod(lambda cls, transport, ws: None))
-    with trio.fail_after(20):
-        async with open_websocket_transport("node-a", LOOPBACK, secret=SECRET, config=FAST) as a:
-            async with open_websocket_transport(
-                "node-b", LOOPBACK, secret=SECRET, config=FAST
-            ) as b:
-                assert b.address is not None
-                a.add_peer("node-b", b.address)
-                for i in range(200):
-                    await a.send("node-b", b"%d" % i)
-                assert [int((await b.receive()).data) for _ in range(200)] == list(range(200))
-                await b.send("node-a", b"back")
-                assert await a.receive() == Frame("node-b", b"back")
-            while (status := a.peer_status("node-b")) and status.state is PeerState.CONNECTED:
-                await trio.sleep(0.01)
-    assert any(
-        "lost peer 'node-b'" in r.getMessage() and "1001" in r.getMessage() for r in caplog.records
-    )
 
 
 async def test_a_peer_with_the_wrong_secret_is_refused_and_nothing_reaches_receive(
@@ -396,13 +356,20 @@ async def test_an_oversized_frame_is_refused_with_a_notice_and_the_connection_st
             # A sender that ignores the limit gets an error notice; the connection survives.
             async with raw_client(b.address) as ws:
                 await authenticate(ws, "sloppy")
-                await ws.send_message(b"z" * 1500)
+                await ws.send_message(pack([b"z" * 1500]))
                 assert await ws.get_message() == frame_refusal_message(1500, 1000)
-                await ws.send_message(b"still here")
+                # in a packet of several, only the oversized frame is refused
+                await ws.send_message(pack([b"before", b"z" * 1200, b"after"]))
+                assert await ws.get_message() == frame_refusal_message(1200, 1000)
+                assert await b.receive() == Frame("sloppy", b"before")
+                assert await b.receive() == Frame("sloppy", b"after")
+                # a message that is not a packet is refused whole, and logged
+                await ws.send_message(b"\x00\x00\x00\x09short")
+                await ws.send_message(pack([b"still here"]))
                 assert await b.receive() == Frame("sloppy", b"still here")
             status = b.peer_status("sloppy")
             assert status is not None
-            assert status.frames_refused_from_peer == 1
+            assert status.frames_refused_from_peer == 3
 
 
 async def test_a_refusal_notice_from_the_peer_is_counted_by_the_sender(
@@ -605,15 +572,15 @@ async def test_written_through_and_queued_frames_keep_their_order(
     # frames through (an answer came since a's last frame) and queueing them
     # (something of a's is still waiting to be written): the order must hold.
     through = {"node-a": 0, "node-b": 0}
-    real_write_now = _websocket.write_now
+    real_write_through = WebSocketTransport._write_through
 
-    def counting_write_now(ws: trio_websocket.WebSocketConnection, frame: bytes) -> Any:
-        result = real_write_now(ws, frame)
-        if result[0] is not _ws_wire.Written.NOTHING:
-            through[frame[:6].decode()] += 1
-        return result
+    async def counting_write_through(
+        self: WebSocketTransport, link: Any, conn: Any, data: bytes
+    ) -> None:
+        through[data[:6].decode()] += 1
+        await real_write_through(self, link, conn, data)
 
-    monkeypatch.setattr(_websocket, "write_now", counting_write_now)
+    monkeypatch.setattr(WebSocketTransport, "_write_through", counting_write_through)
     count = 2000
     with trio.fail_after(30):
         async with two_nodes() as (a, b):
@@ -634,52 +601,3 @@ async def test_written_through_and_queued_frames_keep_their_order(
             assert through["node-a"] > 0
             assert through["node-b"] > 0
             assert through["node-a"] < count  # most went through the queue, batched
-
-
-async def test_a_frame_the_socket_takes_only_in_part_is_finished_intact() -> None:
-    received: list[bytes] = []
-    reading = trio.Event()
-    done = trio.Event()
-    frames = [bytes([i]) * 12_000 for i in range(1, 250)]
-
-    async def slow_reader(request: trio_websocket.WebSocketRequest) -> None:
-        ws = await request.accept()
-        await reading.wait()  # not reading at first: the client's socket buffer fills
-        while len(received) < len(frames):
-            data = await ws.get_message()
-            assert isinstance(data, bytes)
-            received.append(data)
-        done.set()
-
-    with trio.fail_after(20):
-        async with trio.open_nursery() as nursery:
-            server = await nursery.start(
-                trio_websocket.serve_websocket, slow_reader, "127.0.0.1", 0, None
-            )
-            async with trio_websocket.open_websocket(
-                "127.0.0.1", server.port, "/", use_ssl=False
-            ) as ws:
-                assert _ws_wire.can_write_now(ws)
-                outcomes = []
-                sent = 0
-                for frame in frames:
-                    written, rest = _ws_wire.write_now(ws, frame)
-                    outcomes.append(written)
-                    if written is _ws_wire.Written.NOTHING:
-                        break
-                    sent += 1
-                    if written is _ws_wire.Written.PART:
-                        assert rest
-                        assert ws._stream_lock.locked()  # held until the rest is out
-                        reading.set()
-                        await _ws_wire.finish_write(ws, rest)
-                        assert not ws._stream_lock.locked()
-                        break
-                assert _ws_wire.Written.ALL in outcomes
-                # Linux loopback buffers take some frames whole, then part of one
-                assert outcomes[-1] is _ws_wire.Written.PART
-                reading.set()
-                await _ws_wire.send_frames(ws, frames[sent:])  # the rest, the usual way
-                await done.wait()
-            nursery.cancel_scope.cancel()
-    assert received == frames  # every message intact, in order

@@ -56,8 +56,8 @@ def run(
 
 def test_matching_secrets_authenticate_both_sides() -> None:
     client_view, server_view = run()
-    assert client_view == PeerInfo("node-b", b"inc-b", 1, 2048, "node-a", 7)
-    assert server_view == PeerInfo("node-a", b"inc-a", 1, 1 << 20, "node-a", 7)
+    assert client_view == PeerInfo("node-b", b"inc-b", 2, 2048, "node-a", 7)
+    assert server_view == PeerInfo("node-a", b"inc-a", 2, 1 << 20, "node-a", 7)
 
 
 def test_no_secret_on_both_sides_is_accepted() -> None:
@@ -134,10 +134,19 @@ def test_unsupported_version_is_refused_by_the_server() -> None:
 
 def test_unsupported_version_is_refused_by_the_client() -> None:
     client = ClientHandshake(A, SECRET, nonce(1), NonceLog(), expect=None, dial_seq=1)
-    server = ServerHandshake(B, SECRET, nonce(2), NonceLog(), versions=(1, 2))
+    server = ServerHandshake(B, SECRET, nonce(2), NonceLog(), versions=(2, 3))
     challenge = cbor2.loads(server.receive_hello(client.hello()))  # type: ignore[arg-type]
-    challenge["version"] = 2
+    challenge["version"] = 3
     refused = client.receive_challenge(cbor2.dumps(challenge))
+    assert isinstance(refused, Refused)
+    assert refused.code is CloseCode.UNSUPPORTED_VERSION
+
+
+def test_a_node_speaking_only_version_1_is_refused() -> None:
+    # Version 1 carried one frame per WebSocket message; version 2 carries packets.
+    # An older node must be refused at the handshake, never have its frames misread.
+    old = ClientHandshake(A, SECRET, nonce(1), NonceLog(), expect=None, dial_seq=1, versions=(1,))
+    refused = ServerHandshake(B, SECRET, nonce(2), NonceLog()).receive_hello(old.hello())
     assert isinstance(refused, Refused)
     assert refused.code is CloseCode.UNSUPPORTED_VERSION
 

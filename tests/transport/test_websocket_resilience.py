@@ -27,6 +27,7 @@ from corral.transport._websocket import (
 )
 from corral.transport._ws_net import MemoryStreamNetwork
 from corral.transport._ws_rules import ReconnectPolicy, parse_peer_address, reconnect_delay
+from corral.transport._ws_wire import pack
 
 SECRET = b"virtual-secret"
 POLICY = ReconnectPolicy(initial=0.5, factor=2.0, maximum=4.0, jitter=0.5)
@@ -428,7 +429,7 @@ async def test_a_flood_of_oversized_frames_logs_a_few_lines_and_a_count(
         conn = a._links["node-b"].conn
         assert conn is not None
         for _ in range(40):  # a sender that ignores the limit it was told
-            await conn.ws.send_message(b"x" * 200)
+            await conn.ws.send_message(pack([b"x" * 200]))
         await trio.sleep(1)
         status = b.peer_status("node-a")
         assert status is not None
@@ -443,7 +444,7 @@ async def test_a_flood_of_oversized_frames_logs_a_few_lines_and_a_count(
         told = [r.getMessage() for r in caplog.records if "peer 'node-b' refused" in r.getMessage()]
         assert len(told) == 5  # the sender's side of the same flood
         await trio.sleep(60)  # a new window: the next line says how many went unlogged
-        await conn.ws.send_message(b"x" * 200)
+        await conn.ws.send_message(pack([b"x" * 200]))
         await trio.sleep(1)
         refused = [
             r.getMessage()
@@ -452,3 +453,36 @@ async def test_a_flood_of_oversized_frames_logs_a_few_lines_and_a_count(
         ]
         assert len(refused) == 6
         assert "35 more refusals of frames from 'node-a' were not logged" in refused[-1]
+
+
+async def test_a_write_cancelled_part_way_tears_the_connection_down_not_the_stream(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    network = MemoryStreamNetwork()
+    async with cluster(network, "node-a", "node-b") as nodes:
+        a, b = nodes["node-a"], nodes["node-b"]
+        assert b.address is not None
+        await a.send("node-b", b"request")
+        assert (await b.receive()).data == b"request"
+        await b.send("node-a", b"reply")
+        assert (await a.receive()).data == b"reply"  # a's next frame is written through
+        network.blackhole(b.address)
+        with trio.move_on_after(0.5) as waited:
+            await a.send("node-b", b"x" * 1000)  # stuck in the stalled stream
+        assert waited.cancelled_caught
+        status = a.peer_status("node-b")
+        assert status is not None
+        assert status.state is not PeerState.CONNECTED  # torn down at once
+        assert status.frames_dropped == 1
+        network.heal(b.address)
+        with trio.fail_after(30):
+            while True:
+                try:
+                    await a.send("node-b", b"after")
+                    break
+                except PeerUnavailable:
+                    await trio.sleep(0.1)
+            got = []
+            while not got or got[-1] != b"after":
+                got.append((await b.receive()).data)
+        assert set(got) <= {b"x" * 1000, b"after"}  # whole frames or nothing, never a torn one

@@ -3,6 +3,8 @@
 The actor (:class:`Coordinator`, :func:`coordinator_child_spec`) is a thin shell
 around three pure pieces, public so they can be tested and reused:
 
+* :func:`node_states` — node states from the records, the membership view
+  (:class:`MemberStatus`) and the ``down/<node>`` entries, with the entries to write;
 * :func:`view_from_kvs` / :func:`plan_input_from_view` — registry records to the
   planner's input (node states with the operator's intent applied);
 * :func:`inputs_digest` / :func:`needs_time` — when a pass can be skipped (a pass
@@ -27,20 +29,33 @@ from corral.actors.coordinator._errors import (
 from corral.actors.coordinator._inputs import (
     INPUT_PREFIXES,
     RegistryView,
-    effective_state,
     inputs_digest,
     needs_time,
+    placed_nodes,
     plan_input_from_view,
+    states_from_view,
     view_from_kvs,
     with_placements,
+)
+from corral.actors.coordinator._membership import (
+    MEMBER_STATES,
+    CurrentDown,
+    MemberState,
+    MemberStatus,
+    NodeStates,
+    NodeStatus,
+    effective_state,
+    node_states,
 )
 from corral.actors.coordinator._writes import (
     DEFAULT_MAX_WRITES,
     CurrentPlacement,
+    DownBatch,
     PlacementWrite,
     WriteBatch,
     WritePlan,
     fence_guard,
+    plan_down_writes,
     plan_writes,
 )
 
@@ -49,14 +64,21 @@ __all__ = [
     "DEFAULT_MAX_WRITES",
     "DEFAULT_WATCH_DEBOUNCE",
     "INPUT_PREFIXES",
+    "MEMBER_STATES",
     "Coordinator",
     "CoordinatorError",
+    "CurrentDown",
     "CurrentPlacement",
+    "DownBatch",
     "FenceRejected",
     "GetCoordinatorState",
     "KickCoordinator",
     "LeadershipLost",
     "LeaseExpired",
+    "MemberState",
+    "MemberStatus",
+    "NodeStates",
+    "NodeStatus",
     "PlacementWrite",
     "RegistryView",
     "WriteBatch",
@@ -66,8 +88,12 @@ __all__ = [
     "fence_guard",
     "inputs_digest",
     "needs_time",
+    "node_states",
+    "placed_nodes",
+    "plan_down_writes",
     "plan_input_from_view",
     "plan_writes",
+    "states_from_view",
     "view_from_kvs",
     "with_placements",
 ]

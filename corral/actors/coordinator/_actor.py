@@ -24,15 +24,21 @@ already read, and its own placement writes, are not news and trigger
 nothing. (The node service may still send :class:`KickCoordinator`; the
 watch makes it unnecessary.)
 
-A pass reads ``apps/``, ``nodes/``, ``intent/`` and
-``placement/`` in one read-only transaction (one consistent revision), builds
-the planner's input (:mod:`._inputs`) and digests it. When the digest has not
-moved since the last completed pass, and nothing in that pass was waiting on
-time (a deferred move, a down node's grace), the pass is skipped: the planner
-would decide what is already decided. Otherwise the planner decides and the
-write plan (:mod:`._writes`) says what to write; each batch is one transaction
-guarded by "the lease key still carries my fence" and by the ``mod_revision``
-of every record it writes. A failed fence guard drops the role.
+A pass reads ``apps/``, ``nodes/``, ``intent/``, ``placement/`` and ``down/``
+in one read-only transaction (one consistent revision), decides every node's
+state from the records, its memory of each node's last record and the
+membership view (:mod:`._membership`), writes the ``down/<node>`` entries that
+changed (under the fence, before anything else: a successor keeps each down
+node's grace clock), builds the planner's input (:mod:`._inputs`) and digests
+it. When the digest has not moved since the last completed pass, and nothing
+in that pass was waiting on time (a deferred move, a down node's grace), the
+pass is skipped: the planner would decide what is already decided. Otherwise
+the planner decides and the write plan (:mod:`._writes`) says what to write;
+each batch is one transaction guarded by "the lease key still carries my
+fence" and by the ``mod_revision`` of every record it writes. A failed fence
+guard drops the role. A timer runs a pass the moment the earliest grace of a
+down node holding work lapses, so that work moves then, not up to a tick
+later.
 
 Reports
 -------
@@ -78,18 +84,25 @@ from corral.actors.coordinator._inputs import (
     inputs_digest,
     needs_time,
     plan_input_from_view,
+    states_from_view,
     view_from_kvs,
     with_placements,
+)
+from corral.actors.coordinator._membership import (
+    CurrentDown,
+    MemberStatus,
+    NodeStates,
+    NodeStatus,
 )
 from corral.actors.coordinator._writes import (
     DEFAULT_MAX_WRITES,
     CurrentPlacement,
     WritePlan,
+    plan_down_writes,
     plan_writes,
 )
 from corral.actors.planner import (
     Decisions,
-    NodeState,
     PlacementUnavailable,
     PlanInput,
     Policy,
@@ -100,18 +113,20 @@ from corral.registry import (
     COORDINATOR_LEASE_KEY,
     Compare,
     CoordinatorLease,
+    Delete,
     EventType,
     Get,
     KeyValue,
     Lease,
     LeaseNotFound,
+    NodeRecord,
     Put,
     Registry,
     RegistryError,
     RevisionCompacted,
     decode_record,
 )
-from corral.supervision import Actor, ChildSpec, Restart
+from corral.supervision import Actor, ChildSpec, Restart, TimerHandle
 from corral.transport import message
 
 __all__ = [
@@ -139,7 +154,9 @@ class GetCoordinatorState:
     """Ask for the coordinator's state: holder, fence, last pass, the ``policy`` it plans
     with, and what the last deciding pass reported (``unplaced`` apps, ``deferred`` moves
     with the wall-clock time each may go, ``stranded`` instances, ``refused`` relocations or
-    drains, ``paused`` on undecodable keys)."""
+    drains, ``paused`` on undecodable keys), and the ``node_states`` of its last pass
+    (:class:`~._membership.NodeStatus` each, as JSON) with ``membership`` saying whether a
+    membership view is wired in."""
 
 
 @message("coordinator.kick")
@@ -153,6 +170,11 @@ class KickCoordinator:
 @dataclass(frozen=True)
 class _Tick:
     """Timer, every third of the TTL: renew and pass, or campaign."""
+
+
+@dataclass(frozen=True)
+class _GraceLapsed:
+    """Timer: the earliest grace of a down node holding work lapses now."""
 
 
 @dataclass(frozen=True)
@@ -188,8 +210,11 @@ class Coordinator(Actor):
             ``placed_at``) and handed to the planner as ``now``; timing
             (ticks, deadlines) uses trio's clock.
         max_writes: most writes per transaction.
-        membership: returns node id -> state as membership (SWIM) sees it,
-            overriding the node records' states; None until SWIM is wired in.
+        membership: returns node id -> :class:`~._membership.MemberStatus` as
+            membership (SWIM) sees it, combined with the node records (see
+            :mod:`._membership`); None until SWIM is wired in. It is read once per
+            pass: tell the actor :class:`KickCoordinator` when the view changes for
+            a pass before the next tick.
         debounce: how long changes under the input prefixes are gathered before
             the one pass that looks at them (seconds).
     """
@@ -203,7 +228,7 @@ class Coordinator(Actor):
         wall_clock: Callable[[], float] = time.time,
         *,
         max_writes: int = DEFAULT_MAX_WRITES,
-        membership: Callable[[], Mapping[str, NodeState]] | None = None,
+        membership: Callable[[], Mapping[str, MemberStatus]] | None = None,
         debounce: float = DEFAULT_WATCH_DEBOUNCE,
     ) -> None:
         super().__init__()
@@ -241,6 +266,12 @@ class Coordinator(Actor):
         self._refused: dict[str, Any] | None = None
         self._paused: dict[str, Any] | None = None
         self._last_pass: dict[str, Any] | None = None
+        # The last record seen of each node (for nodes whose record lapsed), the node
+        # states of the last pass, and the timer of the next grace deadline.
+        self._remembered: Mapping[str, NodeRecord] = {}
+        self._statuses: tuple[NodeStatus, ...] = ()
+        self._grace_timer: TimerHandle | None = None
+        self._grace_deadline: float | None = None
         self._counts = {"applied": 0, "skipped": 0, "acquired": 0, "lost": 0}
 
     # ------------------------------------------------------------------ lifecycle
@@ -257,6 +288,11 @@ class Coordinator(Actor):
                 return None
             case _LeaseVacated():
                 await self._on_vacated()
+                return None
+            case _GraceLapsed():
+                self._grace_timer, self._grace_deadline = None, None
+                if self._coordinating():
+                    await self._run_pass(trigger="grace")
                 return None
             case KickCoordinator():
                 if self._coordinating():
@@ -307,6 +343,7 @@ class Coordinator(Actor):
         self._stale_leases.add(holding.lease)
         self._counts["lost"] += 1
         self._last_digest = None
+        self._schedule_grace(None, 0.0)
         self._stop_input_watch()
         if self._holder == self._node_id:
             self._holder = None
@@ -558,14 +595,29 @@ class Coordinator(Actor):
             kvs.extend(response)
         return view_from_kvs(kvs)
 
-    def _inputs(self, view: RegistryView, now: float) -> PlanInput:
+    def _states(self, view: RegistryView, now: float) -> NodeStates:
         membership = self._membership() if self._membership is not None else None
-        return plan_input_from_view(view, policy=self._policy, now=now, membership=membership)
+        return states_from_view(
+            view,
+            policy=self._policy,
+            now=now,
+            membership=membership,
+            remembered=self._remembered,
+        )
+
+    def _inputs(self, view: RegistryView, now: float, states: NodeStates) -> PlanInput:
+        return plan_input_from_view(view, policy=self._policy, now=now, states=states)
 
     async def _pass(self, trigger: str, started: float) -> None:
         view = await self._read_view()
         now = self._wall_clock()
-        inputs = self._inputs(view, now)
+        states = self._states(view, now)
+        if states.down_writes:
+            view = with_placements(view, {}, await self._apply_down(view, states))
+        self._remembered = states.remembered
+        self._statuses = states.statuses
+        self._schedule_grace(states.next_deadline, now)
+        inputs = self._inputs(view, now, states)
         digest = inputs_digest(inputs)
         if digest == self._last_digest and not self._waiting_on_time:
             self._counts["skipped"] += 1
@@ -616,7 +668,7 @@ class Coordinator(Actor):
             return
         written_plan = self._plan_writes(view, decisions, now)
         written = await self._apply(written_plan)
-        after = self._inputs(with_placements(view, written), now)
+        after = self._inputs(with_placements(view, written), now, states)
         self._last_digest = inputs_digest(after)
         self._waiting_on_time = needs_time(inputs, decisions)
         self._unplaced = tuple(
@@ -638,6 +690,43 @@ class Coordinator(Actor):
         )
         self._emit_outcomes(decisions, repeat=same_inputs)
 
+    async def _apply_down(
+        self, view: RegistryView, states: NodeStates
+    ) -> dict[str, CurrentDown | None]:
+        """Write the ``down/<node>`` entries that changed, under the fence."""
+        holding = self._holding
+        if holding is None:
+            raise LeaseExpired("the lease was dropped during the pass")
+        batches = plan_down_writes(
+            states.down_writes,
+            {node: current.mod_revision for node, current in view.down.items()},
+            fence=holding.fence,
+            max_writes=self._max_writes,
+        )
+        written: dict[str, CurrentDown | None] = {}
+        for batch in batches:
+            revision = await self._send_fenced(batch.compares, batch.operations)
+            for node, entry in batch.entries.items():
+                written[node] = None if entry is None else CurrentDown(entry, revision)
+                before = view.down.get(node)
+                was_down = before is not None and before.record.down_since is not None
+                if entry is not None and entry.down_since is not None and not was_down:
+                    self.ctx.emit("node.down", node=node, down_since=entry.down_since)
+                elif entry is None and was_down and node in view.nodes:
+                    self.ctx.emit("node.back", node=node)
+        return written
+
+    def _schedule_grace(self, deadline: float | None, now: float) -> None:
+        """Run a pass when the earliest grace of a down node holding work lapses."""
+        if deadline == self._grace_deadline:
+            return
+        if self._grace_timer is not None:
+            self._grace_timer.cancel()
+            self._grace_timer = None
+        self._grace_deadline = deadline
+        if deadline is not None:
+            self._grace_timer = self.ctx.after(max(0.0, deadline - now), _GraceLapsed())
+
     def _plan_writes(self, view: RegistryView, decisions: Decisions, now: float) -> WritePlan:
         holding = self._holding
         if holding is None:
@@ -657,31 +746,40 @@ class Coordinator(Actor):
             raise FenceRejected(holding.fence, newest)
         return written
 
+    async def _send_fenced(
+        self, compares: Iterable[Compare], operations: Iterable[Put | Delete]
+    ) -> int:
+        """Send one guarded transaction; its revision. Raises LeaseExpired /
+        FenceRejected when the lease is no longer ours, _Conflict when a record
+        changed since it was read."""
+        holding = self._holding
+        if holding is None or trio.current_time() >= holding.deadline:
+            raise LeaseExpired(
+                f"the lease TTL ({self._lease_ttl} s) passed since the last renewal was sent"
+            )
+        result = await self._registry.txn(
+            list(compares), list(operations), [Get(COORDINATOR_LEASE_KEY)]
+        )
+        if not result.succeeded:
+            lease_kvs = result.responses[0] if result.responses else None
+            lease_kv = lease_kvs[0] if isinstance(lease_kvs, list) and lease_kvs else None
+            if lease_kv is None or lease_kv.create_revision != holding.fence:
+                raise FenceRejected(
+                    holding.fence, None if lease_kv is None else lease_kv.create_revision
+                )
+            # Still ours: a record changed since it was read. Read again next tick.
+            raise _Conflict()
+        self._own_revisions.add(result.revision)
+        return result.revision
+
     async def _apply(self, written_plan: WritePlan) -> dict[str, CurrentPlacement | None]:
         written: dict[str, CurrentPlacement | None] = {}
         for batch in written_plan.batches:
-            holding = self._holding
-            if holding is None or trio.current_time() >= holding.deadline:
-                raise LeaseExpired(
-                    f"the lease TTL ({self._lease_ttl} s) passed since the last renewal was sent"
-                )
-            result = await self._registry.txn(
-                batch.compares, batch.operations, [Get(COORDINATOR_LEASE_KEY)]
-            )
-            if not result.succeeded:
-                lease_kvs = result.responses[0] if result.responses else None
-                lease_kv = lease_kvs[0] if isinstance(lease_kvs, list) and lease_kvs else None
-                if lease_kv is None or lease_kv.create_revision != holding.fence:
-                    raise FenceRejected(
-                        holding.fence, None if lease_kv is None else lease_kv.create_revision
-                    )
-                # Still ours: a record changed since it was read. Read again next tick.
-                raise _Conflict()
-            self._own_revisions.add(result.revision)
+            revision = await self._send_fenced(batch.compares, batch.operations)
             for write in batch.writes:
                 record = write.record
                 written[write.app] = (
-                    None if record is None else CurrentPlacement(record, result.revision)
+                    None if record is None else CurrentPlacement(record, revision)
                 )
         return written
 
@@ -787,6 +885,7 @@ class Coordinator(Actor):
                 trigger=trigger,
                 writes=counts.get("writes", 0),
                 error=error,
+                duration=self._last_pass["duration"],
             )
 
     def _state(self) -> dict[str, Any]:
@@ -811,6 +910,10 @@ class Coordinator(Actor):
             "stranded": [dict(entry) for entry in self._stranded],
             "refused": None if self._refused is None else dict(self._refused),
             "paused": None if self._paused is None else dict(self._paused),
+            "membership": self._membership is not None,
+            "node_states": [status.to_json() for status in self._statuses]
+            if coordinating
+            else [],
         }
 
 
@@ -843,7 +946,7 @@ def coordinator_child_spec(
     wall_clock: Callable[[], float] = time.time,
     *,
     max_writes: int = DEFAULT_MAX_WRITES,
-    membership: Callable[[], Mapping[str, NodeState]] | None = None,
+    membership: Callable[[], Mapping[str, MemberStatus]] | None = None,
     debounce: float = DEFAULT_WATCH_DEBOUNCE,
     name: str = "coordinator",
     shutdown_grace: float = 5.0,

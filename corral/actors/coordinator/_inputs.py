@@ -2,18 +2,21 @@
 
 Theory of operation
 -------------------
-A pass reads four prefixes — ``apps/``, ``nodes/``, ``intent/``,
-``placement/`` — into a :class:`RegistryView`: the decoded records, each
-placement with the ``mod_revision`` its write will be guarded on, and every
-key that could not be decoded. :func:`plan_input_from_view` turns the view into the
-planner's frozen :class:`~corral.actors.planner.PlanInput`:
+A pass reads five prefixes — ``apps/``, ``nodes/``, ``intent/``,
+``placement/``, ``down/`` — into a :class:`RegistryView`: the decoded records,
+each placement and down entry with the ``mod_revision`` its write will be
+guarded on, and every key that could not be decoded.
+:func:`plan_input_from_view` turns the view into the planner's frozen
+:class:`~corral.actors.planner.PlanInput`:
 
 * an app is its name, replicas, selector, resources and the pinned, retired
   and blocked flags — nothing else (deployments, domains and app labels are
   not decisions the planner makes, so they are not handed to it);
-* a node is one whose leased record exists (a node that stops renewing
-  vanishes), with the state the membership gives it (the record's own state
-  until SWIM feeds one), then the operator's intent on top: draining makes it
+* a node is one whose leased record exists, or one whose record lapsed while
+  a placement still names it, with the state :func:`~._membership.node_states`
+  decides from the record, the membership view and the down entries (a
+  lapsed record without membership is ``down``, keeping its work for the
+  grace period), then the operator's intent on top: draining makes it
   ``left`` (a drain is a decision) and a forced drain (``intent.force``) sets
   ``drain_forced`` too, so the planner stops pinned work there instead of
   refusing the drain; cordoning makes an ``alive`` or ``suspect`` node
@@ -45,25 +48,30 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from corral.actors.coordinator._membership import (
+    CurrentDown,
+    MemberStatus,
+    NodeStates,
+    effective_state,
+    node_states,
+)
 from corral.actors.coordinator._writes import CurrentPlacement
 from corral.actors.planner import (
     AppSpec,
     Decisions,
-    NodeInfo,
-    NodeState,
     Placement,
     PlanInput,
     Policy,
 )
-from corral.actors.planner import Capacity as PlannerCapacity
 from corral.registry import (
     APPS_PREFIX,
+    DOWN_PREFIX,
     INTENT_PREFIX,
     NODES_PREFIX,
     PLACEMENT_PREFIX,
     AppRecord,
-    Capacity,
     KeyValue,
+    NodeDown,
     NodeIntent,
     NodeRecord,
     PlacementRecord,
@@ -77,13 +85,15 @@ __all__ = [
     "effective_state",
     "inputs_digest",
     "needs_time",
+    "placed_nodes",
     "plan_input_from_view",
+    "states_from_view",
     "view_from_kvs",
     "with_placements",
 ]
 
 #: The prefixes a pass reads, in the order it reads them.
-INPUT_PREFIXES = (APPS_PREFIX, NODES_PREFIX, INTENT_PREFIX, PLACEMENT_PREFIX)
+INPUT_PREFIXES = (APPS_PREFIX, NODES_PREFIX, INTENT_PREFIX, PLACEMENT_PREFIX, DOWN_PREFIX)
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +105,7 @@ class RegistryView:
         nodes: by node id (only nodes whose leased record exists).
         intents: by node id.
         placements: by app name, with the mod revision read.
+        down: ``down/<node>`` entries by node id, with the mod revision read.
         undecodable: keys whose value could not be decoded (or that sit under
             one of the prefixes but outside the key space), sorted by key.
     """
@@ -104,6 +115,7 @@ class RegistryView:
     intents: Mapping[str, NodeIntent] = field(default_factory=dict)
     placements: Mapping[str, CurrentPlacement] = field(default_factory=dict)
     undecodable: tuple[Undecodable, ...] = ()
+    down: Mapping[str, CurrentDown] = field(default_factory=dict)
 
 
 def view_from_kvs(kvs: Iterable[KeyValue]) -> RegistryView:
@@ -116,6 +128,7 @@ def view_from_kvs(kvs: Iterable[KeyValue]) -> RegistryView:
     nodes: dict[str, NodeRecord] = {}
     intents: dict[str, NodeIntent] = {}
     placements: dict[str, CurrentPlacement] = {}
+    down: dict[str, CurrentDown] = {}
     undecodable: list[Undecodable] = []
     for kv in kvs:
         record = decode_record(kv.key, kv.value)
@@ -130,6 +143,8 @@ def view_from_kvs(kvs: Iterable[KeyValue]) -> RegistryView:
             intents[name] = record
         elif isinstance(record, PlacementRecord):
             placements[name] = CurrentPlacement(record, kv.mod_revision)
+        elif isinstance(record, NodeDown):
+            down[name] = CurrentDown(record, kv.mod_revision)
         else:
             undecodable.append(
                 Undecodable(kv.key, f"a {type(record).__name__} is not expected here")
@@ -140,42 +155,7 @@ def view_from_kvs(kvs: Iterable[KeyValue]) -> RegistryView:
         intents=dict(sorted(intents.items())),
         placements=dict(sorted(placements.items())),
         undecodable=tuple(sorted(undecodable, key=lambda u: u.key)),
-    )
-
-
-def effective_state(
-    record_state: NodeState, intent: NodeIntent | None, membership: NodeState | None = None
-) -> NodeState:
-    """The state the planner is given for one node.
-
-    Args:
-        record_state: the state in the node's record.
-        intent: the operator's ``intent/<node>``, if any.
-        membership: the state membership (SWIM) reports, overriding the
-            record's when given.
-
-    Returns:
-        ``left`` when draining; ``cordoned`` when cordoned and the node is
-        ``alive`` or ``suspect``; otherwise the membership or record state.
-    """
-    state: NodeState = membership if membership is not None else record_state
-    if intent is None:
-        return state
-    if intent.draining:
-        return "left"
-    if intent.cordoned and state in ("alive", "suspect"):
-        return "cordoned"
-    return state
-
-
-def _capacity(capacity: Capacity | None) -> PlannerCapacity | None:
-    if capacity is None:
-        return None
-    return PlannerCapacity(
-        memory_mb=capacity.memory_mb,
-        memory_free_mb=capacity.memory_free_mb,
-        disk_mb=capacity.disk_mb,
-        disk_free_mb=capacity.disk_free_mb,
+        down=dict(sorted(down.items())),
     )
 
 
@@ -192,22 +172,6 @@ def _app(record: AppRecord) -> AppSpec:
     )
 
 
-def _node(
-    record: NodeRecord, intent: NodeIntent | None, membership: NodeState | None
-) -> NodeInfo:
-    state = effective_state(record.state, intent, membership)
-    return NodeInfo(
-        id=record.id,
-        state=state,
-        drain_forced=state == "left" and intent is not None and intent.draining and intent.force,
-        labels=record.labels,
-        rack=record.rack,
-        datacenter=record.datacenter,
-        down_since=record.down_since,
-        capacity=_capacity(record.capacity),
-    )
-
-
 def _placement(record: PlacementRecord) -> Placement:
     serving = set(record.nodes)
     return Placement(
@@ -217,12 +181,52 @@ def _placement(record: PlacementRecord) -> Placement:
     )
 
 
+def placed_nodes(view: RegistryView) -> frozenset[str]:
+    """Every node a placement record names: serving the app, or holding an instance
+    a forced drain stopped (``placed_at`` keys outside ``nodes``)."""
+    return frozenset(
+        node
+        for current in view.placements.values()
+        for node in (*current.record.nodes, *current.record.placed_at)
+    )
+
+
+def states_from_view(
+    view: RegistryView,
+    *,
+    policy: Policy,
+    now: float,
+    membership: Mapping[str, MemberStatus] | None = None,
+    remembered: Mapping[str, NodeRecord] | None = None,
+) -> NodeStates:
+    """:func:`~._membership.node_states` over what one pass read.
+
+    Args:
+        view: what the pass read.
+        policy: the planner's brakes (its grace period).
+        now: wall-clock time of the pass.
+        membership: node id -> status from SWIM; None until SWIM is wired in.
+        remembered: the last record the coordinator saw of each node.
+    """
+    return node_states(
+        view.nodes,
+        intents=view.intents,
+        down={node: current.record for node, current in view.down.items()},
+        placed=placed_nodes(view),
+        now=now,
+        grace_period_s=policy.grace_period_s,
+        membership=membership,
+        remembered=remembered,
+    )
+
+
 def plan_input_from_view(
     view: RegistryView,
     *,
     policy: Policy,
     now: float,
-    membership: Mapping[str, NodeState] | None = None,
+    membership: Mapping[str, MemberStatus] | None = None,
+    states: NodeStates | None = None,
 ) -> PlanInput:
     """The planner's input for one pass.
 
@@ -230,18 +234,18 @@ def plan_input_from_view(
         view: what the pass read.
         policy: the planner's brakes.
         now: wall-clock time of the pass (placement and down times are wall-clock).
-        membership: node id -> state from SWIM, overriding the record's state.
+        membership: node id -> status from SWIM (used when ``states`` is not given).
+        states: the node states already decided for this pass
+            (:func:`states_from_view`); by default decided here, with no memory.
 
     Returns:
         A :class:`~corral.actors.planner.PlanInput` with apps and nodes sorted.
     """
-    membership = membership or {}
+    if states is None:
+        states = states_from_view(view, policy=policy, now=now, membership=membership)
     return PlanInput(
         apps=tuple(_app(record) for _, record in sorted(view.apps.items())),
-        nodes=tuple(
-            _node(record, view.intents.get(node_id), membership.get(node_id))
-            for node_id, record in sorted(view.nodes.items())
-        ),
+        nodes=states.nodes,
         placements={
             app: _placement(current.record) for app, current in sorted(view.placements.items())
         },
@@ -252,16 +256,27 @@ def plan_input_from_view(
 
 
 def with_placements(
-    view: RegistryView, written: Mapping[str, CurrentPlacement | None]
+    view: RegistryView,
+    written: Mapping[str, CurrentPlacement | None],
+    down: Mapping[str, CurrentDown | None] | None = None,
 ) -> RegistryView:
-    """The view as it stands after a pass wrote ``written`` (None = deleted)."""
+    """The view as it stands after a pass wrote ``written`` placements and ``down``
+    entries (None = deleted)."""
     placements = dict(view.placements)
     for app, current in written.items():
         if current is None:
             placements.pop(app, None)
         else:
             placements[app] = current
-    return dataclasses.replace(view, placements=dict(sorted(placements.items())))
+    entries = dict(view.down)
+    for node, entry in (down or {}).items():
+        if entry is None:
+            entries.pop(node, None)
+        else:
+            entries[node] = entry
+    return dataclasses.replace(
+        view, placements=dict(sorted(placements.items())), down=dict(sorted(entries.items()))
+    )
 
 
 def inputs_digest(inputs: PlanInput) -> str:

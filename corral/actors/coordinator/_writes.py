@@ -35,6 +35,10 @@ coordinator sends one after the other.
   when ``nodes`` is empty. (The record schema has no field of its own for
   this; ``placed_at`` keys outside ``nodes`` mean exactly this and nothing
   else, and only the coordinator writes placement records.)
+* **Down entries are written the same way.** ``down/<node>`` entries (when a
+  node was decided down, see :mod:`._membership`) go in their own batches,
+  sent before the placement batches, each guarded by the fence and by the
+  entry's ``mod_revision`` as read (:func:`plan_down_writes`).
 * **Batches stay small.** At most ``max_writes`` writes per transaction, well
   under etcd's default limit of 128 operations per txn.
 
@@ -52,18 +56,22 @@ from corral.registry import (
     CompareOp,
     CompareTarget,
     Delete,
+    NodeDown,
     PlacementRecord,
     Put,
+    down_key,
     placement_key,
 )
 
 __all__ = [
     "DEFAULT_MAX_WRITES",
     "CurrentPlacement",
+    "DownBatch",
     "PlacementWrite",
     "WriteBatch",
     "WritePlan",
     "fence_guard",
+    "plan_down_writes",
     "plan_writes",
 ]
 
@@ -272,3 +280,58 @@ def _batch(writes: list[PlacementWrite], fence: int) -> WriteBatch:
         operations=tuple(write.operation() for write in writes),
         writes=tuple(writes),
     )
+
+
+@dataclass(frozen=True, slots=True)
+class DownBatch:
+    """One transaction of ``down/<node>`` writes: ``entries`` maps each node written
+    to its new entry (None: deleted)."""
+
+    compares: tuple[Compare, ...]
+    operations: tuple[Put | Delete, ...]
+    entries: Mapping[str, NodeDown | None]
+
+
+def plan_down_writes(
+    writes: Mapping[str, NodeDown | None],
+    observed: Mapping[str, int],
+    *,
+    fence: int,
+    max_writes: int = DEFAULT_MAX_WRITES,
+) -> tuple[DownBatch, ...]:
+    """The transactions that write (or delete, for None) the ``down/<node>`` entries.
+
+    Args:
+        writes: node -> the entry to write, or None to delete it.
+        observed: node -> the mod revision of its entry as read (absent: no entry).
+        fence: the writer's lease fence.
+        max_writes: most writes in one transaction (>= 1).
+
+    Returns:
+        Batches in node order; a deletion of an entry that was not read is dropped.
+
+    Raises:
+        ValueError: ``fence`` < 1 or ``max_writes`` < 1.
+    """
+    if fence < 1:
+        raise ValueError(f"fence must be a create revision (>= 1), got {fence}")
+    if max_writes < 1:
+        raise ValueError(f"max_writes must be at least 1, got {max_writes}")
+    nodes = [node for node in sorted(writes) if writes[node] is not None or node in observed]
+    batches: list[DownBatch] = []
+    for start in range(0, len(nodes), max_writes):
+        chunk = nodes[start : start + max_writes]
+        compares = [fence_guard(fence)]
+        operations: list[Put | Delete] = []
+        for node in chunk:
+            key = down_key(node)
+            revision = observed.get(node, 0)
+            compares.append(
+                Compare.absent(key) if revision == 0 else Compare.mod_revision_is(key, revision)
+            )
+            entry = writes[node]
+            operations.append(Delete(key) if entry is None else Put(key, entry.encode()))
+        batches.append(
+            DownBatch(tuple(compares), tuple(operations), {node: writes[node] for node in chunk})
+        )
+    return tuple(batches)

@@ -43,6 +43,7 @@ from corral.actors.process_supervisor._policy import (
     PidRecord,
     is_leftover,
     is_marked_leftover,
+    marker_scope,
     orphans_to_reap,
     parse_instance_marker,
 )
@@ -624,7 +625,9 @@ class OsLauncher:
             else:
                 pid_file.unlink(missing_ok=True)
         if node_id is not None:
-            found += self._marked_leftovers(node_id, {record.pid for record, _, _ in found})
+            found += self._marked_leftovers(
+                node_id, marker_scope(node_id, data_dir), {record.pid for record, _, _ in found}
+            )
         if found:
             async with trio.open_nursery() as nursery:
                 for record, proc, where in found:
@@ -633,14 +636,15 @@ class OsLauncher:
 
     @staticmethod
     def _marked_leftovers(
-        node_id: str, known: set[int]
+        node_id: str, scope: str, known: set[int]
     ) -> list[tuple[PidRecord, psutil.Process, Path | None]]:
-        """Processes carrying a marker of an earlier life of ``node_id`` that no pid
-        file named: descendants that escaped their group (and their leader's death)."""
+        """Processes carrying a marker of an earlier life of this node (``scope``: its id
+        and data directory) that no pid file named: descendants that escaped their
+        group (and their leader's death)."""
         live = frozenset(_launched.values())
         found: list[tuple[PidRecord, psutil.Process, Path | None]] = []
         for pid, marker in sorted(_markers.scan(fresh=True).items()):
-            if pid in known or not is_marked_leftover(marker, node_id=node_id, live=live):
+            if pid in known or not is_marked_leftover(marker, scope=scope, live=live):
                 continue
             observed = _observe(pid)
             parsed = parse_instance_marker(marker)

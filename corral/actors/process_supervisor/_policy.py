@@ -16,14 +16,16 @@ it after a delay chosen here:
   It stays one, however long the backoff, until a run lasts ``stable_after``
   seconds (a time window would forget a loop whose backoff outgrew it).
 
-Every process this node starts carries ``CORRAL_APP_INSTANCE=<node>/<app>/<token>``
-in its environment, inherited by all it forks. A descendant that escapes the
-process group (``setsid`` and a double fork) is still found by that *marker*, on
-stop and by the next life of the node after a crash; :func:`instance_marker` and
-:func:`parse_instance_marker` are the one place that knows its shape. When the
-node is a child subreaper such orphans become its children, and
-:func:`orphans_to_reap` decides which zombies it may collect without stealing
-the exit status of a process someone in the node waits for.
+Every process this node starts carries ``CORRAL_APP_INSTANCE=<scope>/<app>/<token>``
+in its environment, inherited by all it forks; the scope is the node id and a hash of
+its data directory (:func:`marker_scope`), so two clusters on one machine that reuse a
+node id (a demo and a test harness, say) never end each other's processes. A
+descendant that escapes the process group (``setsid`` and a double fork) is still
+found by that *marker*, on stop and by the next life of the node after a crash;
+:func:`instance_marker` and :func:`parse_instance_marker` are the one place that
+knows its shape. When the node is a child subreaper such orphans become its
+children, and :func:`orphans_to_reap` decides which zombies it may collect without
+stealing the exit status of a process someone in the node waits for.
 
 Processes left running by a previous life of the node are recognised from
 their pid file, never by pid alone: the pid must still exist with the same
@@ -36,6 +38,7 @@ Nothing here reads a clock, the process table or the environment: callers pass
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os.path
 from collections.abc import Iterable, Mapping, Sequence, Set
@@ -186,17 +189,28 @@ def process_environment(
     return env
 
 
-def instance_marker(node_id: str, app: str, token: str) -> str:
-    """The ``CORRAL_APP_INSTANCE`` value of one start of ``app`` on ``node_id``.
+def marker_scope(node_id: str, data_dir: str | os.PathLike[str]) -> str:
+    """The first part of the markers one node writes: ``<node_id>@<hash of data dir>``.
 
-    Node ids and app names are DNS labels, so ``/`` separates them unambiguously;
-    ``token`` tells starts apart (a fresh one per spawn).
+    Node ids are DNS labels (no ``@``); the data directory, made absolute, tells
+    apart two nodes that share an id on one machine.
     """
-    return f"{node_id}/{app}/{token}"
+    home = hashlib.sha256(os.path.abspath(data_dir).encode()).hexdigest()[:12]
+    return f"{node_id}@{home}"
+
+
+def instance_marker(scope: str, app: str, token: str) -> str:
+    """The ``CORRAL_APP_INSTANCE`` value of one start of ``app`` by the node of ``scope``.
+
+    Scopes (see :func:`marker_scope`) hold no ``/`` and app names are DNS labels, so
+    ``/`` separates the parts unambiguously; ``token`` tells starts apart (a fresh one
+    per spawn).
+    """
+    return f"{scope}/{app}/{token}"
 
 
 def parse_instance_marker(value: str) -> tuple[str, str, str] | None:
-    """``(node_id, app, token)`` of a marker, or None when ``value`` is not one."""
+    """``(scope, app, token)`` of a marker, or None when ``value`` is not one."""
     parts = value.split("/")
     if len(parts) != 3 or not all(parts):
         return None
@@ -319,14 +333,15 @@ def _same_command(recorded: Sequence[str], observed: Sequence[str]) -> bool:
     )
 
 
-def is_marked_leftover(marker: str | None, *, node_id: str, live: Set[str]) -> bool:
+def is_marked_leftover(marker: str | None, *, scope: str, live: Set[str]) -> bool:
     """Whether a process whose environment carries ``marker`` was started by an earlier
-    life of ``node_id`` (so the node may end it): the marker names this node, and is
-    not the marker of a process this life started (``live``)."""
+    life of the node of ``scope`` (so the node may end it): the marker names this
+    node's scope (its id and data directory), and is not the marker of a process this
+    life started (``live``)."""
     if marker is None or marker in live:
         return False
     parsed = parse_instance_marker(marker)
-    return parsed is not None and parsed[0] == node_id
+    return parsed is not None and parsed[0] == scope
 
 
 # --------------------------------------------------------------------------- orphans

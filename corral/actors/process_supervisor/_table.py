@@ -41,6 +41,7 @@ from corral.actors.process_supervisor._policy import (
     RestartPolicy,
     decide_restart,
     instance_marker,
+    marker_scope,
     process_environment,
 )
 from corral.actors.process_supervisor._readiness import Readiness, after_check
@@ -222,6 +223,7 @@ class ProcessTable:
         self.generation = 0
         # Per spawn: this table's life and a count make each start's marker unique.
         self._life = secrets.token_hex(4)
+        self._marker_scope = marker_scope(node_id, data_dir)
         self._spawns = itertools.count(1)
 
     # ------------------------------------------------------------------ commands
@@ -331,7 +333,9 @@ class ProcessTable:
 
     def _launch_spec(self, request: StartRequest) -> LaunchSpec:
         host = self.bind_host if self.bind_host not in ("", "0.0.0.0", "::") else "127.0.0.1"
-        instance = instance_marker(self.node_id, request.app, f"{self._life}.{next(self._spawns)}")
+        instance = instance_marker(
+            self._marker_scope, request.app, f"{self._life}.{next(self._spawns)}"
+        )
         return LaunchSpec(
             app=request.app,
             node_id=self.node_id,

@@ -40,7 +40,7 @@ async def sqlite_registry(path: Path) -> AsyncIterator[Registry]:
 
 @asynccontextmanager
 async def etcd_registry() -> AsyncIterator[Registry]:
-    from corral.registry._testing import open_test_etcd_registry
+    from corral.testing import open_test_etcd_registry
 
     async with open_test_etcd_registry() as registry:
         yield registry

@@ -280,7 +280,8 @@ async def test_drain_and_cordon_intents_feed_node_states(autojump_clock: object)
 
 
 async def test_deferred_moves_are_events_and_keep_passes_running(autojump_clock: object) -> None:
-    policy = Policy(disruption_budget=0)
+    # A short grace: the lost node's work is due to move soon after it is down.
+    policy = Policy(disruption_budget=0, grace_period_s=1.0)
     async with open_cluster(3, lease_ttl=TTL, policy=policy) as cluster:
         holder = await cluster.wait_for_coordinator()
         names = [f"single-{i}" for i in range(6)]

@@ -11,7 +11,9 @@ from hypothesis import strategies as st
 
 import corral.actors.coordinator as coordinator
 from corral.actors.coordinator import (
+    CurrentDown,
     CurrentPlacement,
+    MemberStatus,
     RegistryView,
     effective_state,
     inputs_digest,
@@ -36,6 +38,7 @@ from corral.registry import (
     Capacity,
     Deployment,
     KeyValue,
+    NodeDown,
     NodeIntent,
     NodeRecord,
     PlacementRecord,
@@ -168,8 +171,12 @@ def test_plan_input_carries_exactly_the_planner_fields() -> None:
         apps={"shop": app},
         nodes={"n1": node},
         placements={"shop": CurrentPlacement(placement, 4)},
+        # Decided down at 100 by an earlier pass (or an earlier coordinator).
+        down={"n1": CurrentDown(NodeDown("n1", 100.0, {"zone": "a"}, "r1", "dc1"), 6)},
     )
-    inputs = plan_input_from_view(view, policy=POLICY, now=200.0, membership={"n1": "down"})
+    inputs = plan_input_from_view(
+        view, policy=POLICY, now=200.0, membership={"n1": MemberStatus("dead")}
+    )
     assert inputs == PlanInput(
         apps=(
             AppSpec(

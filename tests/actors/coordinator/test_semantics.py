@@ -9,6 +9,7 @@ from typing import Any
 
 import trio
 
+from corral.actors.planner import Policy
 from corral.actors.reconciler import STOP_NOT_SERVED
 from corral.registry import (
     AppRecord,
@@ -191,7 +192,8 @@ async def test_a_drain_that_would_interrupt_pinned_work_is_refused(autojump_cloc
 async def test_refused_relocations_keep_and_strand_what_ran_on_vanished_nodes(
     autojump_clock: object,
 ) -> None:
-    async with open_cluster(3, lease_ttl=TTL) as cluster:
+    # A short grace: the lapsed nodes are down at once, and past their grace a second later.
+    async with open_cluster(3, lease_ttl=TTL, policy=Policy(grace_period_s=1.0)) as cluster:
         holder = await cluster.wait_for_coordinator()
         await put_app(cluster, "web", replicas="all")
         await trio.sleep(TICK + 1)

@@ -30,6 +30,7 @@ from corral.actors.process_supervisor import (
     OsLauncher,
     ProcessTable,
     StartRequest,
+    marker_scope,
     parse_instance_marker,
 )
 
@@ -210,7 +211,8 @@ async def test_stop_ends_a_double_forked_daemon_found_by_its_marker(tmp_path: Pa
             assert os.getpgid(worker) != leader.pid
             assert worker not in {p.pid for p in leader.children(recursive=True)}
             marker = psutil.Process(worker).environ()[INSTANCE_VAR]
-            assert parse_instance_marker(marker) == (node_id, "daemon", marker.split("/")[2])
+            scope = marker_scope(node_id, table.data_dir)
+            assert parse_instance_marker(marker) == (scope, "daemon", marker.split("/")[2])
             assert table.stop("daemon", "test")
             await table.wait_idle()
             await until(lambda: gone(worker))
@@ -247,12 +249,18 @@ async def test_after_a_node_crash_the_next_life_ends_escaped_daemons_by_marker(
 ) -> None:
     node_id = f"node-{uuid.uuid4().hex[:8]}"
     node = start_node(tmp_path, node_id)
-    # A process of another node carrying a marker, and one of ours without any: untouched.
-    stranger_env = {**os.environ, INSTANCE_VAR: f"other-{node_id}/daemon/1"}
+    # Processes of another node carrying a marker (one with this node's id under another
+    # data directory), and one of ours without any: untouched.
     sleeper = [sys.executable, "-c", "import time; time.sleep(600)"]
-    stranger = subprocess.Popen(sleeper, env=stranger_env)
+    strangers = [
+        subprocess.Popen(sleeper, env={**os.environ, INSTANCE_VAR: f"{scope}/daemon/1"})
+        for scope in (
+            marker_scope(f"other-{node_id}", tmp_path),
+            marker_scope(node_id, tmp_path / "elsewhere"),
+        )
+    ]
     unmarked = subprocess.Popen(sleeper)
-    with ending([node.pid, stranger.pid, unmarked.pid]) as started:
+    with ending([node.pid, unmarked.pid] + [s.pid for s in strangers]) as started:
         assert node.stdout is not None
         report = json.loads(await trio.to_thread.run_sync(node.stdout.readline))
         started += [report["leader"], report["worker"]]
@@ -267,9 +275,9 @@ async def test_after_a_node_crash_the_next_life_ends_escaped_daemons_by_marker(
         assert {r.pid for r in ended} == {report["leader"], report["worker"]}
         assert {r.app for r in ended} == {"daemon"}
         await until(lambda: gone(report["worker"]) and gone(report["leader"]))
-        assert not gone(stranger.pid)
+        assert not any(gone(s.pid) for s in strangers)
         assert not gone(unmarked.pid)
-    for proc in (stranger, unmarked):
+    for proc in (*strangers, unmarked):
         proc.wait()
 
 
@@ -312,7 +320,8 @@ def test_a_real_node_stops_its_escaped_daemons_on_sigterm_and_after_sigkill(
         first = new_worker(0)
         started.append(first)
         assert psutil.Process(first).ppid() == node.process.pid  # adopted by the node
-        assert psutil.Process(first).environ()[INSTANCE_VAR].startswith(f"{node_id}/daemon/")
+        scope = marker_scope(node_id, node.data_dir)
+        assert psutil.Process(first).environ()[INSTANCE_VAR].startswith(f"{scope}/daemon/")
 
         cluster.kill(node)  # a crash: the worker outlives the node
         assert not gone(first)

@@ -18,6 +18,7 @@ from corral.actors.process_supervisor import (
     instance_marker,
     is_leftover,
     is_marked_leftover,
+    marker_scope,
     orphans_to_reap,
     parse_instance_marker,
     process_environment,
@@ -185,18 +186,30 @@ def test_environment_carries_the_instance_marker_which_an_app_cannot_spoof() -> 
 @pytest.mark.parametrize("bad", ["", "node-a", "node-a/hello", "a/b/c/d", "a//c", "/b/c"])
 def test_a_malformed_marker_is_no_marker(bad: str) -> None:
     assert parse_instance_marker(bad) is None
-    assert not is_marked_leftover(bad, node_id="a", live=frozenset())
+    assert not is_marked_leftover(bad, scope="a", live=frozenset())
 
 
 def test_marked_leftovers_are_this_nodes_and_not_of_this_life() -> None:
-    mine = instance_marker("node-a", "hello", "1")
-    live = frozenset({instance_marker("node-a", "hello", "2")})
-    assert is_marked_leftover(mine, node_id="node-a", live=live)
-    assert not is_marked_leftover(next(iter(live)), node_id="node-a", live=live)
+    scope = marker_scope("node-a", "/var/lib/corral")
+    mine = instance_marker(scope, "hello", "1")
+    live = frozenset({instance_marker(scope, "hello", "2")})
+    assert is_marked_leftover(mine, scope=scope, live=live)
+    assert not is_marked_leftover(next(iter(live)), scope=scope, live=live)
+    other = marker_scope("node-b", "/var/lib/corral")
+    assert not is_marked_leftover(instance_marker(other, "hello", "1"), scope=scope, live=live)
+    assert not is_marked_leftover(None, scope=scope, live=live)
+
+
+def test_a_node_id_reused_under_another_data_dir_is_another_scope() -> None:
+    # A demo cluster and a test harness on one machine may both have a node-1.
+    demo = marker_scope("node-1", "/tmp/demo/node-1")
+    harness = marker_scope("node-1", "/tmp/harness/node-1")
+    assert demo != harness
+    assert demo == marker_scope("node-1", "/tmp/demo/./node-1/../node-1")
+    assert parse_instance_marker(instance_marker(demo, "web", "1")) == (demo, "web", "1")
     assert not is_marked_leftover(
-        instance_marker("node-b", "hello", "1"), node_id="node-a", live=live
+        instance_marker(harness, "web", "1"), scope=demo, live=frozenset()
     )
-    assert not is_marked_leftover(None, node_id="node-a", live=live)
 
 
 def test_a_leftover_is_recognised_by_its_recorded_instance_marker() -> None:

@@ -1,16 +1,15 @@
-"""Test helpers for code that needs a registry (imported by tests only; needs pytest).
+"""Testing against a real etcd: where it is, and a registry in a namespace of its own.
 
 * :func:`etcd_endpoint_from_env` — the etcd to test against, from
   ``CORRAL_TEST_ETCD=host:port``; skips the test when there is none, and fails it
-  when ``CORRAL_REQUIRE_ETCD=1`` (CI), so a missing etcd never passes silently.
-* :func:`open_test_etcd_registry` — an :class:`EtcdRegistry` in a fresh namespace,
-  emptied on exit, so tests sharing one etcd never see each other's keys.
+  when ``CORRAL_REQUIRE_ETCD=1`` (CI), so a missing etcd never passes silently
+  (needs pytest).
+* :func:`open_test_etcd_registry` — an :class:`~corral.registry.EtcdRegistry` in a
+  fresh namespace, emptied on exit, so tests sharing one etcd never see each
+  other's keys.
 * :func:`run_secure_etcd` — starts a private etcd on free loopback ports with
   TLS (certificates from ``trustme``, made on the spot, client certificates
   required) and user/password auth on, and stops it by pid on exit.
-* :class:`ManualClock` — a lease clock a test moves by hand.
-* :class:`RegistryHarness` and :func:`take_events` — what the contract suite
-  (``tests/registry``) drives every backend with.
 """
 
 from __future__ import annotations
@@ -32,34 +31,26 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pytest
 import trio
 
-from corral.registry._base import Registry, WatchEvent
-from corral.registry._etcd import EtcdRegistry
+from corral.registry import EtcdRegistry, RegistryOptions
 from corral.registry._logic import prefix_end
-from corral.registry._open import RegistryOptions
+
+__all__ = [
+    "SECURE_PREFIX",
+    "SecureEtcd",
+    "etcd_endpoint_from_env",
+    "open_test_etcd_registry",
+    "run_secure_etcd",
+]
 
 ETCD_ENV = "CORRAL_TEST_ETCD"
 REQUIRE_ETCD_ENV = "CORRAL_REQUIRE_ETCD"
 
 
-class ManualClock:
-    """A clock that moves only when told: ``clock.advance(45)``."""
-
-    def __init__(self, start: float = 1_000_000.0) -> None:
-        self.now = start
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        if seconds < 0:
-            raise ValueError("time does not go backwards")
-        self.now += seconds
-
-
 def _missing(reason: str) -> None:
+    import pytest  # only tests call this; corral itself does not need pytest
+
     if os.environ.get(REQUIRE_ETCD_ENV) == "1":
         pytest.fail(f"{reason}, but {REQUIRE_ETCD_ENV}=1 requires the etcd tests to run")
     pytest.skip(f"{reason}; set {ETCD_ENV}=host:port to run the etcd tests")
@@ -123,52 +114,6 @@ async def open_test_etcd_registry(
                 await registry.delete("", prefix=True)
             finally:
                 await registry.aclose()
-
-
-@dataclass
-class RegistryHarness:
-    """A registry under test plus how to let lease time pass on it."""
-
-    name: str
-    registry: Registry
-    clock: ManualClock | None  # None: the server keeps time (etcd)
-
-    def ttl(self, wanted: float) -> float:
-        """A TTL the backend honours (etcd's minimum is 2 s)."""
-        return wanted if self.clock is not None else max(wanted, 2.0)
-
-    async def elapse(self, seconds: float) -> None:
-        """Let ``seconds`` of lease time pass (real time on etcd)."""
-        if self.clock is not None:
-            self.clock.advance(seconds)
-            await self.registry.revision()  # any access enforces expiry
-        else:
-            await trio.sleep(seconds)
-
-    async def until_gone(self, key: str, *, within: float = 5.0) -> None:
-        """Wait (bounded) until ``key`` is absent; immediate on a manual clock."""
-        if self.clock is not None:
-            assert await self.registry.get(key) is None, f"{key} outlived its lease"
-            return
-        with trio.fail_after(within):
-            for _ in range(int(within / 0.05) + 1):
-                if await self.registry.get(key) is None:
-                    return
-                await trio.sleep(0.05)
-        raise AssertionError(f"{key} outlived its lease")
-
-
-async def take_events(
-    events: AsyncIterator[WatchEvent], n: int, *, within: float = 10.0
-) -> list[WatchEvent]:
-    """The next ``n`` events of a watch; fails after ``within`` seconds."""
-    got: list[WatchEvent] = []
-    with trio.fail_after(within):
-        async for event in events:
-            got.append(event)
-            if len(got) == n:
-                break
-    return got
 
 
 # ---------------------------------------------------------------- a TLS + auth etcd

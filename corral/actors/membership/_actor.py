@@ -1,0 +1,361 @@
+"""SwimMembership: the thin actor driving the pure SWIM machine over the node's transport.
+
+It feeds the :class:`~._swim.Swim` machine with trio's clock
+(``trio.current_time``), the SWIM messages that arrive from the membership
+actors of other nodes, and the seeds a :data:`SeedSource` names (the node ids
+found in the registry's node records, by default). What the machine returns it
+carries out: each message goes out from its own short task, so a dial to an
+unreachable peer never delays a probe (and at most ``max_in_flight`` wait at
+once; beyond that a message is dropped, as a full UDP buffer would), the next
+wake-up becomes a timer, and each transition becomes an event —
+``member.alive``, ``member.suspect``, ``member.down``, ``member.left`` — naming
+the member, its incarnation and who reported it.
+
+The view is answered to :class:`GetMembership` and handed to the optional
+``on_view`` hook after every change. On stop the node leaves gracefully: every
+member hears it left, so none waits out a suspicion.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from typing import Final
+
+import trio
+
+from corral.actors.membership._messages import (
+    Ack,
+    Gossip,
+    Nack,
+    Ping,
+    PingReq,
+    StateSync,
+    SwimMessage,
+    UpdateState,
+)
+from corral.actors.membership._swim import (
+    NEVER,
+    MemberState,
+    Step,
+    Swim,
+    SwimConfig,
+    Transition,
+    wire_state,
+)
+from corral.registry import NodeRecord, Registry, RegistryError, read_records
+from corral.supervision import Actor, ChildSpec, Restart, SupervisionError, TimerHandle
+from corral.transport import TransportError, message
+
+__all__ = [
+    "DEFAULT_REJOIN_INTERVAL",
+    "MEMBERSHIP",
+    "GetMembership",
+    "Leave",
+    "MemberInfo",
+    "MembershipView",
+    "SeedSource",
+    "SwimMembership",
+    "membership_child_spec",
+    "registry_seeds",
+]
+
+#: The actor's name on every node: peers address ``<node>/membership``.
+MEMBERSHIP: Final = "membership"
+#: Seconds between asking the seed source for nodes we do not know alive.
+DEFAULT_REJOIN_INTERVAL: Final = 10.0
+#: Seconds a graceful leave waits for its goodbyes to go out.
+_LEAVE_WAIT: Final = 1.0
+
+#: Returns the ids of nodes to join through (this node's own id is skipped).
+SeedSource = Callable[[], Awaitable[Iterable[str]]]
+
+_EVENTS: Final = {
+    MemberState.ALIVE: "member.alive",
+    MemberState.SUSPECT: "member.suspect",
+    MemberState.DEAD: "member.down",
+    MemberState.LEFT: "member.left",
+}
+_SWIM_MESSAGES: Final = (Ping, Ack, PingReq, Nack, Gossip, StateSync)
+
+
+@message("membership.get-view")
+@dataclass(frozen=True)
+class GetMembership:
+    """Ask for the current view: answered with a :class:`MembershipView`."""
+
+
+@message("membership.leave")
+@dataclass(frozen=True)
+class Leave:
+    """Leave the cluster gracefully now (a drain); the node answers nothing more."""
+
+
+@message("membership.member-info")
+@dataclass(frozen=True)
+class MemberInfo:
+    """One member as this node sees it.
+
+    Attributes:
+        since: unix time at which it entered this state (as seen here).
+        reporter: the node whose claim put it in this state.
+    """
+
+    node: str
+    state: UpdateState
+    incarnation: int
+    since: float
+    reporter: str
+
+
+@message("membership.view-reply")
+@dataclass(frozen=True)
+class MembershipView:
+    """A node's view of the cluster.
+
+    Attributes:
+        node: the node that holds this view.
+        incarnation: that node's own incarnation.
+        health: its Lifeguard local health multiplier (0 is healthy).
+        members: every known member, itself included, sorted by id.
+    """
+
+    node: str
+    incarnation: int
+    health: int
+    members: tuple[MemberInfo, ...]
+
+    def state_of(self, node: str) -> UpdateState | None:
+        """The state of ``node`` in this view, or None when unknown."""
+        for member in self.members:
+            if member.node == node:
+                return member.state
+        return None
+
+
+@dataclass(frozen=True)
+class _Tick:
+    """Timer: the machine has work due."""
+
+
+@dataclass(frozen=True)
+class _Seeds:
+    """The seed source answered."""
+
+    nodes: tuple[str, ...]
+
+
+def registry_seeds(registry: Registry) -> SeedSource:
+    """A seed source naming every node with a record under ``nodes/`` in ``registry``.
+
+    Raises (from the returned function):
+        RegistryError: the registry could not be read.
+    """
+
+    async def seeds() -> list[str]:
+        records, _ = await read_records(registry, "nodes/")
+        return sorted(r.id for r in records.values() if isinstance(r, NodeRecord))
+
+    return seeds
+
+
+class SwimMembership(Actor):
+    """SWIM + Lifeguard membership of this node.
+
+    Args:
+        seeds: where to find nodes to join through; asked at start and every
+            ``rejoin_interval`` (only nodes not known alive are contacted).
+            None: join nobody (others may still join us).
+        config: the SWIM settings.
+        rejoin_interval: seconds between asks of ``seeds``.
+        rng: the machine's randomness (a fresh, OS-seeded one by default).
+        wall_clock: unix time, for the ``since`` of each member in the view.
+        on_view: called with the view after every change.
+        max_in_flight: messages waiting to be sent at once, at most.
+    """
+
+    mailbox_size = 256
+
+    def __init__(
+        self,
+        *,
+        seeds: SeedSource | None = None,
+        config: SwimConfig | None = None,
+        rejoin_interval: float = DEFAULT_REJOIN_INTERVAL,
+        rng: random.Random | None = None,
+        wall_clock: Callable[[], float] = time.time,
+        on_view: Callable[[MembershipView], None] | None = None,
+        max_in_flight: int = 64,
+    ) -> None:
+        super().__init__()
+        if not (rejoin_interval > 0 and math.isfinite(rejoin_interval)):
+            raise ValueError(f"rejoin_interval must be positive seconds, not {rejoin_interval!r}")
+        if max_in_flight < 1:
+            raise ValueError("max_in_flight must be at least 1")
+        self._seeds = seeds
+        self._config = config if config is not None else SwimConfig()
+        self._rejoin_interval = rejoin_interval
+        self._rng = rng if rng is not None else random.Random()
+        self._wall_clock = wall_clock
+        self._on_view = on_view
+        self._max_in_flight = max_in_flight
+        self._swim: Swim | None = None
+        self._timer: TimerHandle | None = None
+        self._timer_at = NEVER
+        self._in_flight = 0
+        #: messages that could not be sent, by reason
+        self.lost: dict[str, int] = {}
+
+    @property
+    def machine(self) -> Swim:
+        """The state machine (available from ``started`` on)."""
+        if self._swim is None:
+            raise RuntimeError("the membership machine exists once the actor has started")
+        return self._swim
+
+    async def started(self) -> None:
+        self._swim = Swim(self.ctx.node_id, self._config, self._rng, trio.current_time())
+        self._apply(Step((), (), self._swim.next_deadline))
+        if self._seeds is not None:
+            self.ctx.start_task(self._follow_seeds, self._seeds)
+
+    async def handle(self, message: object) -> object:
+        swim = self.machine
+        if isinstance(message, _SWIM_MESSAGES):
+            self._apply(swim.receive(message, trio.current_time()))
+            return None
+        match message:
+            case _Tick():
+                self._timer, self._timer_at = None, NEVER
+                self._apply(swim.tick(trio.current_time()))
+                return None
+            case _Seeds(nodes=nodes):
+                self._apply(swim.join(nodes, trio.current_time()))
+                return None
+            case GetMembership():
+                return self.view()
+            case Leave():
+                await self._leave()
+                return None
+        return await super().handle(message)
+
+    async def stopping(self) -> None:
+        if self._swim is not None and not self._swim.leaving:
+            await self._leave()
+
+    # ------------------------------------------------------------------ reading
+
+    def view(self) -> MembershipView:
+        """This node's view now."""
+        swim = self.machine
+        now, wall = trio.current_time(), self._wall_clock()
+        members = tuple(
+            MemberInfo(
+                v.node, wire_state(v.state), v.incarnation, wall - (now - v.since), v.reporter
+            )
+            for v in swim.view()
+        )
+        return MembershipView(self.ctx.node_id, swim.incarnation, swim.health, members)
+
+    # ------------------------------------------------------------------ acting
+
+    def _apply(self, step: Step) -> None:
+        for send in step.sends:
+            if self._in_flight >= self._max_in_flight:
+                self._note_lost("too many messages in flight")
+                continue
+            self._in_flight += 1
+            self.ctx.start_task(self._send, send.to, send.message)
+        for transition in step.transitions:
+            self._emit(transition)
+        if step.transitions and self._on_view is not None:
+            self._on_view(self.view())
+        self._schedule(step.wake_at)
+
+    def _schedule(self, wake_at: float) -> None:
+        if wake_at >= self._timer_at or wake_at == NEVER:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer_at = wake_at
+        self._timer = self.ctx.after(wake_at - trio.current_time(), _Tick())
+
+    def _emit(self, transition: Transition) -> None:
+        previous = transition.previous
+        self.ctx.emit(
+            _EVENTS[transition.state],
+            member=transition.node,
+            incarnation=transition.incarnation,
+            reporter=transition.reporter,
+            previous=None if previous is None else previous.value,
+        )
+
+    async def _send(self, to: str, msg: SwimMessage) -> None:
+        try:
+            await self.ctx.system.ref(self.ctx.path, node=to).tell(msg)
+        except (TransportError, SupervisionError) as exc:
+            self._note_lost(type(exc).__name__)
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            self._note_lost("transport closed")
+        finally:
+            self._in_flight -= 1
+
+    def _note_lost(self, reason: str) -> None:
+        self.lost[reason] = self.lost.get(reason, 0) + 1
+
+    async def _leave(self) -> None:
+        step = self.machine.leave(trio.current_time())
+        for transition in step.transitions:
+            self._emit(transition)
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer, self._timer_at = None, NEVER
+        self.ctx.emit("member.leaving", member=self.ctx.node_id, told=len(step.sends))
+        with trio.move_on_after(_LEAVE_WAIT):
+            async with trio.open_nursery() as nursery:
+                for send in step.sends:
+                    self._in_flight += 1
+                    nursery.start_soon(self._send, send.to, send.message)
+
+    async def _follow_seeds(self, seeds: SeedSource) -> None:
+        while True:
+            try:
+                nodes = tuple(sorted(set(await seeds())))
+            except RegistryError as exc:
+                self.ctx.log.warning("cannot read the seed nodes to join through: %s", exc)
+            else:
+                await self.ctx.ref.tell(_Seeds(nodes))
+            await trio.sleep(self._rejoin_interval)
+
+
+def membership_child_spec(
+    *,
+    seeds: SeedSource | None,
+    config: SwimConfig | None = None,
+    rejoin_interval: float = DEFAULT_REJOIN_INTERVAL,
+    on_view: Callable[[MembershipView], None] | None = None,
+    rng_factory: Callable[[], random.Random] = random.Random,
+    name: str = MEMBERSHIP,
+    shutdown_grace: float = 2.0,
+) -> ChildSpec:
+    """A ChildSpec running :class:`SwimMembership` (PERMANENT) for the node assembly.
+
+    Every node must use the same ``name``: peers send to ``<node>/<name>``.
+    Wire it with ``membership_child_spec(seeds=registry_seeds(registry))``.
+    """
+
+    def factory() -> SwimMembership:
+        return SwimMembership(
+            seeds=seeds,
+            config=config,
+            rejoin_interval=rejoin_interval,
+            rng=rng_factory(),
+            on_view=on_view,
+        )
+
+    return ChildSpec(
+        name=name, factory=factory, restart=Restart.PERMANENT, shutdown_grace=shutdown_grace
+    )

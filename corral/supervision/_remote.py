@@ -1,0 +1,443 @@
+"""The remote bridge: one node's actors talking to other nodes' actors over a Transport.
+
+Refs to remote actors and asks that came from other nodes reach the bridge only
+through the small :class:`~corral.supervision._ref.Remote` protocol: ``tell``,
+``tell_nowait``, ``ask``, ``reply`` and ``queue_reply``. Outgoing messages are
+encoded into envelopes and handed to the transport. Arriving frames are routed
+by the pure :func:`~corral.supervision._route.route` and the bridge carries the
+decision out: a message goes into the target's mailbox, a reply resolves the
+ask waiting for it, a refusal is logged (within :attr:`RemoteBridge.rejection_log`'s
+budget per peer), recorded as a ``transport.rejected`` event and, for an ask,
+answered with an ``"error"`` envelope. The transport's own receiving task does
+this when it can (:meth:`~corral.transport.Transport.deliver_frames_to`: one
+task switch less per frame); otherwise a receive loop of the bridge does.
+
+An ask waiting for a remote reply fails with ``PeerUnavailable`` as soon as the
+transport reports that peer lost (:meth:`~corral.transport.Transport.on_peer_lost`),
+rather than waiting out its deadline.
+
+Frames that cannot be sent from the caller's task (replies queued where the
+caller cannot wait, error answers) wait in one bounded outbox; while any wait
+for a peer, later frames to that peer queue behind them, so per-pair order holds.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+from collections.abc import Callable
+from typing import Any
+
+import outcome
+import trio
+
+from corral.supervision._errors import (
+    ActorCrashed,
+    ActorStopped,
+    AskTimeout,
+    MailboxFull,
+    UnhandledMessage,
+)
+from corral.supervision._ref import Ask, Directory
+from corral.supervision._route import Deliver, Reject, Reply, route
+from corral.supervision._runtime import RemoteAsk, describe_error
+from corral.transport import (
+    CodecLimits,
+    Envelope,
+    ErrorCode,
+    Frame,
+    FrameError,
+    FrameTooLarge,
+    LogBudget,
+    PeerLost,
+    PeerUnavailable,
+    Transport,
+    TransportError,
+    encode_envelope,
+    encode_message,
+    encode_value,
+    message_kind,
+)
+
+__all__ = ["RemoteBridge", "Unreachable"]
+
+logger = logging.getLogger("corral.supervision")
+
+_CLOSED = (trio.ClosedResourceError, trio.BrokenResourceError)
+OUTBOX_SIZE = 256
+
+
+class _PendingAsk(Ask):
+    """A remote ask waiting for its reply: the slot, and whom it asked."""
+
+    __slots__ = ("peer", "target")
+
+    def __init__(self, message: object, peer: str, target: str) -> None:
+        super().__init__(message)
+        self.peer = peer
+        self.target = target
+
+
+class Unreachable:
+    """The :class:`~corral.supervision._ref.Remote` of a system without a transport."""
+
+    __slots__ = ("node_id",)
+
+    def __init__(self, node_id: str) -> None:
+        self.node_id = node_id
+
+    def _error(self, node: str) -> PeerUnavailable:
+        return PeerUnavailable(
+            f"actor system {self.node_id!r} has no transport, so node {node!r} "
+            "is unreachable; pass transport= to open_actor_system"
+        )
+
+    async def tell(self, address: str, node: str, message: object) -> None:
+        raise self._error(node)
+
+    def tell_nowait(self, address: str, node: str, message: object) -> None:
+        raise self._error(node)
+
+    async def ask(self, address: str, node: str, message: object, timeout: float) -> Any:  # noqa: ASYNC109
+        raise self._error(node)
+
+    async def reply(self, peer: str, correlation_id: int, result: outcome.Outcome[Any]) -> None:
+        await trio.lowlevel.checkpoint()
+
+    def queue_reply(self, peer: str, correlation_id: int, result: outcome.Outcome[Any]) -> None:
+        return None
+
+
+class RemoteBridge:
+    """Sends this node's messages to other nodes and routes theirs in.
+
+    Args:
+        node_id: this node's id.
+        transport: the link to other nodes (the bridge does not close it).
+        limits: codec limits for frames sent and received.
+        directory: this node's actors by path, where arriving messages go.
+        emit: records an event (``ActorSystem.emit``).
+        rejection_log: the budget of WARNING lines about refused frames.
+        delivery_wait: how long an arriving message may wait for room in a full
+            mailbox (backpressure on the link) before it is refused.
+    """
+
+    def __init__(
+        self,
+        node_id: str,
+        transport: Transport,
+        limits: CodecLimits,
+        directory: Directory,
+        emit: Callable[..., None],
+        rejection_log: LogBudget,
+        *,
+        delivery_wait: float = 0.5,
+    ) -> None:
+        self.node_id = node_id
+        self.transport = transport
+        self.limits = limits
+        self.rejection_log = rejection_log
+        self._directory = directory
+        self._emit = emit
+        self._delivery_wait = delivery_wait
+        self._address = f"{node_id}/"
+        self._ids = itertools.count(1)
+        self._pending: dict[int, _PendingAsk] = {}
+        self._outbox_send, self._outbox_receive = trio.open_memory_channel[tuple[str, bytes]](
+            OUTBOX_SIZE
+        )
+        self._queued: dict[str, int] = {}
+
+    def attach(self, nursery: trio.Nursery) -> Callable[[], None]:
+        """Start receiving frames and draining the outbox in ``nursery``.
+
+        Returns:
+            A function that stops listening for lost peers (call it on the way out).
+        """
+        forget_losses = self.transport.on_peer_lost(self.on_peer_lost)
+        if not self.transport.deliver_frames_to(self.deliver_frame):
+            nursery.start_soon(self._receive_loop)
+        nursery.start_soon(self._outbox_loop)
+        return forget_losses
+
+    # ------------------------------------------------------------------ sending
+
+    def _encode(self, address: str, message: object, ident: int, ask: bool) -> bytes:
+        kind, body = encode_message(message)
+        return encode_envelope(
+            Envelope(ident, address, self._address, kind, body, None, ask), self.limits
+        )
+
+    async def tell(self, address: str, node: str, message: object) -> None:
+        """Send ``message`` to the actor at ``address`` on ``node``."""
+        await self._send_frame(node, self._encode(address, message, next(self._ids), False))
+
+    def tell_nowait(self, address: str, node: str, message: object) -> None:
+        """Queue ``message`` for the actor at ``address`` on ``node``, or raise MailboxFull."""
+        data = self._encode(address, message, next(self._ids), False)
+        if not self._enqueue(node, data):
+            raise MailboxFull(f"the outbound queue of {self.node_id!r} is full; use `await tell()`")
+
+    async def ask(self, address: str, node: str, message: object, timeout: float) -> Any:  # noqa: ASYNC109
+        """Send ``message`` as an ask to the actor at ``address`` on ``node``; await the reply."""
+        limits, sender = self.limits, self._address
+
+        def build(ident: int) -> bytes:
+            kind, body = encode_message(message)
+            return encode_envelope(Envelope(ident, address, sender, kind, body, None, True), limits)
+
+        return await self.ask_frame(node, build, timeout, address, message)
+
+    async def ask_frame(
+        self,
+        peer: str,
+        build: Callable[[int], bytes],
+        timeout: float,  # noqa: ASYNC109
+        target: str,
+        message: object,
+    ) -> Any:
+        """Send the frame ``build(id)`` as an ask to ``peer`` and await the reply to ``id``."""
+        ident = next(self._ids)
+        data = build(ident)
+        slot = _PendingAsk(message, peer, target)
+        self._pending[ident] = slot
+        try:
+            with trio.move_on_after(timeout if timeout is not None else math.inf):
+                await self._send_frame(peer, data)
+                return await slot.wait()
+        finally:
+            self._pending.pop(ident, None)
+        raise AskTimeout(
+            f"no reply from {target} within {timeout} s to a "
+            f"{type(message).__qualname__} message; the node may be slow, partitioned or down"
+        )
+
+    def _reply_frame(self, peer: str, correlation_id: int, result: outcome.Outcome[Any]) -> bytes:
+        """Encode the reply (or error) envelope for an ask from ``peer``."""
+        ident = next(self._ids)
+        to = f"{peer}/"
+        if isinstance(result, outcome.Value):
+            value = result.value
+            kind = message_kind(value)
+            try:
+                if kind is not None:
+                    body = [kind, encode_message(value)[1]]
+                else:
+                    body = [None, encode_value(value)]
+                return encode_envelope(
+                    Envelope(ident, to, self._address, "reply", body, correlation_id), self.limits
+                )
+            except FrameTooLarge as exc:
+                code, text = ErrorCode.FRAME_TOO_LARGE, f"the reply is too large: {exc}"
+            except (FrameError, TypeError, ValueError) as exc:
+                code, text = ErrorCode.REPLY_NOT_ENCODABLE, f"the reply cannot be sent: {exc}"
+        else:
+            assert isinstance(result, outcome.Error)
+            code, text = _error_code(result.error)
+        return self._error_frame(peer, correlation_id, code, text)
+
+    def _error_frame(self, peer: str, correlation_id: int, code: str, text: str) -> bytes:
+        """An ``"error"`` envelope; the message is shortened until the frame fits the limit."""
+        for limit in (4000, 200, 0):
+            try:
+                return encode_envelope(
+                    Envelope(
+                        next(self._ids),
+                        f"{peer}/",
+                        self._address,
+                        "error",
+                        {"code": code, "message": text[:limit]},
+                        correlation_id,
+                    ),
+                    self.limits,
+                )
+            except FrameTooLarge:
+                continue
+        raise FrameTooLarge(
+            f"even an empty error reply exceeds {self.limits.max_frame_bytes} bytes"
+        )
+
+    async def reply(self, peer: str, correlation_id: int, result: outcome.Outcome[Any]) -> None:
+        """Answer the ask ``correlation_id`` from ``peer`` now, from the caller's task."""
+        try:
+            data = self._reply_frame(peer, correlation_id, result)
+        except FrameError as exc:
+            logger.warning("%s: cannot answer %s: %s", self.node_id, peer, exc)
+            return
+        try:
+            await self._send_frame(peer, data)
+        except (TransportError, *_CLOSED) as exc:
+            logger.info("%s: reply to %s lost: %s", self.node_id, peer, describe_error(exc))
+            self._emit("transport.reply-lost", "/", peer=peer, error=describe_error(exc))
+
+    def queue_reply(self, peer: str, correlation_id: int, result: outcome.Outcome[Any]) -> None:
+        """Answer the ask ``correlation_id`` from ``peer`` through the outbox (never waits)."""
+        try:
+            self._queue_frame(peer, self._reply_frame(peer, correlation_id, result))
+        except FrameError as exc:
+            logger.warning("%s: cannot answer %s: %s", self.node_id, peer, exc)
+
+    def _queue_frame(self, peer: str, data: bytes) -> None:
+        if not self._enqueue(peer, data):
+            logger.info("%s: outbound queue full, a frame to %s was dropped", self.node_id, peer)
+            self._emit("transport.reply-lost", "/", peer=peer, error="outbound queue full")
+
+    def _enqueue(self, peer: str, data: bytes) -> bool:
+        try:
+            self._outbox_send.send_nowait((peer, data))
+        except (trio.WouldBlock, *_CLOSED):
+            return False
+        self._queued[peer] = self._queued.get(peer, 0) + 1
+        return True
+
+    async def _send_frame(self, peer: str, data: bytes) -> None:
+        """Send now, unless frames to ``peer`` are queued: then queue behind them."""
+        if not self._queued.get(peer):
+            await self.transport.send(peer, data)
+            return
+        self._queued[peer] += 1
+        try:
+            await self._outbox_send.send((peer, data))
+        except BaseException:
+            self._sent_one(peer)
+            raise
+
+    def _sent_one(self, peer: str) -> None:
+        left = self._queued.get(peer, 0) - 1
+        if left > 0:
+            self._queued[peer] = left
+        else:
+            self._queued.pop(peer, None)
+
+    async def _outbox_loop(self) -> None:
+        async for peer, data in self._outbox_receive:
+            try:
+                await self.transport.send(peer, data)
+            except (TransportError, *_CLOSED) as exc:
+                logger.info("%s: frame to %s lost: %s", self.node_id, peer, describe_error(exc))
+            finally:
+                self._sent_one(peer)
+
+    # ------------------------------------------------------------------ receiving
+
+    async def _receive_loop(self) -> None:
+        while True:
+            try:
+                frame = await self.transport.receive()
+            except (*_CLOSED, trio.EndOfChannel):
+                return
+            await self.deliver_frame(frame)
+
+    async def deliver_frame(self, frame: Frame) -> None:
+        """Handle one arriving frame; never raises (but for cancellation)."""
+        try:
+            decision = route(frame, self.node_id, self._directory.cells, self.limits)
+            if isinstance(decision, Deliver):
+                await self._deliver(decision)
+            elif isinstance(decision, Reject):
+                self._reject(decision.peer, decision.ask_id, decision.code, decision.reason)
+            else:
+                self._on_reply(decision)
+        except Exception as exc:  # never let one frame stop the loop
+            logger.exception("%s: internal error on a frame from %s", self.node_id, frame.sender)
+            self._reject(frame.sender, None, ErrorCode.MALFORMED_FRAME, describe_error(exc))
+
+    def _on_reply(self, reply: Reply) -> None:
+        ident = reply.correlation_id
+        slot = self._pending.pop(ident, None) if ident is not None else None
+        if slot is None:
+            logger.debug("%s: a reply from %s came too late or unasked", self.node_id, reply.peer)
+            return
+        slot.resolve(reply.result)
+
+    async def _deliver(self, decision: Deliver[Any]) -> None:
+        peer, ask_id, path = decision.peer, decision.ask_id, decision.path
+        send = decision.target.mailbox_send
+        item: object = decision.message
+        if ask_id is not None:
+            item = RemoteAsk(self, decision.message, peer, ask_id)
+        try:
+            send.send_nowait(item)
+            return
+        except trio.WouldBlock:
+            pass
+        except _CLOSED:
+            self._reject(peer, ask_id, ErrorCode.ACTOR_STOPPED, f"actor {path} has stopped")
+            return
+        # Full mailbox: wait a little (backpressure on the link), then refuse.
+        with trio.move_on_after(self._delivery_wait):
+            try:
+                await send.send(item)
+            except _CLOSED:
+                self._reject(peer, ask_id, ErrorCode.ACTOR_STOPPED, f"actor {path} has stopped")
+            return
+        self._reject(
+            peer,
+            ask_id,
+            ErrorCode.MAILBOX_FULL,
+            f"the mailbox of {path} on {self.node_id!r} stayed full; "
+            f"a {decision.kind} message was refused",
+        )
+
+    def on_peer_lost(self, event: PeerLost) -> None:
+        """Fail every ask waiting for a reply from the lost peer (the reply cannot come)."""
+        lost = [slot for slot in self._pending.values() if slot.peer == event.peer]
+        for slot in lost:
+            slot.resolve(
+                outcome.Error(
+                    PeerUnavailable(
+                        f"lost node {event.peer!r} while waiting for the reply from "
+                        f"{slot.target} to a {type(slot.message).__qualname__} message "
+                        f"({event.reason}); the request may or may not have been handled"
+                    )
+                )
+            )
+        logger.info(
+            "%s: lost node %r (%s); %d pending asks failed",
+            self.node_id,
+            event.peer,
+            event.reason,
+            len(lost),
+        )
+        self._emit("transport.peer-lost", "/", peer=event.peer, reason=event.reason, asks=len(lost))
+
+    def _reject(self, peer: str, ask_id: int | None, code: str, text: str) -> None:
+        """Log a refused frame and, if it was an ask, answer it with an error envelope.
+
+        The WARNING line is within :attr:`rejection_log`'s budget per peer; the
+        ``transport.rejected`` event is recorded for every frame.
+        """
+        verdict = self.rejection_log.admit(peer, trio.current_time())
+        if verdict.write:
+            budget = self.rejection_log
+            logger.warning(
+                "%s: refused a frame from %s [%s]: %s%s%s",
+                self.node_id,
+                peer,
+                code,
+                text,
+                f" ({verdict.held_back} more refused from {peer} were not logged)"
+                if verdict.held_back
+                else "",
+                f" (further refusals from {peer} within {budget.interval:g} s are only counted)"
+                if verdict.last
+                else "",
+            )
+        self._emit("transport.rejected", "/", peer=peer, code=code, reason=text)
+        if ask_id is None:
+            return
+        try:
+            self._queue_frame(peer, self._error_frame(peer, ask_id, code, text))
+        except FrameError as exc:
+            logger.warning("%s: cannot answer %s: %s", self.node_id, peer, exc)
+
+
+def _error_code(error: BaseException) -> tuple[str, str]:
+    if isinstance(error, ActorCrashed):
+        return ErrorCode.HANDLER_ERROR, str(error)
+    if isinstance(error, UnhandledMessage):
+        return ErrorCode.UNHANDLED, str(error)
+    if isinstance(error, ActorStopped):
+        return ErrorCode.ACTOR_STOPPED, str(error)
+    return ErrorCode.HANDLER_ERROR, describe_error(error)
