@@ -1,12 +1,12 @@
 """Routing end to end: three real nodes, a real ``corral proxy run`` (HAProxy and Caddy).
 
-Each test deploys two apps on every node, gives one a domain (written into its
-``apps/<name>`` record through the registry, as ``corral deploy --domain``
-does), starts ``corral proxy run`` as its own process on loopback, and checks
-what a user of the proxy sees: requests with ``Host:`` reach every instance,
-a killed instance leaves the table and comes back once restarted and ready,
-an unknown host gets 404, and an alias flip changes which app answers within
-one table. Every process is stopped by pid.
+Each test deploys two apps with a domain each on every node (``corral deploy
+--domain``), starts ``corral proxy run`` as its own process on loopback, and
+checks what a user of the proxy sees: requests with ``Host:`` reach every
+instance, a killed instance leaves the table and comes back once restarted and
+ready, an unknown host gets 404, and ``corral alias set``, ``flip`` and
+``rollback`` each change which app answers within one table. Every process is
+stopped by pid.
 """
 
 from __future__ import annotations
@@ -33,16 +33,6 @@ import trio
 from corral.node._artifacts import pack_directory
 from corral.node._local_cluster import LocalCluster, LocalNode, wait_for
 from corral.proxy import DEFAULT_CADDY, DEFAULT_HAPROXY
-from corral.registry import (
-    AliasRecord,
-    AppRecord,
-    Compare,
-    Put,
-    alias_key,
-    alias_previous_key,
-    app_key,
-    open_registry,
-)
 
 from .conftest import GREETER, _etcd_url, _wipe
 
@@ -182,29 +172,6 @@ def stop_proxy(run: ProxyRun) -> list[int]:
     return leftovers
 
 
-async def _edit_app(url: str, name: str, change: Callable[[AppRecord], AppRecord]) -> None:
-    async with open_registry(url) as registry:
-        for _ in range(20):
-            kv = await registry.get(app_key(name))
-            assert kv is not None, f"app {name} is not deployed"
-            record = AppRecord.from_json(json.loads(kv.value))
-            result = await registry.txn(
-                [Compare.mod_revision_is(kv.key, kv.mod_revision)],
-                [Put(kv.key, change(record).encode())],
-            )
-            if result.succeeded:
-                return
-        raise AssertionError(f"could not update apps/{name}: it kept changing")
-
-
-async def _put_alias(url: str, domain: str, app: str, previous: str | None) -> None:
-    async with open_registry(url) as registry:
-        ops = [Put(alias_key(domain), AliasRecord(app).encode())]
-        if previous is not None:
-            ops.append(Put(alias_previous_key(domain), AliasRecord(previous).encode()))
-        await registry.txn([], ops)
-
-
 def cli(node: LocalNode, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "corral", *args, "--api", node.api_url, "--token", node.token()],
@@ -258,12 +225,20 @@ def wait_serving(run: ProxyRun, host: str, what: str, done: Callable[[list[Any]]
 def test_a_real_proxy_serves_the_table_through_failures_and_alias_flips(
     cluster: LocalCluster, kind: str, proxy_dir: Path
 ) -> None:
-    url = cluster.registry_url
+    first = node(cluster, 1)
+    deployed = cli(
+        first, "deploy", str(GREETER), "--name", "shop", "--domain", "shop.test",
+        "--replicas", "all", "--env", "GREETING=shop",
+    )  # fmt: skip
+    assert deployed.returncode == 0, deployed.stderr
     with cluster.any_client() as client:
-        client.deploy("shop", pack_directory(GREETER), replicas="all", env={"GREETING": "shop"})
-        client.deploy("blog", pack_directory(GREETER), replicas="all", env={"GREETING": "blog"})
-    trio.run(_edit_app, url, "shop", lambda r: dataclasses.replace(r, domains=["shop.test"]))
-    trio.run(_edit_app, url, "blog", lambda r: dataclasses.replace(r, domains=["blog.test"]))
+        client.deploy(
+            "blog",
+            pack_directory(GREETER),
+            replicas="all",
+            env={"GREETING": "blog"},
+            domains=["blog.test"],
+        )
 
     run = start_proxy(cluster, kind, proxy_dir)
     try:
@@ -294,7 +269,6 @@ def test_a_real_proxy_serves_the_table_through_failures_and_alias_flips(
         assert row["kind"] == kind
         assert row["error"] is None
         # The same through the command line, as JSON and as text.
-        first = node(cluster, 1)
         printed = cli(first, "routes", "--json")
         assert printed.returncode == 0, printed.stderr
         shown = json.loads(printed.stdout)
@@ -342,11 +316,12 @@ def test_a_real_proxy_serves_the_table_through_failures_and_alias_flips(
         )
 
         # An alias, a flip and a rollback: each changes which app answers, in one table.
-        def flip_to(app: str, previous: str | None) -> None:
+        def flip_to(app: str, *command: str) -> None:
             before = routes(cluster)
             start = before["version"]["revision"]
             old = before["routes"].get("www.test", [])
-            trio.run(_put_alias, url, "www.test", app, previous)
+            done = cli(first, "alias", *command)
+            assert done.returncode == 0, done.stderr
             wait_serving(
                 run,
                 "www.test",
@@ -375,9 +350,9 @@ def test_a_real_proxy_serves_the_table_through_failures_and_alias_flips(
             )
             assert "www.test" not in change["domains_removed"]
 
-        flip_to("shop", None)  # alias set
-        flip_to("blog", "shop")  # alias flip
-        flip_to("shop", "blog")  # alias rollback
+        flip_to("shop", "set", "www.test", "shop")
+        flip_to("blog", "flip", "www.test", "blog")
+        flip_to("shop", "rollback", "www.test")
         assert run.get("nowhere.test").status_code == 404
     finally:
         leftovers = stop_proxy(run)
@@ -423,13 +398,13 @@ def test_a_failing_health_path_takes_an_instance_out_without_killing_it(
     sick = tmp_path / "sick"
     sick.mkdir()
     with cluster.any_client() as client:
-        client.deploy("api", pack_directory(app), replicas="all", env={"SICK_DIR": str(sick)})
-    trio.run(
-        _edit_app,
-        cluster.registry_url,
-        "api",
-        lambda r: dataclasses.replace(r, domains=["api.test"]),
-    )
+        client.deploy(
+            "api",
+            pack_directory(app),
+            replicas="all",
+            env={"SICK_DIR": str(sick)},
+            domains=["api.test"],
+        )
 
     def backends() -> list[str]:
         return list(routes(cluster)["routes"].get("api.test", []))
