@@ -450,8 +450,6 @@ def _median(values: list[float]) -> float:
 
 async def bench_e2e(kind: str, figures: dict[str, object]) -> None:
     """Three real nodes and ``corral proxy run --kind KIND``: flip, lost, ready."""
-    import dataclasses
-
     from corral.actors.routing import decode_table_json
     from corral.node._artifacts import pack_directory
     from corral.node._local_cluster import LocalCluster
@@ -482,17 +480,16 @@ async def bench_e2e(kind: str, figures: dict[str, object]) -> None:
             with cluster.any_client() as client:
                 for name in ("blue", "green"):
                     packed = pack_directory(greeter)
-                    client.deploy(name, packed, replicas="all", env={"GREETING": name})
+                    client.deploy(
+                        name,
+                        packed,
+                        replicas="all",
+                        env={"GREETING": name},
+                        domains=[f"{name}.test"],
+                    )
 
         await trio.to_thread.run_sync(deploy)
         async with open_registry(cluster.registry_url) as registry:
-            for name in ("blue", "green"):
-                kv = await registry.get(app_key(name))
-                assert kv is not None
-                record = decode_record(kv.key, kv.value)
-                assert isinstance(record, AppRecord)
-                with_domain = dataclasses.replace(record, domains=[f"{name}.test"])
-                await registry.put(kv.key, with_domain.encode())
             await registry.put(alias_key("shop.test"), AliasRecord("blue").encode())
             with (root / "proxy.log").open("ab") as log:
                 proxy = subprocess.Popen(
