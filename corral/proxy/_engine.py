@@ -301,6 +301,13 @@ async def record_status(registry: Registry, status: ProxyStatus) -> bool:
     return True
 
 
+async def _forget_status(registry: Registry, status: ProxyStatus) -> None:
+    try:
+        await registry.delete(proxy_key(status.id))
+    except RegistryError as exc:
+        log.warning("%s: could not remove %s on the way out: %s", status.id, status.key, exc)
+
+
 async def run_proxy(
     kind: str,
     *,
@@ -322,7 +329,7 @@ async def run_proxy(
     table and every newer one (:func:`follow_routing`); on cancellation the proxy
     process is stopped by pid and the registry closed. With ``record`` it writes
     its :class:`ProxyStatus` to ``proxies/<id>`` once started and after every
-    table (what it applied, when, and any error).
+    table (what it applied, when, and any error), and removes it when stopped.
 
     Args:
         kind: ``"haproxy"`` or ``"caddy"``.
@@ -370,9 +377,16 @@ async def run_proxy(
 
         if record:
             await record_status(registry, engine.status)
-        await follow_routing(
-            registry, engine, on_status=told, task_status=_Relay(task_status, engine)
-        )
+        try:
+            await follow_routing(
+                registry, engine, on_status=told, task_status=_Relay(task_status, engine)
+            )
+        finally:
+            if record:
+                # A proxy stopped on purpose leaves the list; a killed one stays, its lag
+                # growing, which is how `corral routes` shows it is not following.
+                with trio.CancelScope(shield=True), trio.move_on_after(2.0):
+                    await _forget_status(registry, engine.status)
 
 
 class _Relay:

@@ -358,6 +358,8 @@ def test_a_real_proxy_serves_the_table_through_failures_and_alias_flips(
         leftovers = stop_proxy(run)
     assert run.process.returncode == 0, run.log_tail()
     assert not leftovers, f"proxy processes outlived corral proxy run: {leftovers}"
+    # Stopped on purpose: it removed its proxies/<id> record.
+    assert routes(cluster)["proxies"] == []
 
 
 HEALTH_APP = """
