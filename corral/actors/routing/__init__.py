@@ -13,6 +13,8 @@ Each node publishes, per app, whether its instance runs and is ready
 :class:`RoutingRenderer` is the actor: on the coordinator lease holder it
 renders on every change of its inputs (debounced), writes the table, emits
 ``routing.changed`` and pushes the table to configured Caddy admin endpoints.
+:func:`routes_answer` (pure) is what ``corral routes`` shows, with each proxy's
+lag (:func:`proxy_lag`) from its ``proxies/<id>`` record.
 """
 
 from corral.actors.routing._actor import (
