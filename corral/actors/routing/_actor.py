@@ -108,11 +108,6 @@ class RoutingState:
     push_errors: dict[str, str] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
-class _Changed:
-    """A watched key changed (from the watch tasks)."""
-
-
 def changed_event_fields(diff: RoutesChanged) -> dict[str, object]:
     """The ``routing.changed`` event's fields (JSON-able) for ``diff``."""
     return {
@@ -162,6 +157,7 @@ class RoutingRenderer(Actor):
         #: (holder, fence) as the lease watch last saw it (None: no holder), once known.
         self._lease: tuple[str, int] | None = None
         self._lease_known = False
+        self._push_wanted = trio.Event()
 
     async def started(self) -> None:
         self._dirty.set()  # render once at start
@@ -170,13 +166,12 @@ class RoutingRenderer(Actor):
         self.ctx.start_task(self._watch_lease)
         self.ctx.start_task(self._render_loop)
         self.ctx.start_task(self._watch_proxies)
+        if self._pushers:
+            self.ctx.start_task(self._push_loop)
 
     async def handle(self, message: object) -> object:
         if isinstance(message, GetRoutingState):
             return self._state
-        if isinstance(message, _Changed):
-            self._dirty.set()
-            return None
         return None
 
     # ------------------------------------------------------------------ watching
@@ -299,12 +294,12 @@ class RoutingRenderer(Actor):
             if fence is None:
                 if state.fence is not None:
                     log.info("not the coordinator any more: the routing table is left alone")
-                self._state = _replace(state, fence=None, last_error=None)
+                self._state = _replace(self._state, fence=None, last_error=None)
                 return
             published = await publish_routes(self._registry, fence=fence)
         except RegistryError as exc:
             log.warning("routing pass failed (%s); trying again on the next change", exc)
-            self._state = _replace(state, last_error=str(exc))
+            self._state = _replace(self._state, last_error=str(exc))
             return
         written = published.written
         if written is None and published.why.startswith("guard failed"):
@@ -331,7 +326,7 @@ class RoutingRenderer(Actor):
             last_error=None,
         )
         if self._table is not None and self._pushers:
-            await self._push_all(self._table)
+            self._push_wanted.set()
 
     async def _stored(self, fence: int) -> RouteTable | None:
         kv = await self._registry.get(ROUTING_KEY)
@@ -342,6 +337,20 @@ class RoutingRenderer(Actor):
         except SchemaError:
             return None
         return table if table.fence <= fence else None
+
+    async def _push_loop(self) -> None:
+        """Push each new table to the targets that do not have it, apart from the
+        render loop (a slow target never holds a render back); retry failed ones."""
+        while True:
+            await self._push_wanted.wait()
+            self._push_wanted = trio.Event()
+            if self._table is None:
+                continue
+            await self._push_all(self._table)
+            if self._state.push_errors:
+                with trio.move_on_after(min(self._resync, 2.0)):
+                    await self._push_wanted.wait()
+                self._push_wanted.set()
 
     async def _push_all(self, table: RouteTable) -> None:
         due = {
@@ -387,9 +396,6 @@ class RoutingRenderer(Actor):
             for name, push in sorted(due.items()):
                 nursery.start_soon(one, name, push)
         self._state = _replace(self._state, pushed=pushed, push_errors=errors)
-        if errors:
-            # Try the failed targets again soon, not only on the next change.
-            self.ctx.after(min(self._resync, 2.0), _Changed())
 
 
 def _replace(state: RoutingState, **changes: object) -> RoutingState:

@@ -280,3 +280,32 @@ async def test_a_node_that_loses_the_lease_stops_writing_and_the_new_holder_take
         assert (await state(one)).fence is None
         assert (await state(two)).fence == lease.create_revision
         assert len([e for e in one.events() if e.kind == "routing.changed"]) == 1
+
+
+async def test_a_hanging_push_target_never_holds_a_render_back(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    registry = MemoryRegistry()
+    await seed(registry, ready={"n1": True, "n2": True})
+    await registry.put(COORDINATOR_LEASE_KEY, CoordinatorLease("n1", 0.0).encode())
+    await registry.put(alias_key("www.test"), AliasRecord("shop").encode())
+
+    async def hangs(table: RouteTable) -> None:
+        await trio.sleep_forever()
+
+    async with open_actor_system("n1") as system:
+        await system.spawn(
+            routing_renderer_child_spec("n1", registry, pushers={"caddy=http://h:1": hangs})
+        )
+        await until(lambda: any(e.kind == "routing.changed" for e in system.events()))
+        t0 = trio.current_time()
+        await registry.put(alias_key("www.test"), AliasRecord("blog").encode())
+        while (current := await table(registry)) is None or (
+            current.domains["www.test"] != current.domains["blog.test"]
+        ):
+            await trio.sleep(0.001)
+        assert trio.current_time() - t0 < 0.1  # the push of the first table still hangs
+        await trio.sleep(30)
+        final = await state(system)
+        assert "TooSlowError" in final.push_errors["caddy=http://h:1"]
+        assert final.pushed["caddy=http://h:1"] is None
