@@ -435,3 +435,78 @@ def test_a_failing_health_path_takes_an_instance_out_without_killing_it(
 
     (sick / victim.node_id).unlink()
     wait_for("node-3 to come back once its check passes", lambda: url in backends(), timeout=STEP)
+
+
+def test_the_lease_holder_pushes_each_table_to_a_caddy_admin_endpoint(
+    tmp_path: Path, proxy_dir: Path
+) -> None:
+    if not os.access(DEFAULT_CADDY, os.X_OK):
+        reason = f"caddy is not installed at {DEFAULT_CADDY} (apt-get install caddy)"
+        if os.environ.get("CORRAL_REQUIRE_PROXIES") == "1":
+            pytest.fail(f"CORRAL_REQUIRE_PROXIES=1 but {reason}")
+        pytest.skip(reason)
+    admin, listen = free_port(), free_port()
+    # A Caddy of the operator's own, with an empty "corral" server: only the push feeds it.
+    config = {
+        "admin": {"listen": f"127.0.0.1:{admin}", "config": {"persist": False}},
+        "apps": {
+            "http": {
+                "servers": {
+                    "corral": {
+                        "listen": [f"127.0.0.1:{listen}"],
+                        "automatic_https": {"disable": True},
+                        "routes": [],
+                    }
+                }
+            }
+        },
+    }
+    (proxy_dir / "caddy.json").write_text(json.dumps(config))
+    home = proxy_dir / "home"
+    env = {**os.environ, "HOME": str(home), "XDG_DATA_HOME": str(home / "data")}
+    with (proxy_dir / "caddy.log").open("ab") as log:
+        caddy = subprocess.Popen(
+            [DEFAULT_CADDY, "run", "--config", str(proxy_dir / "caddy.json")],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
+    local = LocalCluster(tmp_path, lease_ttl_ms=3000, node_ttl_ms=3000, shutdown_grace_ms=5000)
+    local.add_node(
+        f"push{uuid.uuid4().hex[:6]}",
+        port_range=(26800, 26899),
+        extra_args=["--proxy", f"caddy=http://127.0.0.1:{admin}"],
+    )
+    try:
+        local.start_all()
+        with local.any_client() as client:
+            client.deploy(
+                "shop", pack_directory(GREETER), env={"GREETING": "shop"}, domains=["shop.test"]
+            )
+
+        def served() -> bool:
+            try:
+                response = httpx.get(
+                    f"http://127.0.0.1:{listen}/", headers={"Host": "shop.test"}, timeout=2.0
+                )
+            except httpx.HTTPError:
+                return False
+            return response.status_code == 200 and response.json()["says"] == "shop!"
+
+        wait_for("the pushed table to be served by caddy", served, timeout=STEP)
+        assert changed_events(local), "no routing.changed event"
+        with local.any_client() as client:
+            applied = [e for e in client.events() if e["kind"] == "proxy.applied"]
+        assert any(e["fields"]["proxy"] == f"caddy=http://127.0.0.1:{admin}" for e in applied)
+    finally:
+        local.stop_all()
+        leftovers = local.kill_leftovers()
+        caddy.terminate()
+        try:
+            caddy.wait(10)
+        except subprocess.TimeoutExpired:
+            caddy.kill()
+            caddy.wait(5)
+    assert not leftovers, f"app processes outlived their nodes: {leftovers}"
