@@ -99,6 +99,16 @@ def _node_run_options(run: argparse.ArgumentParser) -> None:
         metavar="PCT",
         help="refuse relocations below this share of usable nodes (50)",
     )
+    run.add_argument("--probe-interval-ms", metavar="MS", help="SWIM: time between probes (1000)")
+    run.add_argument(
+        "--probe-timeout-ms", metavar="MS", help="SWIM: wait for an ack before indirect probes (500)"
+    )
+    run.add_argument(
+        "--indirect-checks", metavar="N", help="SWIM: members asked to probe for us (3)"
+    )
+    run.add_argument(
+        "--suspicion-mult", metavar="N", help="SWIM: scales the suspicion timeout (4)"
+    )
 
 
 def _positive_seconds(text: str) -> float:

@@ -41,6 +41,11 @@ DEFAULT_GRACE_PERIOD_MS = 300_000
 DEFAULT_COOLDOWN_MS = 600_000
 DEFAULT_DISRUPTION_BUDGET = 5
 DEFAULT_MIN_USABLE_PERCENT = 50
+# SWIM membership between nodes (memberlist's LAN profile).
+DEFAULT_PROBE_INTERVAL_MS = 1_000
+DEFAULT_PROBE_TIMEOUT_MS = 500
+DEFAULT_INDIRECT_CHECKS = 3
+DEFAULT_SUSPICION_MULT = 4
 
 # name -> kind; kind is how the raw text is parsed.
 SETTINGS: dict[str, str] = {
@@ -72,6 +77,10 @@ SETTINGS: dict[str, str] = {
     "cooldown-ms": "ms",
     "disruption-budget": "count",
     "min-usable-percent": "percent",
+    "probe-interval-ms": "ms",
+    "probe-timeout-ms": "ms",
+    "indirect-checks": "count",
+    "suspicion-mult": "count",
 }
 
 
@@ -137,6 +146,14 @@ class NodeConfig:
     disruption_budget: int = DEFAULT_DISRUPTION_BUDGET
     #: below this share of usable nodes (of those known) relocations are refused.
     min_usable_percent: int = DEFAULT_MIN_USABLE_PERCENT
+    #: SWIM: time between probes of one member.
+    probe_interval_ms: int = DEFAULT_PROBE_INTERVAL_MS
+    #: SWIM: wait for a direct ack before asking other members to probe (below the interval).
+    probe_timeout_ms: int = DEFAULT_PROBE_TIMEOUT_MS
+    #: SWIM: members asked to probe for us when a direct probe fails.
+    indirect_checks: int = DEFAULT_INDIRECT_CHECKS
+    #: SWIM: scales the suspicion timeout (min = mult * max(1, log10 N) * interval).
+    suspicion_mult: int = DEFAULT_SUSPICION_MULT
 
 
 def parse_address(text: str, where: str) -> Address:
@@ -325,6 +342,17 @@ def resolve_node_config(
             "make --port-range-end larger than --port-range-start"
         )
 
+    probe_interval_ms = number(
+        "probe-interval-ms", DEFAULT_PROBE_INTERVAL_MS, low=10, high=60_000
+    )
+    probe_timeout_ms = number("probe-timeout-ms", DEFAULT_PROBE_TIMEOUT_MS, low=5, high=60_000)
+    if probe_timeout_ms >= probe_interval_ms:
+        raise ConfigError(
+            f"--probe-timeout-ms {probe_timeout_ms} must be below --probe-interval-ms "
+            f"{probe_interval_ms} (an ack waited for longer than the interval overlaps the "
+            "next probe); lower the timeout or raise the interval"
+        )
+
     return NodeConfig(
         data_dir=data_dir,
         registry_url=registry_url,
@@ -359,4 +387,8 @@ def resolve_node_config(
         min_usable_percent=number(
             "min-usable-percent", DEFAULT_MIN_USABLE_PERCENT, low=0, high=100
         ),
+        probe_interval_ms=probe_interval_ms,
+        probe_timeout_ms=probe_timeout_ms,
+        indirect_checks=number("indirect-checks", DEFAULT_INDIRECT_CHECKS, low=0, high=16),
+        suspicion_mult=number("suspicion-mult", DEFAULT_SUSPICION_MULT, low=1, high=100),
     )
