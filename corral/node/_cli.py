@@ -101,7 +101,7 @@ def _node_run_options(run: argparse.ArgumentParser) -> None:
     )
     run.add_argument("--probe-interval-ms", metavar="MS", help="SWIM: time between probes (1000)")
     run.add_argument(
-        "--probe-timeout-ms", metavar="MS", help="SWIM: wait for an ack before indirect probes (500)"
+        "--probe-timeout-ms", metavar="MS", help="SWIM: ack wait before indirect probes (500)"
     )
     run.add_argument(
         "--indirect-checks", metavar="N", help="SWIM: members asked to probe for us (3)"

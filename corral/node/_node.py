@@ -21,9 +21,11 @@ disappears.
 The coordinator reads the local SWIM view once per pass (through a
 :class:`~corral.actors.membership.MembershipFeed`), and membership nudges it
 with :class:`~corral.actors.coordinator.KickCoordinator` whenever that view
-changes, so a member found dead or gone is acted on at once, not a tick later. SIGTERM or SIGINT starts that
-shutdown; a second signal ends the node at once (its app processes are
-killed first, so nothing is left behind either way).
+changes, so a member found dead or gone is acted on at once, not a tick later.
+
+SIGTERM or SIGINT starts that shutdown; a second signal ends the node at
+once (its app processes are killed first, so nothing is left behind either
+way).
 
 Before anything starts, the node checks two things in the registry:
 
