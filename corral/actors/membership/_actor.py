@@ -370,6 +370,7 @@ def membership_child_spec(
     name: str = MEMBERSHIP,
     shutdown_grace: float = 2.0,
     notify: Sequence[tuple[str, object]] = (),
+    wall_clock: Callable[[], float] = time.time,
 ) -> ChildSpec:
     """A ChildSpec running :class:`SwimMembership` (PERMANENT) for the node assembly.
 
@@ -385,6 +386,7 @@ def membership_child_spec(
             rng=rng_factory(),
             on_view=on_view,
             notify=notify,
+            wall_clock=wall_clock,
         )
 
     return ChildSpec(
