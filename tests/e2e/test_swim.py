@@ -36,7 +36,7 @@ SWIM = SwimConfig(probe_interval=PROBE_INTERVAL_MS / 1000, probe_timeout=PROBE_T
 _, MAX_SUSPICION, _ = suspicion_bounds(SWIM, 3)
 #: A kill is noticed within a probe round (three members) plus the suspicion timeout; the
 #: rest is the coordinator's pass, node ls polling and a shared, busy machine.
-DETECT_BOUND = 3 * SWIM.probe_interval + MAX_SUSPICION + 2.0
+DETECT_BOUND = 3 * SWIM.probe_interval + MAX_SUSPICION + 3.0
 STEP = 30.0
 
 
