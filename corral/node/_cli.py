@@ -99,6 +99,16 @@ def _node_run_options(run: argparse.ArgumentParser) -> None:
         metavar="text|json",
         help="log lines for people (text, the default) or one JSON object per line (json)",
     )
+    run.add_argument("--probe-interval-ms", metavar="MS", help="SWIM: time between probes (1000)")
+    run.add_argument(
+        "--probe-timeout-ms", metavar="MS", help="SWIM: ack wait before indirect probes (500)"
+    )
+    run.add_argument(
+        "--indirect-checks", metavar="N", help="SWIM: members asked to probe for us (3)"
+    )
+    run.add_argument(
+        "--suspicion-mult", metavar="N", help="SWIM: scales the suspicion timeout (4)"
+    )
     run.add_argument(
         "--proxy",
         metavar="caddy=URL",

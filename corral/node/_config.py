@@ -42,6 +42,11 @@ DEFAULT_GRACE_PERIOD_MS = 300_000
 DEFAULT_COOLDOWN_MS = 600_000
 DEFAULT_DISRUPTION_BUDGET = 5
 DEFAULT_MIN_USABLE_PERCENT = 50
+# SWIM membership between nodes (memberlist's LAN profile).
+DEFAULT_PROBE_INTERVAL_MS = 1_000
+DEFAULT_PROBE_TIMEOUT_MS = 500
+DEFAULT_INDIRECT_CHECKS = 3
+DEFAULT_SUSPICION_MULT = 4
 
 # name -> kind; kind is how the raw text is parsed.
 SETTINGS: dict[str, str] = {
@@ -75,6 +80,10 @@ SETTINGS: dict[str, str] = {
     "min-usable-percent": "percent",
     "metrics-listen": "address",
     "log-format": "str",
+    "probe-interval-ms": "ms",
+    "probe-timeout-ms": "ms",
+    "indirect-checks": "count",
+    "suspicion-mult": "count",
     "proxy": "proxies",
 }
 LOG_FORMATS = ("text", "json")
@@ -145,6 +154,14 @@ class NodeConfig:
     #: a loopback address serving ``GET /metrics`` without a token (None: only the API).
     metrics_listen: Address | None = None
     log_format: str = "text"
+    #: SWIM: time between probes of one member.
+    probe_interval_ms: int = DEFAULT_PROBE_INTERVAL_MS
+    #: SWIM: wait for a direct ack before asking other members to probe (below the interval).
+    probe_timeout_ms: int = DEFAULT_PROBE_TIMEOUT_MS
+    #: SWIM: members asked to probe for us when a direct probe fails.
+    indirect_checks: int = DEFAULT_INDIRECT_CHECKS
+    #: SWIM: scales the suspicion timeout (min = mult * max(1, log10 N) * interval).
+    suspicion_mult: int = DEFAULT_SUSPICION_MULT
     #: Caddy admin endpoints (``http://HOST:PORT``) the coordinator pushes each table to
     #: (``--proxy caddy=http://HOST:PORT``, repeatable).
     proxies: tuple[str, ...] = ()
@@ -375,6 +392,16 @@ def resolve_node_config(
             f"{given[1] if given else '--log-format'}: {log_format!r} is not a log format; "
             f"give {' or '.join(LOG_FORMATS)}"
         )
+    probe_interval_ms = number(
+        "probe-interval-ms", DEFAULT_PROBE_INTERVAL_MS, low=10, high=60_000
+    )
+    probe_timeout_ms = number("probe-timeout-ms", DEFAULT_PROBE_TIMEOUT_MS, low=5, high=60_000)
+    if probe_timeout_ms >= probe_interval_ms:
+        raise ConfigError(
+            f"--probe-timeout-ms {probe_timeout_ms} must be below --probe-interval-ms "
+            f"{probe_interval_ms} (an ack waited for longer than the interval overlaps the "
+            "next probe); lower the timeout or raise the interval"
+        )
     proxies: list[str] = []
     found = pick("proxy")
     if found is not None:
@@ -426,6 +453,10 @@ def resolve_node_config(
         ),
         metrics_listen=metrics_listen,
         log_format=log_format,
+        probe_interval_ms=probe_interval_ms,
+        probe_timeout_ms=probe_timeout_ms,
+        indirect_checks=number("indirect-checks", DEFAULT_INDIRECT_CHECKS, low=0, high=16),
+        suspicion_mult=number("suspicion-mult", DEFAULT_SUSPICION_MULT, low=1, high=100),
         proxies=tuple(proxies),
     )
 

@@ -213,7 +213,8 @@ class Demo:
         role = " and holds the coordinator lease" if old_holder == victim_id else ""
         say(
             f"Stopping {victim_id} with SIGTERM: it runs greeter's only replica{role}. It hands "
-            "back its leases, stops its processes and removes its node record."
+            "back its leases, stops its processes, leaves the membership and removes its node "
+            "record."
         )
         started = time.monotonic()
         status = self.cluster.stop(victim)
@@ -235,10 +236,11 @@ class Demo:
                 "coordinator might still try to write would be refused."
             )
         say(
-            f"The coordinator ({holder}) saw {victim_id}'s record go, marked it down and "
-            f"kept its work there for the grace period ({DEMO_GRACE_PERIOD_MS / 1000:g} s "
-            "in this demo, 300 s by default: a node that comes back in time keeps "
-            "everything), then placed greeter on "
+            f"{victim_id} left the cluster's SWIM membership as it stopped, so the "
+            f"coordinator ({holder}) moved its work at once (a node that vanishes without "
+            "leaving is down instead, and keeps its work for the grace period: "
+            f"{DEMO_GRACE_PERIOD_MS / 1000:g} s in this demo, 300 s by default, so one "
+            "that comes back in time keeps everything); it placed greeter on "
             f"{moved['node']}, the other node labelled disk=ssd; hello keeps running on the "
             "two nodes left:"
         )

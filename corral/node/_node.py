@@ -5,16 +5,27 @@
     /                     root supervisor (one_for_one)
     ├── registration      NodeRegistration: the node lease and nodes/<id>
     ├── peers             PeerDirectory: other nodes' peer addresses -> transport
+    ├── membership        SwimMembership: SWIM + Lifeguard with the other nodes
     ├── agent/            Reconciler, PortAllocator, ProcessSupervisor
     ├── coordinator       Coordinator: campaigns for lease/coordinator, places apps
     └── api               ApiServer: the HTTP API (Starlette on Hypercorn's Trio worker)
 
 Children start in that order and stop in reverse: the API stops taking
 requests, the coordinator hands its lease back (a successor takes over at
-once), the agent stops every app process, and last the registration revokes
-the node lease so ``nodes/<id>`` disappears. SIGTERM or SIGINT starts that
-shutdown; a second signal ends the node at once (its app processes are
-killed first, so nothing is left behind either way).
+once), the agent stops every app process, membership leaves the cluster (every
+member hears ``left`` — the lease holder moves the node's work at once instead
+of waiting out a grace — and the transport flushes those goodbyes before it
+closes), and last the registration revokes the node lease so ``nodes/<id>``
+disappears.
+
+The coordinator reads the local SWIM view once per pass (through a
+:class:`~corral.actors.membership.MembershipFeed`), and membership nudges it
+with :class:`~corral.actors.coordinator.KickCoordinator` whenever that view
+changes, so a member found dead or gone is acted on at once, not a tick later.
+
+SIGTERM or SIGINT starts that shutdown; a second signal ends the node at
+once (its app processes are killed first, so nothing is left behind either
+way).
 
 Before anything starts, the node checks two things in the registry:
 
@@ -45,7 +56,15 @@ import trio
 
 from corral.actors.coordinator import (
     GetCoordinatorState,
+    KickCoordinator,
+    MemberStatus,
     coordinator_child_spec,
+)
+from corral.actors.membership import (
+    MembershipFeed,
+    SwimConfig,
+    membership_child_spec,
+    registry_seeds,
 )
 from corral.actors.node_record import (
     HeldElsewhere,
@@ -118,6 +137,7 @@ log = logging.getLogger("corral.node")
 
 AGENT = "agent"
 COORDINATOR = "coordinator"
+MEMBERSHIP = "membership"
 ROUTING = "routing"
 #: Seconds an app process gets between SIGTERM and SIGKILL, at most.
 PROCESS_STOP_GRACE = 10.0
@@ -370,12 +390,16 @@ def root_spec(
         ),
         ChildSpec(
             name="peers",
-            factory=lambda: PeerDirectory(registry, transport),
+            factory=lambda: PeerDirectory(
+                registry, transport, forget_after=config.grace_period_ms / 1000
+            ),
             shutdown_grace=1.0,
         ),
     ]
+    feed = MembershipFeed()
+    children += membership_specs(runtime, registry, feed)
     children += agent_specs(runtime, registry, materialize)
-    children += coordinator_specs(runtime, registry)
+    children += coordinator_specs(runtime, registry, membership=feed.statuses)
     children += routing_specs(runtime, registry)
     children.append(
         ChildSpec(name="api", factory=lambda: ApiServer(api_app, config.api), shutdown_grace=3.0)
@@ -415,8 +439,40 @@ def agent_specs(
     return [agent.supervisor_spec()]
 
 
-def coordinator_specs(runtime: NodeRuntime, registry: Registry) -> list[ChildSpec | SupervisorSpec]:
-    """The Coordinator: campaigns for ``lease/coordinator`` and places apps while it holds it."""
+def swim_config(config: NodeConfig) -> SwimConfig:
+    """The SWIM settings from the node's (memberlist's LAN profile for the rest)."""
+    return SwimConfig(
+        probe_interval=config.probe_interval_ms / 1000,
+        probe_timeout=config.probe_timeout_ms / 1000,
+        indirect_checks=config.indirect_checks,
+        suspicion_mult=config.suspicion_mult,
+    )
+
+
+def membership_specs(
+    runtime: NodeRuntime, registry: Registry, feed: MembershipFeed
+) -> list[ChildSpec | SupervisorSpec]:
+    """SwimMembership, joining through the nodes of the registry's records; its view goes
+    to ``feed`` and every change nudges the coordinator."""
+    return [
+        membership_child_spec(
+            seeds=registry_seeds(registry),
+            config=swim_config(runtime.config),
+            on_view=feed.on_view,
+            notify=((f"/{COORDINATOR}", KickCoordinator("membership changed")),),
+            name=MEMBERSHIP,
+            shutdown_grace=3.0,
+        )
+    ]
+
+
+def coordinator_specs(
+    runtime: NodeRuntime,
+    registry: Registry,
+    membership: Callable[[], Mapping[str, MemberStatus]] | None = None,
+) -> list[ChildSpec | SupervisorSpec]:
+    """The Coordinator: campaigns for ``lease/coordinator`` and places apps while it holds it
+    (``membership``: the local SWIM view it combines with the records)."""
     config = runtime.config
     return [
         coordinator_child_spec(
@@ -424,6 +480,7 @@ def coordinator_specs(runtime: NodeRuntime, registry: Registry) -> list[ChildSpe
             registry,
             policy=policy_from_config(config),
             lease_ttl=config.lease_ttl_ms / 1000,
+            membership=membership,
             name=COORDINATOR,
             shutdown_grace=min(5.0, config.shutdown_grace_ms / 1000),
         )

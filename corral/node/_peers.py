@@ -2,7 +2,9 @@
 
 Every node publishes its peer address in ``nodes/<id>``. This actor reads the
 node records now and then and adds each other node's address to the
-WebSocket transport (and forgets nodes whose record is gone), so actors can
+WebSocket transport (and forgets nodes whose record has been gone for
+``forget_after`` seconds: a record that lapses in a registry blip leaves the
+node reachable, so membership still sees it alive), so actors can
 ``ask`` an actor on another node by its id. When a node appears or goes, it
 calls the optional ``on_change`` hook (for embedders that want to know); the
 coordinator needs no such nudge: it watches ``nodes/`` itself.
@@ -13,6 +15,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
+
+import trio
 
 from corral.registry import NodeRecord, Registry, RegistryError, read_records
 from corral.supervision import Actor
@@ -53,6 +57,7 @@ class PeerDirectory(Actor):
         *,
         interval: float = DEFAULT_INTERVAL,
         on_change: Callable[[str], None] | None = None,
+        forget_after: float = 0.0,
     ) -> None:
         super().__init__()
         self._registry = registry
@@ -60,6 +65,9 @@ class PeerDirectory(Actor):
         self._interval = interval
         self._on_change = on_change
         self._known: dict[str, str] = {}
+        self._forget_after = forget_after
+        # Known nodes without a record now: since when (trio time).
+        self._gone: dict[str, float] = {}
 
     async def started(self) -> None:
         await self._refresh()
@@ -86,9 +94,16 @@ class PeerDirectory(Actor):
                 self.ctx.log.warning("node %s publishes a bad peer address: %s", node, exc)
                 continue
             self._known[node] = address
+        now = trio.current_time()
+        for node in list(self._gone):
+            if node not in remove:
+                del self._gone[node]
+        kept = [n for n in remove if now - self._gone.setdefault(n, now) < self._forget_after]
+        remove = [n for n in remove if n not in kept]
         for node in remove:
             self._peers.remove_peer(node)
             del self._known[node]
+            del self._gone[node]
         joined = sorted(node for node in add if node in self._known)
         if (joined or remove) and self._on_change is not None:
             self._on_change(describe_change(joined, remove))

@@ -1,4 +1,14 @@
-"""The Caddy driver: ``caddy run`` with a loopback admin API, each table ``POST /load``-ed."""
+"""The Caddy driver: ``caddy run`` with a loopback admin API, each table ``POST /load``-ed.
+
+Caddy applies every config change by reloading the whole config: the new servers
+take over the listeners and the old ones shut down gracefully, which closes their
+*idle* keep-alive connections at once. A client that sends a request on such a
+connection at that moment sees it reset (seen here with an httpx client reusing
+its connection right after an alias flip). Requests in flight finish. So
+with Caddy each table change can cost a client that reuses connections one retry;
+HAProxy, updated through its Runtime API, has no such window, which is why it is
+the primary proxy.
+"""
 
 from __future__ import annotations
 

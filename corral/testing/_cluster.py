@@ -39,6 +39,18 @@ as :class:`~corral.actors.process_supervisor.MemoryProcess` objects:
         assert cluster.instances() == {"shop": ["node-1", "node-3"]}
         assert max(n for _, n in cluster.running_counts("shop")) <= 2
 
+With ``swim=SwimConfig(...)`` every node also runs SWIM membership
+(``/node/membership``, joining through the registry's node records) over the
+memory network, and its coordinator reads that node's own SWIM view and is
+nudged on every change, as ``corral node run`` wires it: a killed node is
+found dead by SWIM, a stopped one leaves, and network faults
+(:meth:`MemoryNetwork.set_drop_rate`, ``set_delay``, :meth:`Cluster.partition`)
+reach membership as they would between machines::
+
+    async with open_cluster(3, swim=SwimConfig(), children=agent_node_children) as c:
+        await c.wait_for_members()                      # every node sees every node alive
+        await c.kill("node-2")                          # suspect, then dead, then down
+
 Time comes from trio, so the whole harness runs under
 ``MockClock(autojump_threshold=0)``; the default wall clock is virtual too
 (:func:`virtual_wall_clock`), so placements carry deterministic times.
@@ -58,7 +70,19 @@ from typing import Any
 
 import trio
 
-from corral.actors.coordinator import GetCoordinatorState, MemberStatus, coordinator_child_spec
+from corral.actors.coordinator import (
+    GetCoordinatorState,
+    KickCoordinator,
+    MemberStatus,
+    coordinator_child_spec,
+)
+from corral.actors.membership import (
+    MEMBERSHIP,
+    MembershipFeed,
+    SwimConfig,
+    membership_child_spec,
+    registry_seeds,
+)
 from corral.actors.node_record import NodeIdentity, node_registration_child_spec
 from corral.actors.planner import Policy
 from corral.actors.process_supervisor import AppPaths, LaunchEvent, MemoryLauncher
@@ -135,15 +159,20 @@ class NodeContext:
     launcher: MemoryLauncher
     #: the membership view the coordinator combines with the records (None: not wired).
     membership: Callable[[], Mapping[str, MemberStatus]] | None = None
+    #: SWIM settings when the node runs membership (None: it does not).
+    swim: SwimConfig | None = None
+    #: where that node's SWIM view goes (set with ``swim``).
+    feed: MembershipFeed | None = None
 
 
 ChildrenFactory = Callable[[NodeContext], Sequence[ChildSpec | SupervisorSpec]]
 
 
 def default_node_children(ctx: NodeContext) -> list[ChildSpec | SupervisorSpec]:
-    """NodeRegistration (``/node/registration``) then Coordinator (``/node/coordinator``)."""
+    """NodeRegistration (``/node/registration``), SwimMembership (``/node/membership``,
+    with ``ctx.swim`` only), then Coordinator (``/node/coordinator``)."""
     capacity = ctx.capacity
-    return [
+    children: list[ChildSpec | SupervisorSpec] = [
         node_registration_child_spec(
             ctx.identity,
             ctx.registry,
@@ -151,6 +180,22 @@ def default_node_children(ctx: NodeContext) -> list[ChildSpec | SupervisorSpec]:
             wall_clock=ctx.wall_clock,
             lease_ttl=ctx.node_lease_ttl,
         ),
+    ]
+    if ctx.swim is not None and ctx.feed is not None:
+        seed = f"swim/{ctx.node_id}/{ctx.life}"
+        children.append(
+            membership_child_spec(
+                seeds=registry_seeds(ctx.registry),
+                config=ctx.swim,
+                on_view=ctx.feed.on_view,
+                rng_factory=lambda: random.Random(seed),
+                wall_clock=ctx.wall_clock,
+                notify=(
+                    (f"/{NODE_SUPERVISOR}/coordinator", KickCoordinator("membership changed")),
+                ),
+            )
+        )
+    children.append(
         coordinator_child_spec(
             ctx.node_id,
             ctx.registry,
@@ -158,8 +203,9 @@ def default_node_children(ctx: NodeContext) -> list[ChildSpec | SupervisorSpec]:
             ctx.lease_ttl,
             ctx.wall_clock,
             membership=ctx.membership,
-        ),
-    ]
+        )
+    )
+    return children
 
 
 def agent_node_children(ctx: NodeContext) -> list[ChildSpec | SupervisorSpec]:
@@ -245,6 +291,11 @@ class ClusterNode:
         return self.ref("registration")
 
     @property
+    def membership(self) -> ActorRef:
+        """The node's SwimMembership (with ``swim=``)."""
+        return self.ref(MEMBERSHIP)
+
+    @property
     def reconciler(self) -> ActorRef:
         """The agent's Reconciler (with :func:`agent_node_children`)."""
         return self.ref(f"{AgentSpec.name}/{AgentSpec.RECONCILER}")
@@ -271,7 +322,10 @@ class Cluster:
         children: ChildrenFactory,
         data_dir: Path,
         membership: Mapping[str, MemberStatus] | None = None,
+        swim: SwimConfig | None = None,
     ) -> None:
+        if membership is not None and swim is not None:
+            raise ValueError("give membership= (a fixed view) or swim= (SWIM runs), not both")
         self._nursery = nursery
         self.registry = CountingRegistry(registry)
         self.network = network
@@ -282,6 +336,9 @@ class Cluster:
         self._children = children
         self.data_dir = data_dir
         self.membership = membership
+        self.swim = swim
+        #: node id -> the SWIM view of its current life (with ``swim``).
+        self.feeds: dict[str, MembershipFeed] = {}
         self.nodes: dict[str, ClusterNode] = {}
 
     # ------------------------------------------------------------------ membership
@@ -370,6 +427,11 @@ class Cluster:
         node.life += 1
         gate = RegistryGate(self.registry, name=node.node_id)
         node.gate = gate
+        feed: MembershipFeed | None = None
+        membership = self._membership_view()
+        if self.swim is not None:
+            feed = self.feeds[node.node_id] = MembershipFeed()
+            membership = feed.statuses
         ctx = NodeContext(
             node_id=node.node_id,
             registry=gate,
@@ -382,7 +444,9 @@ class Cluster:
             life=node.life,
             data_dir=node.data_dir,
             launcher=node.launcher,
-            membership=self._membership_view(),
+            membership=membership,
+            swim=self.swim,
+            feed=feed,
         )
         spec = SupervisorSpec(name=NODE_SUPERVISOR, children=tuple(self._children(ctx)))
         system: ActorSystem | None = None
@@ -496,6 +560,39 @@ class Cluster:
             f"no coordinator (other than {sorted(exclude)}) within {limit} s; "
             f"running nodes: {self.running}"
         )
+
+    def member_states(self, node_id: str) -> dict[str, str]:
+        """Node id -> state in ``node_id``'s SWIM view now (with ``swim``; empty before
+        its first view)."""
+        feed = self.feeds.get(node_id)
+        return {} if feed is None else {n: s.state for n, s in feed.statuses().items()}
+
+    async def wait_for_members(
+        self,
+        *,
+        nodes: Collection[str] | None = None,
+        within: float = 60.0,
+        poll: float = 0.1,
+    ) -> None:
+        """Wait until every running node (or each of ``nodes``) sees every running node
+        alive in its SWIM view.
+
+        Raises:
+            TimeoutError: naming the views that had not converged ``within`` seconds.
+        """
+        views: dict[str, dict[str, str]] = {}
+        with trio.move_on_after(within):
+            while True:
+                watched = sorted(nodes) if nodes is not None else self.running
+                expected = dict.fromkeys(self.running, "alive")
+                views = {n: self.member_states(n) for n in watched}
+                if all(
+                    {k: v for k, v in view.items() if k in expected} == expected
+                    for view in views.values()
+                ):
+                    return
+                await trio.sleep(poll)
+        raise TimeoutError(f"SWIM views did not converge within {within} s: {views}")
 
     async def put_app(self, app: AppRecord) -> None:
         """Write ``apps/<name>`` (as an operator would)."""
@@ -624,6 +721,7 @@ async def open_cluster(
     capacity: Capacity | None = DEFAULT_TEST_CAPACITY,
     data_dir: Path | None = None,
     membership: Mapping[str, MemberStatus] | None = None,
+    swim: SwimConfig | None = None,
 ) -> AsyncIterator[Cluster]:
     """Run a cluster of in-process nodes for the duration of the block.
 
@@ -645,6 +743,8 @@ async def open_cluster(
         membership: node id -> :class:`~corral.actors.coordinator.MemberStatus`, the
             membership view every coordinator reads (each pass reads it anew, so a
             test may change the mapping as it goes); None: membership is not wired in.
+        swim: run SWIM membership on every node with these settings, each
+            coordinator reading its own node's view (not with ``membership``).
 
     Leaving the block stops every node cleanly.
     """
@@ -667,6 +767,7 @@ async def open_cluster(
                 children=children,
                 data_dir=data_dir,
                 membership=membership,
+                swim=swim,
             )
             try:
                 for node_id in ids:

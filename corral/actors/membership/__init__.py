@@ -3,6 +3,7 @@
 * :mod:`._swim` — the pure state machine (:class:`Swim`, :class:`SwimConfig`);
 * :mod:`._messages` — the wire messages and their bounds;
 * :mod:`._actor` — :class:`SwimMembership`, the thin actor over the transport;
+* :mod:`._feed` — :class:`MembershipFeed`, the local view as the coordinator reads it;
 * :mod:`._simulation` — :class:`SwimSimulation`, many machines on one virtual clock.
 """
 
@@ -18,6 +19,7 @@ from corral.actors.membership._actor import (
     membership_child_spec,
     registry_seeds,
 )
+from corral.actors.membership._feed import MembershipFeed, member_statuses
 from corral.actors.membership._messages import (
     MAX_MEMBERS_PER_MESSAGE,
     MAX_UPDATES_PER_MESSAGE,
@@ -56,6 +58,7 @@ __all__ = [
     "MemberInfo",
     "MemberState",
     "MemberView",
+    "MembershipFeed",
     "MembershipView",
     "Nack",
     "Observed",
@@ -72,6 +75,7 @@ __all__ = [
     "SwimSimulation",
     "Transition",
     "Update",
+    "member_statuses",
     "membership_child_spec",
     "registry_seeds",
     "retransmit_limit",

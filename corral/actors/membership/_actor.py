@@ -12,8 +12,10 @@ wake-up becomes a timer, and each transition becomes an event —
 the member, its incarnation and who reported it.
 
 The view is answered to :class:`GetMembership` and handed to the optional
-``on_view`` hook after every change. On stop the node leaves gracefully: every
-member hears it left, so none waits out a suspicion.
+``on_view`` hook after every change, and each local actor named in ``notify``
+is then told its message (without waiting: a full mailbox already holds a
+nudge). On stop the node leaves gracefully: every member hears it left, so
+none waits out a suspicion.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from __future__ import annotations
 import math
 import random
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -47,7 +49,16 @@ from corral.actors.membership._swim import (
     wire_state,
 )
 from corral.registry import NodeRecord, Registry, RegistryError, read_records
-from corral.supervision import Actor, ChildSpec, Restart, SupervisionError, TimerHandle
+from corral.supervision import (
+    Actor,
+    ActorNotFound,
+    ActorStopped,
+    ChildSpec,
+    MailboxFull,
+    Restart,
+    SupervisionError,
+    TimerHandle,
+)
 from corral.transport import TransportError, message
 
 __all__ = [
@@ -175,6 +186,8 @@ class SwimMembership(Actor):
         wall_clock: unix time, for the ``since`` of each member in the view.
         on_view: called with the view after every change.
         max_in_flight: messages waiting to be sent at once, at most.
+        notify: (local actor path, message) pairs: each actor is told its message
+            after every change of the view (a coordinator's nudge, say).
     """
 
     mailbox_size = 256
@@ -189,6 +202,7 @@ class SwimMembership(Actor):
         wall_clock: Callable[[], float] = time.time,
         on_view: Callable[[MembershipView], None] | None = None,
         max_in_flight: int = 64,
+        notify: Sequence[tuple[str, object]] = (),
     ) -> None:
         super().__init__()
         if not (rejoin_interval > 0 and math.isfinite(rejoin_interval)):
@@ -202,6 +216,7 @@ class SwimMembership(Actor):
         self._wall_clock = wall_clock
         self._on_view = on_view
         self._max_in_flight = max_in_flight
+        self._notify = tuple(notify)
         self._swim: Swim | None = None
         self._timer: TimerHandle | None = None
         self._timer_at = NEVER
@@ -271,9 +286,21 @@ class SwimMembership(Actor):
             self.ctx.start_task(self._send, send.to, send.message)
         for transition in step.transitions:
             self._emit(transition)
-        if step.transitions and self._on_view is not None:
-            self._on_view(self.view())
+        if step.transitions:
+            self._publish()
         self._schedule(step.wake_at)
+
+    def _publish(self) -> None:
+        """Hand the view to ``on_view`` and nudge every actor of ``notify``."""
+        if self._on_view is not None:
+            self._on_view(self.view())
+        for path, note in self._notify:
+            try:
+                self.ctx.system.ref(path).tell_nowait(note)
+            except MailboxFull:
+                pass  # a nudge is already waiting there
+            except (ActorNotFound, ActorStopped) as exc:
+                self.ctx.log.debug("cannot nudge %s about the view: %s", path, exc)
 
     def _schedule(self, wake_at: float) -> None:
         if wake_at >= self._timer_at or wake_at == NEVER:
@@ -310,6 +337,8 @@ class SwimMembership(Actor):
         step = self.machine.leave(trio.current_time())
         for transition in step.transitions:
             self._emit(transition)
+        if step.transitions:
+            self._publish()
         if self._timer is not None:
             self._timer.cancel()
             self._timer, self._timer_at = None, NEVER
@@ -340,6 +369,8 @@ def membership_child_spec(
     rng_factory: Callable[[], random.Random] = random.Random,
     name: str = MEMBERSHIP,
     shutdown_grace: float = 2.0,
+    notify: Sequence[tuple[str, object]] = (),
+    wall_clock: Callable[[], float] = time.time,
 ) -> ChildSpec:
     """A ChildSpec running :class:`SwimMembership` (PERMANENT) for the node assembly.
 
@@ -354,6 +385,8 @@ def membership_child_spec(
             rejoin_interval=rejoin_interval,
             rng=rng_factory(),
             on_view=on_view,
+            notify=notify,
+            wall_clock=wall_clock,
         )
 
     return ChildSpec(

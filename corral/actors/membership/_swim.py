@@ -45,7 +45,9 @@ fewest-sent first, each at most ``RetransmitMult * ceil(log10(N + 1))``
 times. A gossip tick also sends queued updates to ``gossip_nodes`` random
 members. A periodic push-pull exchanges full views with one alive member, and
 a reconnect tick offers ours to one dead member, so views converge again after
-a partition heals. Joining sends our view to each seed, which answers with its.
+a partition heals. A member we hold dead that sends us anything (it was paused,
+not dead) is told at once that we hold it dead, so it refutes without waiting
+for a push-pull. Joining sends our view to each seed, which answers with its.
 
 **Lifeguard** (Dadgar et al., DSN 2018), on unless ``lifeguard=False``:
 
@@ -532,7 +534,16 @@ class Swim:
                 self._merge_state(msg.members, now)
                 if msg.reply:
                     self._send(msg.source, StateSync(self.me, self._state_entries(), reply=False))
+        self._tell_the_dead(msg.source)
         return self._step(now)
+
+    def _tell_the_dead(self, source: str) -> None:
+        """A member we hold dead is talking to us: it was paused or cut off, not dead,
+        and may not know. Tell it now, so it refutes at once instead of at the next
+        push-pull (one short gossip per message it sends while we hold it dead)."""
+        m = self._members.get(source)
+        if source != self.me and m is not None and m.state is MemberState.DEAD:
+            self._send(source, Gossip(self.me, (Update(source, "dead", m.incarnation, self.me),)))
 
     def tick(self, now: float) -> Step:
         """Run every timer that is due at ``now``."""

@@ -326,6 +326,27 @@ def test_incarnation_ordering(
     assert (view.state, view.incarnation) == result
 
 
+def test_a_member_held_dead_that_talks_is_told_and_refutes_at_once() -> None:
+    a = machine(others=("b", "c"))
+    a.receive(Gossip("c", (Update("b", "dead", 0, "c"),)), 1.0)
+    assert a.member("b").state is DEAD  # type: ignore[union-attr]
+    b = machine("b", ("a", "c"))
+    # b wakes from a pause and probes a, which holds it dead: a says so right away.
+    step = a.receive(Ping(7, "b", "a"), 2.0)
+    told = [s for s in sends_of(step, Gossip) if s.to == "b"]
+    assert [t.message for t in told] == [Gossip("a", (Update("b", "dead", 0, "a"),))]
+    b.receive(told[0].message, 2.0)
+    assert b.incarnation == 1
+    # Its refutation travels on what it sends next; a takes it and tells it no more.
+    ping, _target, when = run_probe_until_ping(b, 2.0)
+    assert Update("b", "alive", 1, "b") in ping.updates
+    a.receive(Gossip("b", (Update("b", "alive", 1, "b"),)), when)
+    assert a.member("b").state is ALIVE  # type: ignore[union-attr]
+    assert sends_of(a.receive(Ping(8, "b", "a"), when + 1), Gossip) == []
+    # A member that left, or one alive, is never told it is dead.
+    assert sends_of(a.receive(Gossip("c", ()), when + 1), Gossip) == []
+
+
 def test_graceful_leave_tells_everyone_and_they_record_left() -> None:
     a = machine()
     step = a.leave(3.0)

@@ -1,0 +1,271 @@
+"""SWIM wired into the coordinator, on the in-process cluster (memory transport and
+registry, virtual time): every node runs ``/node/membership`` and its coordinator reads its
+own SWIM view, as ``corral node run`` wires them.
+
+* a member that stalls for less than the suspicion timeout is at most suspect: nothing moves;
+* a killed member goes down (SWIM dead), and its work moves exactly once, after the grace;
+* a coordinator hand-off during the grace keeps ``down_since``;
+* the registry cut off from one live node moves nothing: SWIM still reaches it;
+* a clean stop leaves: its work moves at once, no grace.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
+
+import trio
+
+from corral.actors.membership import SwimConfig, suspicion_bounds
+from corral.actors.planner import Policy
+from corral.registry import AppRecord, NodeDown, decode_record, down_key
+from corral.testing import Cluster, open_cluster, virtual_wall_clock
+from corral.transport import MemoryNetwork
+
+TTL = 45.0  # coordinator lease
+NODE_TTL = 15.0  # node records
+TICK = TTL / 3
+GRACE = 60.0
+POLICY = Policy(grace_period_s=GRACE)
+SWIM = SwimConfig()
+NODES = 4
+MIN_SUSPICION, MAX_SUSPICION, _ = suspicion_bounds(SWIM, NODES)
+APPS = [f"single-{i}" for i in range(8)]
+
+
+async def until(predicate: Callable[[], object], *, within: float, poll: float = 0.05) -> float:
+    with trio.fail_after(within):
+        while True:
+            value = predicate()
+            if hasattr(value, "__await__"):
+                value = await value
+            if value:
+                return trio.current_time()
+            await trio.sleep(poll)
+
+
+async def down_entry(cluster: Cluster, node: str) -> NodeDown | None:
+    kv = await cluster.registry.get(down_key(node))
+    if kv is None:
+        return None
+    record = decode_record(kv.key, kv.value)
+    assert isinstance(record, NodeDown)
+    return record
+
+
+async def placed_on(cluster: Cluster, node: str) -> list[str]:
+    named = []
+    for app in APPS:
+        record = await cluster.placement(app)
+        if record is not None and node in record.nodes:
+            named.append(app)
+    return named
+
+
+async def status_of(cluster: Cluster, holder: str, node: str) -> dict[str, object]:
+    state = await cluster.coordinator_state(holder)
+    assert state is not None
+    (status,) = [s for s in state["node_states"] if s["node"] == node]
+    return dict(status)
+
+
+def trio_time_of(wall: float) -> float:
+    return wall - (virtual_wall_clock() - trio.current_time())
+
+
+def cluster_of(network: MemoryNetwork | None = None) -> AbstractAsyncContextManager[Cluster]:
+    return open_cluster(
+        NODES,
+        lease_ttl=TTL,
+        node_lease_ttl=NODE_TTL,
+        policy=POLICY,
+        swim=SWIM,
+        network=network,
+    )
+
+
+async def setup(cluster: Cluster) -> tuple[str, str, list[str]]:
+    """SWIM converged and the apps placed; the holder, a victim (not the holder) with
+    work, and the victim's apps."""
+    holder = await cluster.wait_for_coordinator()
+    await cluster.wait_for_members(within=30)
+    for app in APPS:
+        await cluster.put_app(AppRecord(app, replicas=1))
+    await trio.sleep(TICK + 1)
+    for node in cluster.running:
+        if node != holder and await placed_on(cluster, node):
+            return holder, node, await placed_on(cluster, node)
+    raise AssertionError("no app landed on a node other than the coordinator's")
+
+
+def states_seen(cluster: Cluster, node: str) -> set[str]:
+    """Every state any node's SWIM reported ``node`` in (member.* events)."""
+    return {
+        event.kind.removeprefix("member.")
+        for _, event in cluster.events()
+        if event.kind.startswith("member.") and event.fields.get("member") == node
+    }
+
+
+async def test_a_stall_shorter_than_the_suspicion_timeout_is_at_most_suspect(
+    autojump_clock: object,
+) -> None:
+    network = MemoryNetwork(random=random.Random(7))
+    async with cluster_of(network) as cluster:
+        holder, victim, apps = await setup(cluster)
+        network.set_delay(0.02)
+        network.set_drop_rate(0.02)
+        cluster.registry.reset()
+        # A SIGSTOP-like stall: no message and no registry call gets through for a while.
+        others = [n for n in cluster.running if n != victim]
+        cluster.partition({victim}, others)
+        cluster.cut_registry(victim, hang=True)
+        await trio.sleep(MIN_SUSPICION / 2)
+        cluster.heal()
+        cluster.restore_registry(victim)
+        await trio.sleep(MAX_SUSPICION + GRACE + TICK)
+        assert "down" not in states_seen(cluster, victim)
+        assert states_seen(cluster, victim) <= {"alive", "suspect"}
+        assert cluster.registry.writes_under("placement/") == 0
+        assert await down_entry(cluster, victim) is None
+        assert await placed_on(cluster, victim) == apps
+        status = await status_of(cluster, holder, victim)
+        assert status["state"] == "alive"
+        since = status["since"]
+        assert isinstance(since, float)
+        assert since <= virtual_wall_clock()  # SWIM's wall clock is the harness's
+        assert cluster.events("node.down") == []
+
+
+async def test_a_killed_member_is_down_then_its_work_moves_once_after_the_grace(
+    autojump_clock: object,
+) -> None:
+    async with cluster_of() as cluster:
+        holder, victim, apps = await setup(cluster)
+        cluster.registry.reset()
+        await cluster.kill(victim)
+        killed_at = trio.current_time()
+
+        bound = SWIM.probe_interval * 3 + MAX_SUSPICION
+        await until(lambda: down_entry(cluster, victim), within=bound)
+        entry = await down_entry(cluster, victim)
+        assert entry is not None
+        assert entry.down_since is not None
+        down_at = trio_time_of(entry.down_since)
+        # Found by SWIM (probe, then the suspicion timeout), well before its record lapses.
+        assert down_at - killed_at <= bound
+        assert down_at - killed_at < NODE_TTL
+        status = await status_of(cluster, holder, victim)
+        assert status["state"] == "down"
+        assert status["reason"] == "membership declared it dead"
+        assert isinstance(status["incarnation"], int)
+        assert "down" in states_seen(cluster, victim)
+
+        assert cluster.registry.writes_under("placement/") == 0
+        moved_at = await until(lambda: _none_left(cluster, victim), within=GRACE + 2)
+        assert GRACE <= moved_at - down_at <= GRACE + 0.5
+        assert cluster.registry.writes_under("placement/") == len(apps)
+        await trio.sleep(3 * TICK)
+        assert cluster.registry.writes_under("placement/") == len(apps)  # exactly once
+
+
+async def _none_left(cluster: Cluster, node: str) -> bool:
+    return not await placed_on(cluster, node)
+
+
+async def test_a_coordinator_hand_off_during_the_grace_keeps_down_since(
+    autojump_clock: object,
+) -> None:
+    async with cluster_of() as cluster:
+        holder, victim, _ = await setup(cluster)
+        await cluster.kill(victim)
+        await until(lambda: down_entry(cluster, victim), within=3 + MAX_SUSPICION)
+        entry = await down_entry(cluster, victim)
+        assert entry is not None
+        assert entry.down_since is not None
+        await trio.sleep(GRACE / 3)
+        # The holder stops cleanly mid-grace: it hands the lease back and leaves SWIM.
+        await cluster.stop(holder)
+        successor = await cluster.wait_for_coordinator(exclude={holder})
+        await until(
+            lambda: _state_in(cluster, successor, victim, "down"), within=TICK + 1
+        )
+        status = await status_of(cluster, successor, victim)
+        assert status["down_since"] == entry.down_since  # not restarted by the successor
+        after = await down_entry(cluster, victim)
+        assert after is not None
+        assert after.down_since == entry.down_since
+        moved_at = await until(lambda: _none_left(cluster, victim), within=GRACE)
+        assert GRACE <= moved_at - trio_time_of(entry.down_since) <= GRACE + 0.5
+
+
+async def _state_in(cluster: Cluster, holder: str, node: str, state: str) -> bool:
+    current = await cluster.coordinator_state(holder)
+    if current is None or not current["coordinating"]:
+        return False
+    return any(s["node"] == node and s["state"] == state for s in current["node_states"])
+
+
+async def test_the_registry_cut_off_from_a_live_node_moves_nothing(
+    autojump_clock: object,
+) -> None:
+    async with cluster_of() as cluster:
+        holder, victim, apps = await setup(cluster)
+        cluster.registry.reset()
+        cluster.cut_registry(victim)
+        await until(lambda: _no_record(cluster, victim), within=NODE_TTL + 2)
+        await trio.sleep(GRACE + TICK)
+        status = await status_of(cluster, holder, victim)
+        assert status["state"] == "alive"
+        assert status["record"] is False
+        assert "lapsed but membership still reaches it" in str(status["reason"])
+        assert cluster.registry.writes_under("placement/") == 0
+        assert await placed_on(cluster, victim) == apps
+        assert cluster.events("node.down") == []
+        assert states_seen(cluster, victim) == {"alive"}
+
+
+async def _no_record(cluster: Cluster, node: str) -> bool:
+    return await cluster.node_record(node) is None
+
+
+async def test_a_clean_stop_leaves_and_its_work_moves_at_once(autojump_clock: object) -> None:
+    async with cluster_of() as cluster:
+        holder, victim, apps = await setup(cluster)
+        cluster.registry.reset()
+        stopped_at = trio.current_time()
+        await cluster.stop(victim)
+        moved_at = await until(lambda: _none_left(cluster, victim), within=GRACE)
+        assert moved_at - stopped_at <= 2.0  # not the grace: it left
+        assert "left" in states_seen(cluster, victim)
+        assert "down" not in states_seen(cluster, victim)
+        assert cluster.registry.writes_under("placement/") == len(apps)
+        assert cluster.events("node.down") == []
+        left = [e for n, e in cluster.events("member.left") if n == holder]
+        assert left
+        assert left[0].fields["member"] == victim
+
+
+async def test_a_killed_member_back_within_the_grace_is_alive_and_kept_its_work(
+    autojump_clock: object,
+) -> None:
+    async with cluster_of() as cluster:
+        holder, victim, apps = await setup(cluster)
+        cluster.registry.reset()
+        await cluster.kill(victim)
+        await until(lambda: down_entry(cluster, victim), within=3 + MAX_SUSPICION)
+        await trio.sleep(GRACE / 4)
+        await cluster.restart(victim)  # a new life: it refutes the old death
+        await until(lambda: _state_in(cluster, holder, victim, "alive"), within=GRACE / 2)
+        status = await status_of(cluster, holder, victim)
+        assert isinstance(status["incarnation"], int)
+        assert status["incarnation"] >= 1
+        await until(lambda: _no_entry(cluster, victim), within=TICK + 1)
+        await trio.sleep(GRACE)
+        assert cluster.registry.writes_under("placement/") == 0
+        assert await placed_on(cluster, victim) == apps
+
+
+async def _no_entry(cluster: Cluster, node: str) -> bool:
+    return await down_entry(cluster, node) is None
