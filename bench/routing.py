@@ -24,10 +24,20 @@ Measures, in one run:
   notification plus the proxy's raw apply of that flip (Runtime API lines; a ``POST
   /load``): ``propagation_ratio``.
 
+* ``e2e``: the whole path, with three real ``corral node run`` processes (SQLite registry)
+  and a real ``corral proxy run`` per proxy kind: an **alias flip** (the ``alias/`` write
+  until the proxy answers with the other app: the node's RoutingRenderer renders it, the
+  proxy applies it); an **instance lost** (SIGKILL of one app process until the proxy has
+  applied a table without it, as its ``proxies/<id>`` record says); an **instance ready**
+  (its node record saying ready until the proxy's answers come from it). Each against the
+  same baseline as ``flip`` (one watch notification plus the proxy's raw apply):
+  ``e2e_<kind>_<change>_ratio``. The path crosses processes twice (writer -> node ->
+  proxy); with SQLite each hop waits for the watcher's poll (50 ms), so set
+  ``CORRAL_BENCH_ETCD=host:port`` to run this part on etcd, whose watches push.
+
 A proxy whose binary is missing is reported as skipped. Render times are CPU seconds of this
 process (``time.process_time``), best of a few runs; apply times are wall seconds (the work
-happens in the proxy process). Propagation of an instance becoming ready or lost needs the
-node wiring (readiness in node records) and is not measured here yet.
+happens in the proxy process).
 
 Run: ``python bench/routing.py`` (well under a minute).
 """
@@ -410,6 +420,207 @@ async def _raw_flip(kind: str, engine: ProxyEngine, data: Path) -> float:
     return best
 
 
+# --------------------------------------------------------------------------- end to end
+
+E2E_RUNS = 5
+
+
+async def _greeted(client: httpx.AsyncClient, listen: str, host: str) -> dict[str, str] | None:
+    try:
+        response = await client.get(f"http://{listen}/", headers={"Host": host}, timeout=5.0)
+        body: dict[str, str] = response.json()
+        return body if response.status_code == 200 else None
+    except (httpx.HTTPError, ValueError):
+        return None
+
+
+async def _until(what: str, probe: Callable[[], object], limit: float = 60.0) -> float:
+    """Poll the async ``probe`` every millisecond until it is truthy; the seconds taken."""
+    t0 = time.perf_counter()
+    with trio.fail_after(limit):
+        while not await probe():  # type: ignore[misc]
+            await trio.sleep(0.001)
+    return time.perf_counter() - t0
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[len(ordered) // 2]
+
+
+async def bench_e2e(kind: str, figures: dict[str, object]) -> None:
+    """Three real nodes and ``corral proxy run --kind KIND``: flip, lost, ready."""
+    from corral.actors.routing import decode_table_json
+    from corral.node._artifacts import pack_directory
+    from corral.node._local_cluster import LocalCluster
+    from corral.registry import ROUTING_KEY, ProxyRecord, decode_record, proxy_key
+
+    binary = DEFAULT_HAPROXY if kind == "haproxy" else DEFAULT_CADDY
+    if not os.access(binary, os.X_OK):
+        print(f"{kind:<11} e2e skipped: {binary} is not installed")
+        return
+    greeter = Path(__file__).resolve().parents[1] / "examples" / "apps" / "greeter"
+    root = Path(tempfile.mkdtemp(prefix="corral-bench-e2e-", dir="/tmp"))
+    etcd = os.environ.get("CORRAL_BENCH_ETCD")
+    etcd_url = None if not etcd else f"etcd://{etcd}/?prefix=corral-bench/{os.urandom(4).hex()}/"
+    cluster = LocalCluster(
+        root, registry_url=etcd_url, lease_ttl_ms=3000, node_ttl_ms=3000, shutdown_grace_ms=3000
+    )
+    tag = os.urandom(3).hex()
+    for index in range(3):
+        start = 27000 + 200 * index
+        cluster.add_node(f"b{tag}-{index + 1}", port_range=(start, start + 199))
+    proxy: subprocess.Popen[bytes] | None = None
+    listen = f"127.0.0.1:{free_port()}"
+    proxy_id = f"bench-{kind}"
+    try:
+        await trio.to_thread.run_sync(cluster.start_all)
+
+        def deploy() -> None:
+            with cluster.any_client() as client:
+                for name in ("blue", "green"):
+                    packed = pack_directory(greeter)
+                    client.deploy(
+                        name,
+                        packed,
+                        replicas="all",
+                        env={"GREETING": name},
+                        domains=[f"{name}.test"],
+                    )
+
+        await trio.to_thread.run_sync(deploy)
+        async with open_registry(cluster.registry_url) as registry:
+            await registry.put(alias_key("shop.test"), AliasRecord("blue").encode())
+            with (root / "proxy.log").open("ab") as log:
+                proxy = subprocess.Popen(
+                    [
+                        sys.executable, "-m", "corral", "proxy", "run", "--kind", kind,
+                        "--listen", listen, "--registry", cluster.registry_url,
+                        "--data-dir", str(root / "proxy"), "--id", proxy_id,
+                    ],
+                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )  # fmt: skip
+            async with httpx.AsyncClient() as client:
+
+                async def serves(host: str, says: str) -> bool:
+                    body = await _greeted(client, listen, host)
+                    return body is not None and body.get("says") == f"{says}!"
+
+                await _until("the proxy to serve blue", lambda: serves("shop.test", "blue"), 90)
+
+                async def nodes_answering(host: str, tries: int = 9) -> set[str]:
+                    seen = set()
+                    for _ in range(tries):
+                        body = await _greeted(client, listen, host)
+                        if body is not None:
+                            seen.add(body["node"])
+                    return seen
+
+                async def all_three() -> bool:
+                    return len(await nodes_answering("blue.test")) == 3
+
+                await _until("blue on three nodes through the proxy", all_three, 60)
+
+                # Alias flips.
+                flips = []
+                for i in range(E2E_RUNS):
+                    target = "green" if i % 2 == 0 else "blue"
+                    t0 = time.perf_counter()
+                    await registry.put(alias_key("shop.test"), AliasRecord(target).encode())
+                    while not await serves("shop.test", target):
+                        await trio.sleep(0.001)
+                    flips.append(time.perf_counter() - t0)
+
+                # Instance lost, then ready again (its node restarts it).
+                victim = list(cluster.nodes.values())[1]
+                lost, ready = [], []
+                for _ in range(3):
+
+                    def victim_row() -> dict[str, object] | None:
+                        with victim.client() as node_client:
+                            rows = node_client.state()["processes"]
+                        for row in rows:
+                            if row["app"] == "blue" and row["pid"] and row["ready"]:
+                                return dict(row)
+                        return None
+
+                    row = None
+                    with trio.fail_after(60):
+                        while row is None:
+                            row = await trio.to_thread.run_sync(victim_row)
+                            await trio.sleep(0.05)
+                    await _until("it to answer", lambda: all_three(), 60)
+                    url = f"http://127.0.0.1:{row['public_port']}"
+
+                    async def table_without(url: str = url) -> int | None:
+                        kv = await registry.get(ROUTING_KEY)
+                        if kv is None:
+                            return None
+                        table = decode_table_json(kv.value)
+                        return None if url in table.domains.get("blue.test", ()) else table.revision
+
+                    async def proxy_applied(revision: int) -> bool:
+                        kv = await registry.get(proxy_key(proxy_id))
+                        record = None if kv is None else decode_record(kv.key, kv.value)
+                        return (
+                            isinstance(record, ProxyRecord)
+                            and (record.applied_revision or 0) >= revision
+                        )
+
+                    t0 = time.perf_counter()
+                    os.kill(int(str(row["pid"])), 9)
+                    revision = None
+                    while revision is None:
+                        revision = await table_without()
+                        await trio.sleep(0.001)
+                    while not await proxy_applied(revision):
+                        await trio.sleep(0.001)
+                    lost.append(time.perf_counter() - t0)
+
+                    async def published_ready() -> bool:
+                        kv = await registry.get(node_key(victim.node_id))
+                        record = None if kv is None else decode_record(kv.key, kv.value)
+                        entry = (
+                            None
+                            if not isinstance(record, NodeRecord)
+                            else (record.serving.get("blue"))
+                        )
+                        return bool(entry and entry.ready and entry.public_port)
+
+                    await _until("the restart to be published ready", published_ready, 60)
+                    t1 = time.perf_counter()
+                    while victim.node_id not in await nodes_answering("blue.test", 3):
+                        await trio.sleep(0.001)
+                    ready.append(time.perf_counter() - t1)
+    finally:
+        if proxy is not None:
+            proxy.terminate()
+            try:
+                proxy.wait(20)
+            except subprocess.TimeoutExpired:
+                proxy.kill()
+                proxy.wait(5)
+        await trio.to_thread.run_sync(cluster.close)
+        shutil.rmtree(root, ignore_errors=True)
+        if etcd_url is not None:
+            async with open_registry(etcd_url) as registry:
+                await registry.delete("", prefix=True)
+    figures["e2e_registry"] = "etcd" if etcd_url else "sqlite"
+    baseline = float(str(figures.get(f"{kind}_flip_baseline_ms", "nan"))) / 1000
+    for change, values in (("flip", flips), ("lost", lost), ("ready", ready)):
+        best, middle = min(values), _median(values)
+        ratio = best / baseline if baseline == baseline else float("nan")
+        print(
+            f"{kind:<11} e2e {change:<6} best {best * 1000:8.1f} ms, median "
+            f"{middle * 1000:8.1f} ms over {len(values)}; vs baseline {baseline * 1000:.1f} ms: "
+            f"ratio {ratio:.2f}"
+        )
+        figures[f"e2e_{kind}_{change}_ms"] = round(best * 1000, 1)
+        figures[f"e2e_{kind}_{change}_median_ms"] = round(middle * 1000, 1)
+        figures[f"e2e_{kind}_{change}_ratio"] = round(ratio, 2)
+
+
 def main() -> None:
     inputs = build_inputs()
     base = best_of(lambda: baseline(inputs))
@@ -447,6 +658,8 @@ def main() -> None:
         await bench_flip("caddy", figures)
 
     trio.run(proxies)
+    for kind in ("haproxy", "caddy"):
+        trio.run(bench_e2e, kind, figures)
     print(json.dumps(figures, sort_keys=True))
 
 

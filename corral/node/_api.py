@@ -56,6 +56,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from corral.actors.routing import decode_table_json, routes_answer
 from corral.node import _operations as ops
 from corral.node._artifact_store import ArtifactStore, artifact_capability
 from corral.node._artifacts import MAX_ARTIFACT_BYTES
@@ -79,17 +80,21 @@ from corral.node._requests import (
 from corral.node._views import CoordinatorView, NodeStatesView, node_rows, ps_rows
 from corral.registry import (
     COORDINATOR_LEASE_KEY,
+    PROXIES_PREFIX,
+    ROUTING_KEY,
     AppRecord,
     CoordinatorLease,
     NodeIntent,
     NodeRecord,
     PlacementRecord,
+    ProxyRecord,
     Registry,
     RegistryUnavailable,
     decode_record,
     read_records,
     validate_digest,
 )
+from corral.transport import SchemaError
 
 # base64 of the largest artifact plus room for the other fields.
 MAX_BODY_BYTES = MAX_ARTIFACT_BYTES * 4 // 3 + 64 * 1024
@@ -376,6 +381,17 @@ def build_api(services: ApiServices) -> ASGIApp:
             }
         )
 
+    async def routes(request: Request) -> Response:
+        kv = await registry.get(ROUTING_KEY)
+        table = None
+        if kv is not None:
+            try:
+                table = decode_table_json(kv.value)
+            except SchemaError as exc:
+                log.warning("the routing key does not decode: %s", exc)
+        proxies = await read_by_name(PROXIES_PREFIX, ProxyRecord)
+        return JSONResponse(routes_answer(table, proxies.values(), now=services.wall_clock()))
+
     async def list_apps(request: Request) -> Response:
         apps, undecodable = await read_records(registry, "apps/")
         return JSONResponse(
@@ -585,6 +601,7 @@ def build_api(services: ApiServices) -> ASGIApp:
             Route("/v1/events", events, methods=["GET"]),
             Route("/v1/ps", ps, methods=["GET"]),
             Route("/v1/nodes", nodes, methods=["GET"]),
+            Route("/v1/routes", routes, methods=["GET"]),
             Route("/v1/apps", list_apps, methods=["GET"]),
             Route("/v1/apps/{name}", get_app, methods=["GET"]),
             Route("/v1/apps/{name}", delete, methods=["DELETE"]),

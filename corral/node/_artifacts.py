@@ -42,6 +42,7 @@ from pathlib import Path
 
 from corral.node._errors import ArtifactInvalid, DigestMismatch
 from corral.node._requests import env_name_problem, exec_string_problem
+from corral.registry import HealthSpec
 
 MANIFEST_FILE = "corral.toml"
 PROCFILE = "Procfile"
@@ -75,10 +76,12 @@ SKIPPED_SUFFIXES = (".pyc", ".pyo")
 
 @dataclass(frozen=True)
 class Manifest:
-    """What an artifact runs: the command (argv) and extra environment."""
+    """What an artifact runs: the command (argv) and extra environment, and its
+    readiness check (``[health]``; None: the public port accepting TCP)."""
 
     command: tuple[str, ...]
     env: Mapping[str, str] = field(default_factory=dict)
+    health: HealthSpec | None = None
 
 
 @dataclass(frozen=True)
@@ -153,7 +156,35 @@ def _parse_corral_toml(raw: bytes) -> Manifest:
     values = {str(k): str(v) for k, v in env.items()}
     for name, value in values.items():
         _check_process_text(value, "env", f"{MANIFEST_FILE} [env] {name}")
-    return Manifest(tuple(command), values)
+    return Manifest(tuple(command), values, _parse_health(document.get("health")))
+
+
+def _parse_health(table: object) -> HealthSpec | None:
+    """``[health] path = "/healthz"`` (optional ``interval_ms``, ``timeout_ms``)."""
+    if table is None:
+        return None
+    example = '[health] path = "/healthz", interval_ms = 2000, timeout_ms = 1000'
+    if not isinstance(table, dict):
+        raise ArtifactInvalid("health", f"{MANIFEST_FILE}: [health] must be a table ({example})")
+    unknown = sorted(set(table) - {"path", "interval_ms", "timeout_ms"})
+    if unknown:
+        raise ArtifactInvalid(
+            "health",
+            f"{MANIFEST_FILE}: [health] has unknown keys {', '.join(map(repr, unknown))} "
+            f"(known: path, interval_ms, timeout_ms)",
+        )
+    path = table.get("path", "")
+    if not isinstance(path, str):
+        raise ArtifactInvalid("health", f"{MANIFEST_FILE}: [health] path must be a string")
+    defaults = HealthSpec()
+    try:
+        return HealthSpec(
+            path=path,
+            interval_ms=table.get("interval_ms", defaults.interval_ms),
+            timeout_ms=table.get("timeout_ms", defaults.timeout_ms),
+        )
+    except ValueError as exc:
+        raise ArtifactInvalid("health", f"{MANIFEST_FILE}: [health]: {exc}") from None
 
 
 def _parse_procfile(raw: bytes) -> Manifest:

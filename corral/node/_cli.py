@@ -57,18 +57,7 @@ def _node_run_options(run: argparse.ArgumentParser) -> None:
         metavar="URL",
         help="sqlite:///<data-dir>/registry.db (default), etcd://h:p or etcds://h:p (TLS)",
     )
-    run.add_argument("--registry-ca", metavar="FILE", help="CA (PEM) etcds:// trusts")
-    run.add_argument("--registry-cert", metavar="FILE", help="client certificate for etcd (PEM)")
-    run.add_argument("--registry-key", metavar="FILE", help="key of --registry-cert (PEM)")
-    run.add_argument("--registry-user", metavar="USER", help="etcd user to authenticate as")
-    run.add_argument(
-        "--registry-password",
-        metavar="PASSWORD",
-        help="its password (prefer $CORRAL_REGISTRY_PASSWORD or --registry-password-file)",
-    )
-    run.add_argument(
-        "--registry-password-file", metavar="FILE", help="file holding the etcd password"
-    )
+    _registry_tls_options(run)
     run.add_argument("--node-id", metavar="ID", help="node name (default: from the host name)")
     run.add_argument("--listen", metavar="HOST:PORT", help="peer address (default 127.0.0.1:7401)")
     run.add_argument("--api", metavar="HOST:PORT", help="API address (default 127.0.0.1:7400)")
@@ -119,6 +108,29 @@ def _node_run_options(run: argparse.ArgumentParser) -> None:
     )
     run.add_argument(
         "--suspicion-mult", metavar="N", help="SWIM: scales the suspicion timeout (4)"
+    )
+    run.add_argument(
+        "--proxy",
+        metavar="caddy=URL",
+        action="append",
+        default=[],
+        help="Caddy admin endpoint the coordinator pushes each routing table to (repeatable)",
+    )
+
+
+def _registry_tls_options(run: argparse.ArgumentParser) -> None:
+    """The registry TLS and auth flags ``corral node run`` and ``corral proxy run`` share."""
+    run.add_argument("--registry-ca", metavar="FILE", help="CA (PEM) etcds:// trusts")
+    run.add_argument("--registry-cert", metavar="FILE", help="client certificate for etcd (PEM)")
+    run.add_argument("--registry-key", metavar="FILE", help="key of --registry-cert (PEM)")
+    run.add_argument("--registry-user", metavar="USER", help="etcd user to authenticate as")
+    run.add_argument(
+        "--registry-password",
+        metavar="PASSWORD",
+        help="its password (prefer $CORRAL_REGISTRY_PASSWORD or --registry-password-file)",
+    )
+    run.add_argument(
+        "--registry-password-file", metavar="FILE", help="file holding the etcd password"
     )
 
 
@@ -174,6 +186,25 @@ def _build_parser() -> argparse.ArgumentParser:
                 action="store_true",
                 help="drain even though pinned apps run there: they are stopped, not moved",
             )
+
+    proxy = _verb(commands, "proxy", "run a real proxy (HAProxy or Caddy) serving the routes")
+    proxy_verbs = proxy.add_subparsers(dest="verb", metavar="VERB", required=True)
+    proxy_run = _verb(
+        proxy_verbs, "run", "start HAProxy or Caddy and feed it every routing table"
+    )
+    from corral.node._proxy_command import add_proxy_run_options
+
+    add_proxy_run_options(proxy_run)
+    proxy_run.add_argument(
+        "--registry", metavar="URL", help="the cluster's registry: sqlite:///PATH or etcd://h:p"
+    )
+    _registry_tls_options(proxy_run)
+    _verb(
+        commands,
+        "routes",
+        "print the routing table: domains, backends, held-back instances, proxies",
+        [common],
+    )
 
     deploy = _verb(
         commands, "deploy", "deploy an app directory (corral.toml or Procfile)", [common]
@@ -560,7 +591,7 @@ def drain_message(node: str, pinned: Sequence[str], *, forced: bool) -> str:
 
 
 def _read_command(args: argparse.Namespace, stdout: TextIO) -> int:
-    from corral.node._format import event_line, ps_table, state_summary
+    from corral.node._format import event_line, ps_table, routes_text, state_summary
 
     with _client(args) as client:
         if args.command == "ps":
@@ -569,6 +600,12 @@ def _read_command(args: argparse.Namespace, stdout: TextIO) -> int:
                 print(json.dumps(answer["rows"], indent=2), file=stdout)
             else:
                 print(ps_table(answer["rows"], answer.get("coordinator")), file=stdout)
+        elif args.command == "routes":
+            answer = client.routes()
+            if args.json:
+                _print_json(stdout, answer)
+            else:
+                print(routes_text(answer), file=stdout)
         elif args.command == "state":
             state = client.state()
             print(
@@ -615,6 +652,7 @@ def _dispatch(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
         "app": _app,
         "alias": _alias,
         "ps": _read_command,
+        "routes": _read_command,
         "state": _read_command,
         "events": _read_command,
         "inspect": _inspect,
@@ -625,6 +663,10 @@ def _dispatch(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
 
             return node_run_command(args, stderr)
         return _node_verb(args, stdout)
+    if args.command == "proxy":
+        from corral.node._proxy_command import proxy_run_command
+
+        return proxy_run_command(args, stderr)
     if args.command == "demo":
         from corral.node._demo import demo_command
 

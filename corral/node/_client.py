@@ -161,6 +161,10 @@ class NodeClient:
         """``{"rows": [...], "coordinator": {"holder", "cooldown_s"} or {"holder", "error"}}``."""
         return self.request("GET", "/v1/ps")
 
+    def routes(self) -> JSONDict:
+        """``GET /v1/routes``: the routing table, what it holds back, and the proxies."""
+        return self.request("GET", "/v1/routes")
+
     def nodes(self) -> JSONDict:
         """``{"nodes": [...], "coordinator": id or None, "fence": int or None}``."""
         return self.request("GET", "/v1/nodes")

@@ -84,6 +84,7 @@ SETTINGS: dict[str, str] = {
     "probe-timeout-ms": "ms",
     "indirect-checks": "count",
     "suspicion-mult": "count",
+    "proxy": "proxies",
 }
 LOG_FORMATS = ("text", "json")
 
@@ -161,6 +162,31 @@ class NodeConfig:
     indirect_checks: int = DEFAULT_INDIRECT_CHECKS
     #: SWIM: scales the suspicion timeout (min = mult * max(1, log10 N) * interval).
     suspicion_mult: int = DEFAULT_SUSPICION_MULT
+    #: Caddy admin endpoints (``http://HOST:PORT``) the coordinator pushes each table to
+    #: (``--proxy caddy=http://HOST:PORT``, repeatable).
+    proxies: tuple[str, ...] = ()
+
+
+def parse_proxy(text: str, where: str) -> str:
+    """Parse one ``--proxy KIND=URL``; only ``caddy=http://HOST:PORT`` is pushed to.
+
+    Returns:
+        The admin URL.
+
+    Raises:
+        ConfigError: naming ``where`` and the accepted form.
+    """
+    kind, sep, url = text.strip().partition("=")
+    if not sep or kind.strip() != "caddy":
+        raise ConfigError(
+            f"{where}: {text!r} is not a push target; write caddy=http://HOST:PORT (the "
+            "coordinator pushes tables to Caddy admin endpoints; run HAProxy with "
+            "`corral proxy run --kind haproxy`)"
+        )
+    host = parse_address(url, where)
+    if not url.strip().startswith("http://"):
+        raise ConfigError(f"{where}: {text!r}: the admin endpoint is http://HOST:PORT")
+    return host.url
 
 
 def parse_address(text: str, where: str) -> Address:
@@ -376,6 +402,20 @@ def resolve_node_config(
             f"{probe_interval_ms} (an ack waited for longer than the interval overlaps the "
             "next probe); lower the timeout or raise the interval"
         )
+    proxies: list[str] = []
+    found = pick("proxy")
+    if found is not None:
+        value, where = found
+        if isinstance(value, str):
+            items = [item for item in value.split(",") if item.strip()]
+        elif isinstance(value, list):
+            items = [_file_text("proxy", item, where) for item in value]
+        else:
+            raise ConfigError(f"{where}: proxy must be a list of caddy=http://HOST:PORT strings")
+        for item in items:
+            url = parse_proxy(item, where)
+            if url not in proxies:
+                proxies.append(url)
 
     return NodeConfig(
         data_dir=data_dir,
@@ -417,6 +457,7 @@ def resolve_node_config(
         probe_timeout_ms=probe_timeout_ms,
         indirect_checks=number("indirect-checks", DEFAULT_INDIRECT_CHECKS, low=0, high=16),
         suspicion_mult=number("suspicion-mult", DEFAULT_SUSPICION_MULT, low=1, high=100),
+        proxies=tuple(proxies),
     )
 
 

@@ -404,6 +404,63 @@ def nodes_table(answer: Mapping[str, Any]) -> str:
     return f"{text}\n{footer}"
 
 
+def _lag(seconds: object) -> str | None:
+    if not isinstance(seconds, int | float) or isinstance(seconds, bool):
+        return None
+    return "0s" if seconds <= 0 else duration(float(seconds))
+
+
+def routes_text(answer: Mapping[str, Any]) -> str:
+    """``corral routes``: one row per domain and backend, what is held back, the proxies."""
+    answer = printable_tree(answer)
+    version = answer.get("version")
+    if not version:
+        return (
+            "no routing table yet: the coordinator writes one once an app is deployed with "
+            "--domain (corral deploy DIR --name APP --domain shop.test)"
+        )
+    lines = [f"routing table: fence {version['fence']} revision {version['revision']}"]
+    routes = answer.get("routes") or {}
+    if routes:
+        lines.append(
+            table(
+                ("DOMAIN", "BACKEND"),
+                [(domain, url) for domain in sorted(routes) for url in routes[domain]],
+            )
+        )
+    else:
+        lines.append("no domain has a ready backend")
+    held = answer.get("held_back") or []
+    if held:
+        lines.append(f"held back ({len(held)}):")
+        lines += [
+            f"  {h.get('app') or '-'} on {h.get('node') or '-'}: {h.get('why')}" for h in held
+        ]
+    proxies = answer.get("proxies") or []
+    if proxies:
+        lines.append(
+            table(
+                ("PROXY", "KIND", "LISTEN", "APPLIED", "LAG", "ERROR"),
+                [
+                    (
+                        p["id"],
+                        p["kind"],
+                        p.get("listen"),
+                        None
+                        if not p.get("applied")
+                        else f"{p['applied']['fence']}/{p['applied']['revision']}",
+                        _lag(p.get("lag_s")),
+                        p.get("error"),
+                    )
+                    for p in proxies
+                ],
+            )
+        )
+    else:
+        lines.append("no proxy has reported; start one with: corral proxy run --kind haproxy ...")
+    return "\n".join(lines)
+
+
 def _short(value: object) -> object:
     """A sha256 digest (an app revision) shortened to its first 12 digits, as ps shows it."""
     if isinstance(value, str) and len(value) == 64 and all(c in HEX for c in value):

@@ -138,6 +138,7 @@ log = logging.getLogger("corral.node")
 AGENT = "agent"
 COORDINATOR = "coordinator"
 MEMBERSHIP = "membership"
+ROUTING = "routing"
 #: Seconds an app process gets between SIGTERM and SIGKILL, at most.
 PROCESS_STOP_GRACE = 10.0
 
@@ -399,6 +400,7 @@ def root_spec(
     children += membership_specs(runtime, registry, feed)
     children += agent_specs(runtime, registry, materialize)
     children += coordinator_specs(runtime, registry, membership=feed.statuses)
+    children += routing_specs(runtime, registry)
     children.append(
         ChildSpec(name="api", factory=lambda: ApiServer(api_app, config.api), shutdown_grace=3.0)
     )
@@ -493,6 +495,16 @@ def policy_from_config(config: NodeConfig) -> Policy:
         disruption_budget=config.disruption_budget,
         min_usable_fraction=config.min_usable_percent / 100,
     )
+
+
+def routing_specs(runtime: NodeRuntime, registry: Registry) -> list[ChildSpec | SupervisorSpec]:
+    """The RoutingRenderer: renders ``routing`` while this node holds the coordinator
+    lease, and pushes each table to the ``--proxy caddy=URL`` admin endpoints."""
+    from corral.actors.routing import routing_renderer_child_spec
+    from corral.proxy import caddy_pusher
+
+    pushers = {f"caddy={url}": caddy_pusher(url) for url in runtime.config.proxies}
+    return [routing_renderer_child_spec(runtime.node_id, registry, pushers=pushers, name=ROUTING)]
 
 
 async def processes_view(services: NodeServices, state: dict[str, Any]) -> Any:

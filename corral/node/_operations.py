@@ -261,7 +261,11 @@ async def deploy(
     digest = await store_artifact(request.artifact)
     env = {**manifest.env, **(request.env or {})}
     deployment = Deployment(
-        revision=digest, command=list(manifest.command), env=env, deployed_at=now
+        revision=digest,
+        command=list(manifest.command),
+        env=env,
+        deployed_at=now,
+        health=manifest.health,
     )
     created = False
 

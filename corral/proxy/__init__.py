@@ -28,6 +28,7 @@ from corral.proxy._haproxy_plan import (
     plan_update,
     render_config,
 )
+from corral.proxy._push import caddy_pusher, check_admin_url
 from corral.proxy._status import ProxyStatus, Verdict, verdict
 
 __all__ = [
@@ -48,6 +49,8 @@ __all__ = [
     "RuntimePlan",
     "Verdict",
     "caddy_document",
+    "caddy_pusher",
+    "check_admin_url",
     "desired_state",
     "follow_routing",
     "open_proxy",

@@ -23,7 +23,13 @@ from typing import Any, Final
 from corral.actors.routing import RouteTable
 from corral.proxy._driver import dial_address
 
-__all__ = ["NOT_FOUND_BODY", "caddy_config_bytes", "caddy_document"]
+__all__ = [
+    "NOT_FOUND_BODY",
+    "SERVER_NAME",
+    "caddy_config_bytes",
+    "caddy_document",
+    "caddy_routes_bytes",
+]
 
 NOT_FOUND_BODY: Final = "no route for this host"
 
@@ -68,6 +74,8 @@ def _route_json(domain: str, urls: tuple[str, ...], try_duration_ms: int) -> str
 
 
 _ROUTES_MARK: Final = "__corral_routes__"
+#: The name of the HTTP server corral's Caddy config serves the table on.
+SERVER_NAME: Final = "corral"
 
 
 def _shell(listen: str, admin: str, storage: str) -> dict[str, Any]:
@@ -79,7 +87,7 @@ def _shell(listen: str, admin: str, storage: str) -> dict[str, Any]:
             "http": {
                 "grace_period": "2s",
                 "servers": {
-                    "corral": {
+                    SERVER_NAME: {
                         "listen": [listen],
                         "automatic_https": {"disable": True},
                         "routes": _ROUTES_MARK,
@@ -128,11 +136,18 @@ def caddy_config_bytes(
     A table differs from the last one in a few domains; the others' JSON is
     reused, so a 10,000-domain document costs a join rather than a full encoding.
     """
+    shell = _dumps(_shell(listen, admin, storage))
+    routes = caddy_routes_bytes(table, try_duration_ms=try_duration_ms).decode()
+    return shell.replace(_dumps(_ROUTES_MARK), routes, 1).encode()
+
+
+def caddy_routes_bytes(table: RouteTable, *, try_duration_ms: int = 2000) -> bytes:
+    """The routes array alone (every domain, then the catch-all 404), as JSON: what
+    a push to a running Caddy replaces (``PATCH .../servers/corral/routes``)."""
     routes = ",".join(
         [
             *(_route_json(d, table.domains[d], try_duration_ms) for d in sorted(table.domains)),
             _dumps(_CATCH_ALL),
         ]
     )
-    shell = _dumps(_shell(listen, admin, storage))
-    return shell.replace(_dumps(_ROUTES_MARK), f"[{routes}]", 1).encode()
+    return f"[{routes}]".encode()

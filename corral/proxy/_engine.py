@@ -18,10 +18,27 @@ from corral.proxy._driver import ProxyDriver
 from corral.proxy._errors import InvalidProxySetup, ProxyApplyFailed, ProxyError
 from corral.proxy._haproxy import HaproxyDriver
 from corral.proxy._status import ProxyStatus, Verdict, verdict
-from corral.registry import ROUTING_KEY, Registry, RegistryUnavailable, RevisionCompacted
+from corral.registry import (
+    ROUTING_KEY,
+    InvalidName,
+    Registry,
+    RegistryError,
+    RegistryOptions,
+    RegistryUnavailable,
+    RevisionCompacted,
+    proxy_key,
+    validate_name,
+)
 from corral.transport import SchemaError
 
-__all__ = ["ProxyEngine", "check_listen", "follow_routing", "open_proxy", "run_proxy"]
+__all__ = [
+    "ProxyEngine",
+    "check_listen",
+    "follow_routing",
+    "open_proxy",
+    "record_status",
+    "run_proxy",
+]
 
 log = logging.getLogger("corral.proxy")
 
@@ -273,6 +290,24 @@ async def _offer_value(
         await on_status(engine.status)
 
 
+async def record_status(registry: Registry, status: ProxyStatus) -> bool:
+    """Write ``status`` under ``proxies/<id>``; a registry failure is logged, not
+    raised (the proxy keeps serving). Returns whether it was written."""
+    try:
+        await registry.put(proxy_key(status.id), status.encode())
+    except RegistryError as exc:
+        log.warning("%s: could not record its status in %s: %s", status.id, status.key, exc)
+        return False
+    return True
+
+
+async def _forget_status(registry: Registry, status: ProxyStatus) -> None:
+    try:
+        await registry.delete(proxy_key(status.id))
+    except RegistryError as exc:
+        log.warning("%s: could not remove %s on the way out: %s", status.id, status.key, exc)
+
+
 async def run_proxy(
     kind: str,
     *,
@@ -284,13 +319,17 @@ async def run_proxy(
     admin: str | None = None,
     on_status: Callable[[ProxyStatus], Awaitable[None]] | None = None,
     emit: Callable[..., None] | None = None,
+    registry_options: RegistryOptions | None = None,
+    record: bool = True,
     task_status: trio.TaskStatus[ProxyEngine] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """``corral proxy run``: the real proxy, fed from the registry, until cancelled.
 
     Opens the registry, starts the proxy (:func:`open_proxy`), serves the stored
     table and every newer one (:func:`follow_routing`); on cancellation the proxy
-    process is stopped by pid and the registry closed.
+    process is stopped by pid and the registry closed. With ``record`` it writes
+    its :class:`ProxyStatus` to ``proxies/<id>`` once started and after every
+    table (what it applied, when, and any error), and removes it when stopped.
 
     Args:
         kind: ``"haproxy"`` or ``"caddy"``.
@@ -299,28 +338,55 @@ async def run_proxy(
         data_dir: the proxy's files.
         proxy_id: its name in ``proxies/<id>`` (default: the kind).
         binary, admin: see :func:`open_proxy`.
-        on_status: told the status after every table (to write ``proxies/<id>``).
+        on_status: told the status after every table.
         emit: told ``proxy.applied`` / ``proxy.failed`` events.
+        registry_options: TLS files and credentials for an etcd registry.
+        record: write ``proxies/<id>``.
 
     ``task_status.started(engine)`` once the stored table is served.
+
+    Raises:
+        InvalidProxySetup: an unusable kind, address, id or directory.
     """
     from corral.registry import open_registry
 
+    name = proxy_id or kind
+    try:
+        validate_name("proxy", name)
+    except InvalidName as exc:
+        raise InvalidProxySetup(f"--id: {exc}") from None
+
     async with (
-        open_registry(registry_url) as registry,
+        open_registry(registry_url, options=registry_options) as registry,
         open_proxy(
             kind,
             listen=listen,
             data_dir=data_dir,
             binary=binary,
             admin=admin,
-            proxy_id=proxy_id,
+            proxy_id=name,
             emit=emit,
         ) as engine,
     ):
-        await follow_routing(
-            registry, engine, on_status=on_status, task_status=_Relay(task_status, engine)
-        )
+
+        async def told(status: ProxyStatus) -> None:
+            if record:
+                await record_status(registry, status)
+            if on_status is not None:
+                await on_status(status)
+
+        if record:
+            await record_status(registry, engine.status)
+        try:
+            await follow_routing(
+                registry, engine, on_status=told, task_status=_Relay(task_status, engine)
+            )
+        finally:
+            if record:
+                # A proxy stopped on purpose leaves the list; a killed one stays, its lag
+                # growing, which is how `corral routes` shows it is not following.
+                with trio.CancelScope(shield=True), trio.move_on_after(2.0):
+                    await _forget_status(registry, engine.status)
 
 
 class _Relay:

@@ -15,13 +15,15 @@ the proxy serves, since when, the newest version it saw, and the last error.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import json
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 from corral.actors.routing import TableVersion
-from corral.transport import SchemaError, decode_message, encode_message, message
+from corral.registry import ProxyRecord
+from corral.transport import SchemaError
 
 __all__ = ["ProxyKind", "ProxyStatus", "Verdict", "verdict"]
 
@@ -61,40 +63,16 @@ def verdict(applied: TableVersion | None, offered: TableVersion, *, min_fence: i
     return Verdict.OLDER
 
 
-@message("proxy.status")
 @dataclass(frozen=True, slots=True)
-class ProxyStatus:
-    """The ``proxies/<id>`` record: what one proxy serves and how it went.
-
-    ``applied_fence``/``applied_revision`` are None until a table was applied;
-    ``applied_at`` is wall-clock seconds; ``error`` is the last apply's failure
-    (None once a later apply succeeds); ``seen_*`` is the newest version offered.
-    """
-
-    id: str
-    kind: str
-    listen: str
-    applied_fence: int | None = None
-    applied_revision: int | None = None
-    applied_at: float | None = None
-    seen_fence: int | None = None
-    seen_revision: int | None = None
-    error: str | None = None
-    apply_s: float | None = None
-    reloads: int = 0
+class ProxyStatus(ProxyRecord):
+    """The ``proxies/<id>`` record (:class:`corral.registry.ProxyRecord`) as the
+    engine keeps it, with the applied version as a :class:`TableVersion`."""
 
     @property
     def applied(self) -> TableVersion | None:
         if self.applied_fence is None or self.applied_revision is None:
             return None
         return TableVersion(self.applied_fence, self.applied_revision)
-
-    def encode(self) -> bytes:
-        """UTF-8 JSON with ``"v": 1``, as the registry stores it."""
-        _, body = encode_message(self)
-        return json.dumps(
-            {"v": _SCHEMA_VERSION, **body}, separators=(",", ":"), sort_keys=True
-        ).encode()
 
     @classmethod
     def decode(cls, data: bytes) -> ProxyStatus:
@@ -109,6 +87,8 @@ class ProxyStatus:
             raise SchemaError(f"proxy status: not UTF-8 JSON: {exc}") from None
         if not isinstance(obj, dict) or obj.pop("v", None) != _SCHEMA_VERSION:
             raise SchemaError("proxy status: not a v=1 JSON object")
-        status = decode_message("proxy.status", obj)
-        assert isinstance(status, ProxyStatus)
-        return status
+        try:
+            record = ProxyRecord.from_json(obj)
+        except (TypeError, ValueError) as exc:
+            raise SchemaError(f"proxy status: {exc}") from None
+        return cls(**{f.name: getattr(record, f.name) for f in dataclasses.fields(record)})

@@ -50,6 +50,7 @@ ALIAS_PREFIX: Final = "alias/"
 DOMAIN_PREFIX: Final = "domain/"
 ARTIFACTS_PREFIX: Final = "artifacts/"
 DOWN_PREFIX: Final = "down/"
+PROXIES_PREFIX: Final = "proxies/"
 
 
 class KeyKind(enum.StrEnum):
@@ -69,6 +70,7 @@ class KeyKind(enum.StrEnum):
     ARTIFACT = "artifacts"
     SECRET_FINGERPRINT = "cluster"
     DOWN = "down"
+    PROXY = "proxies"
 
 
 # --------------------------------------------------------------------------- names
@@ -236,6 +238,9 @@ def alias_previous_key(domain: str) -> str:
 def domain_key(domain: str) -> str:
     """``domain/<domain>``: the claim that gives a domain to one app."""
     return f"domain/{validate_domain(domain)}"
+def proxy_key(proxy_id: str) -> str:
+    """``proxies/<id>``: what the proxy of that name applied (written by ``corral proxy run``)."""
+    return f"{PROXIES_PREFIX}{validate_name('proxy', proxy_id)}"
 
 
 def artifact_key(digest: str) -> str:
@@ -262,7 +267,7 @@ def parse_key(key: str) -> tuple[KeyKind, tuple[str, ...]]:
 _KEY_SHAPES = (
     "accepted: apps/<app>, nodes/<node>, intent/<node>, placement/<app>, lease/coordinator, "
     "ports/<node>/<port>, alias/<domain>, alias/<domain>/previous, domain/<domain>, routing, "
-    "artifacts/<sha256>, cluster/secret-fingerprint, down/<node>"
+    "artifacts/<sha256>, cluster/secret-fingerprint, down/<node>, proxies/<id>"
 )
 
 
@@ -301,6 +306,8 @@ def _parse_key(key: str) -> tuple[KeyKind, tuple[str, ...]]:
         return KeyKind.DOMAIN, (validate_domain(parts[0]),)
     if head == "artifacts" and len(parts) == 1:
         return KeyKind.ARTIFACT, (validate_digest(parts[0]),)
+    if head == "proxies" and len(parts) == 1:
+        return KeyKind.PROXY, (validate_name("proxy", parts[0]),)
     raise ValueError("no such key")
 
 
@@ -401,33 +408,91 @@ def _dump(obj: dict[str, Any]) -> bytes:
 # --------------------------------------------------------------------------- records
 
 
+#: Bounds of a ``[health]`` check (``corral.toml``): interval and timeout in ms, path length.
+HEALTH_INTERVAL_MS: Final = (100, 600_000)
+HEALTH_TIMEOUT_MS: Final = (50, 60_000)
+MAX_HEALTH_PATH: Final = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class HealthSpec:
+    """An app's readiness check, from ``corral.toml``'s ``[health]`` table.
+
+    ``path`` empty: the public port accepting a TCP connection is the check; else
+    an HTTP GET on ``path`` must answer 2xx or 3xx. ``interval_ms`` between checks,
+    ``timeout_ms`` for one check.
+    """
+
+    path: str = ""
+    interval_ms: int = 2000
+    timeout_ms: int = 1000
+
+    def __post_init__(self) -> None:
+        if self.path and (
+            not self.path.startswith("/")
+            or len(self.path) > MAX_HEALTH_PATH
+            or any(not 0x21 <= ord(c) <= 0x7E for c in self.path)
+        ):
+            raise ValueError(
+                f"health path {self.path[:80]!r} must start with '/' and be printable ASCII "
+                f"without spaces, at most {MAX_HEALTH_PATH} characters (e.g. /healthz)"
+            )
+        for name, (low, high) in (
+            ("interval_ms", HEALTH_INTERVAL_MS),
+            ("timeout_ms", HEALTH_TIMEOUT_MS),
+        ):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+                raise ValueError(f"health {name} must be an integer from {low} to {high}")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"path": self.path, "interval_ms": self.interval_ms, "timeout_ms": self.timeout_ms}
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> HealthSpec:
+        return cls(
+            path=_str(_field(obj, "path", ""), "deployment.health.path"),
+            interval_ms=_int(_field(obj, "interval_ms", 2000), "deployment.health.interval_ms"),
+            timeout_ms=_int(_field(obj, "timeout_ms", 1000), "deployment.health.timeout_ms"),
+        )
+
+
 @dataclass(frozen=True, slots=True)
 class Deployment:
-    """What an app runs: the artifact (by digest), its command and environment."""
+    """What an app runs: the artifact (by digest), its command and environment, and
+    its readiness check (None: the default TCP check)."""
 
     revision: str
     command: list[str]
     env: dict[str, str] = field(default_factory=dict)
     deployed_at: float = 0.0
+    health: HealthSpec | None = None
 
     def __post_init__(self) -> None:
         validate_digest(self.revision)
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "revision": self.revision,
             "command": list(self.command),
             "env": dict(self.env),
             "deployed_at": self.deployed_at,
         }
+        if self.health is not None:
+            out["health"] = self.health.to_json()
+        return out
 
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> Deployment:
+        health = _field(obj, "health", None)
         return cls(
             revision=_str(_field(obj, "revision"), "deployment.revision"),
             command=_str_list(_field(obj, "command"), "deployment.command"),
             env=_str_dict(_field(obj, "env", {}), "deployment.env"),
             deployed_at=_float(_field(obj, "deployed_at", 0.0), "deployment.deployed_at"),
+            health=None
+            if health is None
+            else HealthSpec.from_json(_obj(health, "deployment.health")),
         )
 
 
@@ -546,7 +611,11 @@ MAX_SERVING_REASON: Final = 400
 @dataclass(frozen=True, slots=True)
 class ServingEntry:
     """One app a node serves: its revision, ports and process state; ``reason`` says
-    why it is ``failed`` or in a ``crash-loop`` (empty otherwise)."""
+    why it is ``failed`` or in a ``crash-loop`` (empty otherwise).
+
+    ``ready``: the instance passes its readiness check (the routing table lists
+    only ready ones); None in records of builds that did not publish it, which
+    count a ``running`` instance as ready."""
 
     revision: str
     public_port: int
@@ -554,6 +623,7 @@ class ServingEntry:
     state: ServingState = "starting"
     restarts: int = 0
     reason: str = ""
+    ready: bool | None = None
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -565,6 +635,8 @@ class ServingEntry:
         }
         if self.reason:
             out["reason"] = self.reason[:MAX_SERVING_REASON]
+        if self.ready is not None:
+            out["ready"] = self.ready
         return out
 
     @classmethod
@@ -576,6 +648,9 @@ class ServingEntry:
             state=_one_of(_field(obj, "state"), "serving.state", SERVING_STATES),
             restarts=_nonneg(_field(obj, "restarts", 0), "serving.restarts"),
             reason=_str(_field(obj, "reason", ""), "serving.reason")[:MAX_SERVING_REASON],
+            ready=None
+            if _field(obj, "ready", None) is None
+            else _bool(_field(obj, "ready"), "serving.ready"),
         )
 
 
@@ -891,6 +966,74 @@ class RoutingTable:
         return cls(domains={_str(d, "domains"): _str_list(u, d) for d, u in domains.items()})
 
 
+def _opt_int(value: Any, name: str) -> int | None:
+    return None if value is None else _nonneg(value, name)
+
+
+#: Longest ``ProxyRecord.error`` kept.
+MAX_PROXY_ERROR: Final = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class ProxyRecord:
+    """``proxies/<id>`` (written by ``corral proxy run``): what one proxy serves.
+
+    ``applied_fence``/``applied_revision``: the routing table version applied (None
+    until one was); ``applied_at`` wall-clock seconds; ``error`` the last apply's
+    failure (None once a later apply succeeded); ``seen_*`` the newest version
+    offered; ``apply_s`` how long the last apply took; ``reloads`` of the process.
+    """
+
+    id: str
+    kind: str
+    listen: str
+    applied_fence: int | None = None
+    applied_revision: int | None = None
+    applied_at: float | None = None
+    seen_fence: int | None = None
+    seen_revision: int | None = None
+    error: str | None = None
+    apply_s: float | None = None
+    reloads: int = 0
+
+    @property
+    def key(self) -> str:
+        return proxy_key(self.id)
+
+    def encode(self) -> bytes:
+        return _dump(
+            {
+                "id": self.id,
+                "kind": self.kind,
+                "listen": self.listen,
+                "applied_fence": self.applied_fence,
+                "applied_revision": self.applied_revision,
+                "applied_at": self.applied_at,
+                "seen_fence": self.seen_fence,
+                "seen_revision": self.seen_revision,
+                "error": None if self.error is None else self.error[:MAX_PROXY_ERROR],
+                "apply_s": self.apply_s,
+                "reloads": self.reloads,
+            }
+        )
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> ProxyRecord:
+        return cls(
+            id=_str(_field(obj, "id"), "id"),
+            kind=_str(_field(obj, "kind"), "kind"),
+            listen=_str(_field(obj, "listen", ""), "listen"),
+            applied_fence=_opt_int(_field(obj, "applied_fence", None), "applied_fence"),
+            applied_revision=_opt_int(_field(obj, "applied_revision", None), "applied_revision"),
+            applied_at=_opt_float(_field(obj, "applied_at", None), "applied_at"),
+            seen_fence=_opt_int(_field(obj, "seen_fence", None), "seen_fence"),
+            seen_revision=_opt_int(_field(obj, "seen_revision", None), "seen_revision"),
+            error=_opt_str(_field(obj, "error", None), "error"),
+            apply_s=_opt_float(_field(obj, "apply_s", None), "apply_s"),
+            reloads=_nonneg(_field(obj, "reloads", 0), "reloads"),
+        )
+
+
 @dataclass(frozen=True, slots=True)
 class Artifact:
     """``artifacts/<digest>``: the raw tar.gz; the digest is the sha256 of ``data``."""
@@ -923,6 +1066,7 @@ Record: TypeAlias = (
     | Artifact
     | SecretFingerprint
     | NodeDown
+    | ProxyRecord
 )
 
 
@@ -947,6 +1091,7 @@ _JSON_DECODERS: Final[dict[KeyKind, Callable[[dict[str, Any]], Record]]] = {
     KeyKind.ROUTING: RoutingTable.from_json,
     KeyKind.SECRET_FINGERPRINT: SecretFingerprint.from_json,
     KeyKind.DOWN: NodeDown.from_json,
+    KeyKind.PROXY: ProxyRecord.from_json,
 }
 
 
@@ -988,6 +1133,8 @@ def decode_record(key: str, value: bytes) -> Record | Undecodable:
 def _name_mismatch(kind: KeyKind, parts: tuple[str, ...], record: Record) -> str | None:
     if isinstance(record, AppRecord) and record.name != parts[0]:
         return f"record names app {record.name!r} but the key names {parts[0]!r}"
+    if isinstance(record, ProxyRecord) and record.id != parts[0]:
+        return f"record names proxy {record.id!r} but the key names {parts[0]!r}"
     if isinstance(record, NodeRecord) and record.id != parts[0]:
         return f"record names node {record.id!r} but the key names {parts[0]!r}"
     if isinstance(record, NodeDown) and record.node != parts[0]:

@@ -67,7 +67,15 @@ def test_membership_starts_after_peers_and_stops_after_the_agent(tmp_path: Path)
     names = [child.name for child in children]
     # Children stop in reverse: the agent has stopped every app before the node leaves,
     # and the registration (its record) and peers (addresses) outlive the goodbyes.
-    assert names == ["registration", "peers", "membership", "agent", "coordinator", "api"]
+    assert names == [
+        "registration",
+        "peers",
+        "membership",
+        "agent",
+        "coordinator",
+        "routing",
+        "api",
+    ]
 
 
 class _Book:

@@ -13,6 +13,7 @@ from corral.actors.process_supervisor._launcher import Launcher
 from corral.actors.process_supervisor._os import OsLauncher
 from corral.actors.process_supervisor._policy import RestartPolicy
 from corral.actors.process_supervisor._table import ProcessTable, StartRequest
+from corral.registry import HealthSpec
 from corral.supervision import (
     Actor,
     ActorNotFound,
@@ -36,6 +37,7 @@ class StartProcess:
     public_port: int
     internal_port: int
     env: dict[str, str] = field(default_factory=dict)
+    health: HealthSpec | None = None
 
 
 @message("process_supervisor.stop")
@@ -191,6 +193,7 @@ class ProcessSupervisor(Actor):
                         public_port=message.public_port,
                         internal_port=message.internal_port,
                         env=dict(message.env),
+                        health=message.health,
                     )
                 )
             case StopProcess():

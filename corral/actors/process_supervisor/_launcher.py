@@ -17,6 +17,7 @@ import trio
 
 from corral.actors.process_supervisor._layout import AppPaths
 from corral.actors.process_supervisor._policy import PidRecord
+from corral.registry import HealthSpec
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +26,7 @@ class LaunchSpec:
 
     ``env`` is the complete environment (see ``process_environment``); ``cwd`` is the
     revision's directory; ``ready_host``/``public_port`` are probed for readiness;
+    ``health`` is the app's readiness check (None: TCP on the public port);
     ``instance`` is this start's ``CORRAL_APP_INSTANCE`` marker (also in ``env``), by
     which its descendants are found even after they left its process group.
     """
@@ -41,6 +43,7 @@ class LaunchSpec:
     instance: str = ""
     ready_host: str = "127.0.0.1"
     ready_timeout: float = 30.0
+    health: HealthSpec | None = None
 
 
 class LaunchedProcess(Protocol):
@@ -57,6 +60,10 @@ class LaunchedProcess(Protocol):
 
     async def wait_ready(self) -> bool:
         """Return True once it answers on its public port, False after the ready timeout."""
+
+    async def check_ready(self) -> bool:
+        """One readiness check (``LaunchSpec.health``): True when it passes. Never raises;
+        the caller bounds how long it may take."""
 
     async def finish(self) -> int:
         """After it exited on its own: end what is left of its group, reap it, return

@@ -81,6 +81,8 @@ class MemoryProcess:
         self._stop_done = trio.Event()
         self._stopping = False
         self._reaped = False
+        #: What its readiness check answers (a test sets it False to fail the checks).
+        self.healthy = True
 
     @property
     def pid(self) -> int:
@@ -125,6 +127,9 @@ class MemoryProcess:
             return False
         await trio.sleep(after)
         return True
+
+    async def check_ready(self) -> bool:
+        return self.healthy and self.alive and self.behaviour.ready_after is not None
 
     async def finish(self) -> int:
         await self._exited.wait()

@@ -47,6 +47,8 @@ from corral.actors.process_supervisor._policy import (
     orphans_to_reap,
     parse_instance_marker,
 )
+from corral.actors.process_supervisor._readiness import http_status_passes
+from corral.registry import HealthSpec
 
 log = logging.getLogger("corral.actors.process_supervisor")
 
@@ -405,6 +407,11 @@ class OsProcess:
                 return True
         return False
 
+    async def check_ready(self) -> bool:
+        if self._exited():
+            return False
+        return await probe_ready(self._spec.ready_host, self._spec.public_port, self._spec.health)
+
     # ------------------------------------------------------------------ ending
 
     def _signal_group(self, sig: signal.Signals) -> None:
@@ -678,3 +685,39 @@ class OsLauncher:
     async def reap_orphans(self) -> int:
         await trio.lowlevel.checkpoint()
         return reap_orphans_now()
+
+
+#: Most bytes read of a health check's answer before its status line must have ended.
+_STATUS_LINE_MAX = 4096
+
+
+async def probe_ready(host: str, port: int, health: HealthSpec | None) -> bool:
+    """One readiness check of ``host:port``: a TCP connection is accepted or, with a
+    ``health.path``, an HTTP GET of it answers 2xx/3xx within ``health.timeout_ms``.
+    Never raises."""
+    timeout = (health.timeout_ms if health is not None else 1000) / 1000
+    with trio.move_on_after(timeout):
+        try:
+            stream = await trio.open_tcp_stream(host, port)
+        except OSError:
+            return False
+        try:
+            if health is None or not health.path:
+                return True
+            request = (
+                f"GET {health.path} HTTP/1.1\r\nHost: {host}:{port}\r\n"
+                "User-Agent: corral-health\r\nConnection: close\r\n\r\n"
+            ).encode("ascii")
+            await stream.send_all(request)
+            seen = b""
+            while b"\n" not in seen and len(seen) < _STATUS_LINE_MAX:
+                chunk = await stream.receive_some(_STATUS_LINE_MAX)
+                if not chunk:
+                    break
+                seen += chunk
+            return http_status_passes(seen.split(b"\n", 1)[0])
+        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
+            return False
+        finally:
+            await trio.aclose_forcefully(stream)
+    return False

@@ -44,6 +44,8 @@ from corral.actors.process_supervisor._policy import (
     marker_scope,
     process_environment,
 )
+from corral.actors.process_supervisor._readiness import Readiness, after_check
+from corral.registry import HealthSpec
 
 log = logging.getLogger("corral.actors.process_supervisor")
 
@@ -64,6 +66,7 @@ class StartRequest:
     public_port: int
     internal_port: int
     env: Mapping[str, str] = field(default_factory=dict)
+    health: HealthSpec | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +76,8 @@ class ProcessInfo:
     ``state`` is the supervisor's view (starting, running, backoff, failed, stopping,
     stopped); ``crash_loop`` says whether the app is in a crash loop (consecutive quick
     exits or failed starts, until a run lasts long enough); ``last_error`` why its last
-    start (or stop) failed. ``started_at`` is wall time.
+    start (or stop) failed. ``started_at`` is wall time. ``ready``: it is running and
+    its readiness check passes (see ``_readiness``).
     """
 
     app: str
@@ -88,6 +92,7 @@ class ProcessInfo:
     crash_loop: bool
     last_error: str | None
     stop_reason: str | None
+    ready: bool = False
 
     @property
     def live(self) -> bool:
@@ -108,6 +113,7 @@ class ProcessInfo:
             "crash_loop": self.crash_loop,
             "last_error": self.last_error,
             "stop_reason": self.stop_reason,
+            "ready": self.ready,
         }
 
 
@@ -128,6 +134,7 @@ class _Slot:
         self.history = CrashHistory()
         self.process: LaunchedProcess | None = None
         self.runner_active = False
+        self.readiness = Readiness()
 
     def info(self) -> ProcessInfo:
         shown = self.current or self.desired
@@ -144,6 +151,7 @@ class _Slot:
             crash_loop=self.crash_loop,
             last_error=self.last_error,
             stop_reason=self.stop_reason,
+            ready=self.state == "running" and self.readiness.ready,
         )
 
 
@@ -350,6 +358,7 @@ class ProcessTable:
             ),
             ready_host=host,
             ready_timeout=self.ready_timeout,
+            health=request.health,
         )
 
     async def _run(self, slot: _Slot) -> None:
@@ -449,6 +458,7 @@ class ProcessTable:
                 slot.current = request
                 slot.pid = proc.pid
                 slot.started_at = self._wall()
+                slot.readiness = Readiness()  # a restart is not ready until it passes again
                 slot.state = "starting"
                 slot.last_error = None
                 self._changed()
@@ -524,6 +534,7 @@ class ProcessTable:
                 if slot.state == "starting":
                     slot.state = "running"
                     self._changed()
+                await self._check_readiness(slot, proc)
 
             async def stable() -> None:
                 # The one place a crash loop ends: a run that lasted long enough.
@@ -539,6 +550,40 @@ class ProcessTable:
             race.start_soon(ready)
             race.start_soon(stable)
         return woken
+
+    async def _check_readiness(self, slot: _Slot, proc: LaunchedProcess) -> None:
+        """Check the running process every interval for as long as it runs; publish
+        (``_changed``) only when it turns ready or not ready."""
+        health = slot.current.health if slot.current is not None else None
+        spec = health or HealthSpec()
+        while True:
+            passed = False
+            with trio.move_on_after(spec.timeout_ms / 1000):
+                try:
+                    passed = await proc.check_ready()
+                except Exception as exc:  # a check's bug is a failed check, never a crash
+                    log.debug("app %s: readiness check raised %s", slot.app, describe(exc))
+            before = slot.readiness
+            slot.readiness = after_check(before, passed)
+            if slot.readiness.ready != before.ready:
+                self._changed()
+                if slot.readiness.ready:
+                    self._emit("process.ready", app=slot.app, pid=proc.pid)
+                else:
+                    log.warning(
+                        "app %s is not ready: %d readiness checks in a row failed (%s); "
+                        "it leaves the routing table, its process keeps running",
+                        slot.app,
+                        slot.readiness.failures,
+                        f"GET {spec.path}" if spec.path else "TCP connect to the public port",
+                    )
+                    self._emit(
+                        "process.unready",
+                        app=slot.app,
+                        pid=proc.pid,
+                        failures=slot.readiness.failures,
+                    )
+            await trio.sleep(spec.interval_ms / 1000)
 
 
 #: How much of an error message a process row keeps (it is published in the node record).

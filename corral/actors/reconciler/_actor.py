@@ -543,6 +543,7 @@ class Reconciler(Actor):
                 public_port=reply["public"],
                 internal_port=reply["internal"],
                 env=dict(deployment.env),
+                health=deployment.health,
             ),
             self._ask_timeout,
         )

@@ -250,9 +250,11 @@ def serving_set(
     """What this node serves, from its process-table rows: every live process with its
     revision, ports, restarts and state (``failed`` when it could not be started,
     ``crash-loop`` when crash-looping, both with the reason; ``starting`` until it
-    answers or while it waits to be restarted). An app with no live process whose
-    revision could not be got onto disk (``unpack_failures``) is ``failed`` too, with
-    the reason and no ports (0): it never got that far."""
+    answers or while it waits to be restarted), and whether it is ``ready`` (running
+    and passing its readiness check: only ready instances are routed to). An app
+    with no live process whose revision could not be got onto disk
+    (``unpack_failures``) is ``failed`` too, with the reason and no ports (0): it
+    never got that far."""
     serving = {}
     for row in rows:
         state = row["state"]
@@ -274,6 +276,7 @@ def serving_set(
             state=shown,
             restarts=row.get("restarts", 0),
             reason=_trouble(row) if shown in ("failed", "crash-loop") else "",
+            ready=shown == "running" and bool(row.get("ready", False)),
         )
     for failure in unpack_failures:
         if failure.app not in serving:

@@ -8,10 +8,25 @@ is to be written; :func:`changed` is the ``routing.changed`` event body;
 render, write under the fence only on change). Proxies apply a
 :class:`RouteTable` (``corral.proxy``).
 
-Node records carry no readiness yet: :func:`node_routes_from_record` counts a
-``running`` instance as ready unless told otherwise (its ``ready`` argument).
+Each node publishes, per app, whether its instance runs and is ready
+(``ServingEntry.ready``); :func:`node_routes_from_record` reads it.
+:class:`RoutingRenderer` is the actor: on the coordinator lease holder it
+renders on every change of its inputs (debounced), writes the table, emits
+``routing.changed`` and pushes the table to configured Caddy admin endpoints.
+:func:`routes_answer` (pure) is what ``corral routes`` shows, with each proxy's
+lag (:func:`proxy_lag`) from its ``proxies/<id>`` record.
 """
 
+from corral.actors.routing._actor import (
+    DEFAULT_DEBOUNCE,
+    DEFAULT_RESYNC,
+    GetRoutingState,
+    PushTarget,
+    RoutingRenderer,
+    RoutingState,
+    changed_event_fields,
+    routing_renderer_child_spec,
+)
 from corral.actors.routing._publish import Published, inputs_from_records, publish_routes
 from corral.actors.routing._render import (
     MAX_BACKENDS_PER_DOMAIN,
@@ -37,22 +52,30 @@ from corral.actors.routing._render import (
     render_routes,
     validate_table,
 )
+from corral.actors.routing._view import proxy_lag, routes_answer
 
 __all__ = [
+    "DEFAULT_DEBOUNCE",
+    "DEFAULT_RESYNC",
     "MAX_BACKENDS_PER_DOMAIN",
     "MAX_DOMAINS",
+    "GetRoutingState",
     "HeldBack",
     "Instance",
     "NodeRoutes",
     "Published",
+    "PushTarget",
     "Rendered",
     "RouteTable",
     "RoutesChanged",
     "RoutingInputs",
+    "RoutingRenderer",
+    "RoutingState",
     "TableVersion",
     "backend_address",
     "backend_url",
     "changed",
+    "changed_event_fields",
     "decode_table_cbor",
     "decode_table_json",
     "encode_table_cbor",
@@ -61,7 +84,10 @@ __all__ = [
     "next_table",
     "node_routes_from_record",
     "normalize_domain",
+    "proxy_lag",
     "publish_routes",
     "render_routes",
+    "routes_answer",
+    "routing_renderer_child_spec",
     "validate_table",
 ]

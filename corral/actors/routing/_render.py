@@ -154,15 +154,14 @@ def node_routes_from_record(
 ) -> NodeRoutes:
     """A node record as routing input.
 
-    Today's :class:`~corral.registry.ServingEntry` carries the process state but
-    no separate readiness. Until it does, pass ``ready`` (app -> passed its
-    check) from wherever it is known; without it an instance counts as ready
-    exactly when its state is ``running`` (the supervisor reports ``running``
-    once the public port answered or its ready timeout passed).
+    Each :class:`~corral.registry.ServingEntry` publishes ``ready``: the
+    instance runs and passes its readiness check. A record from a build that
+    published no readiness (``ready`` None) counts a ``running`` instance as
+    ready. ``ready`` given here overrides what the record says (tests, tools).
 
     Args:
         record: the ``nodes/<id>`` record.
-        ready: per app, whether the readiness check passes (None: see above).
+        ready: per app, whether the readiness check passes (None: the record's).
 
     Returns:
         The node's advertised host and one :class:`Instance` per served app.
@@ -170,7 +169,10 @@ def node_routes_from_record(
     instances: dict[str, Instance] = {}
     for app, entry in record.serving.items():
         running = entry.state == "running"
-        is_ready = running if ready is None else bool(ready.get(app, False))
+        if ready is not None:
+            is_ready = bool(ready.get(app, False))
+        else:
+            is_ready = running if entry.ready is None else running and entry.ready
         port = entry.public_port if 1 <= entry.public_port <= 65535 else None
         instances[app] = Instance(
             public_port=port, running=running, ready=is_ready, state=entry.state

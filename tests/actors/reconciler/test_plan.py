@@ -129,8 +129,11 @@ def test_inputs_from_records() -> None:
 
 
 def test_serving_set_and_publishing() -> None:
-    def row(app: str, state: str, crash_loop: bool = False) -> dict[str, object]:
+    def row(
+        app: str, state: str, crash_loop: bool = False, ready: bool = False
+    ) -> dict[str, object]:
         return {
+            "ready": ready,
             "app": app,
             "state": state,
             "revision": R1,
@@ -142,8 +145,9 @@ def test_serving_set_and_publishing() -> None:
 
     serving = serving_set(
         [
-            row("a", "running"),
+            row("a", "running", ready=True),
             row("b", "starting"),
+            row("f", "running"),
             row("c", "backoff", crash_loop=True),
             row("d", "stopping"),
             row("e", "stopped"),
@@ -153,8 +157,12 @@ def test_serving_set_and_publishing() -> None:
         "a": "running",
         "b": "starting",
         "c": "crash-loop",
+        "f": "running",
     }
-    assert serving["a"] == ServingEntry(R1, 24001, 24500, "running", 2)
+    assert serving["a"] == ServingEntry(R1, 24001, 24500, "running", 2, ready=True)
+    # Running but not passing its check: published, and published as not ready.
+    assert serving["f"].ready is False
+    assert serving["b"].ready is False
     record = NodeRecord("node-a", labels={"zone": "x"}, change_token=7)
     updated = with_serving(record, serving)
     assert updated is not None

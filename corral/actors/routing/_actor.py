@@ -1,0 +1,422 @@
+"""The RoutingRenderer actor: keeps the ``routing`` key in step with the registry.
+
+It runs on every node but acts only while its node holds the coordinator lease
+(``lease/coordinator`` names this node; the fence is the key's create
+revision, and every write is guarded on it, so a node that lost the lease a
+moment ago writes nothing; the holder and fence are kept from a watch of the
+key, not read on every pass). It watches the inputs of the table (``apps/``,
+``placement/``, ``nodes/``, ``alias/``) and the lease key, and after each burst
+of changes renders through :func:`publish_routes`, which writes only on
+change: the first change after a calm at once, and whatever changes while a
+pass runs, or within ``debounce`` seconds of its start, in the next pass (so
+at most one pass per ``debounce``, however fast the inputs change).
+Each write emits ``routing.changed`` with what moved, and is pushed to every
+configured push target (the seed's push to Caddy admin endpoints, see
+``corral.proxy.caddy_pusher``). Every ``resync`` seconds it renders anyway, so a
+missed watch event costs at most that long.
+
+Registry trouble is logged and retried on the next pass; it never crashes the
+actor, and a failing push target never delays the others or the table.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+
+import trio
+
+from corral.actors.routing._publish import publish_routes
+from corral.actors.routing._render import (
+    RoutesChanged,
+    RouteTable,
+    TableVersion,
+    decode_table_json,
+)
+from corral.registry import (
+    ALIAS_PREFIX,
+    APPS_PREFIX,
+    COORDINATOR_LEASE_KEY,
+    NODES_PREFIX,
+    PLACEMENT_PREFIX,
+    PROXIES_PREFIX,
+    ROUTING_KEY,
+    CoordinatorLease,
+    EventType,
+    KeyValue,
+    ProxyRecord,
+    Registry,
+    RegistryError,
+    RevisionCompacted,
+    decode_record,
+)
+from corral.supervision import Actor, ChildSpec, Restart
+from corral.transport import SchemaError, message
+
+__all__ = [
+    "DEFAULT_DEBOUNCE",
+    "DEFAULT_RESYNC",
+    "GetRoutingState",
+    "PushTarget",
+    "RoutingRenderer",
+    "RoutingState",
+    "routing_renderer_child_spec",
+]
+
+log = logging.getLogger("corral.actors.routing")
+
+#: Shortest time between the starts of two renders, in seconds.
+DEFAULT_DEBOUNCE = 0.05
+#: Seconds between renders when nothing was seen to change.
+DEFAULT_RESYNC = 10.0
+#: Seconds one push may take.
+DEFAULT_PUSH_TIMEOUT = 10.0
+_WATCH_RETRY = 1.0
+
+#: The prefixes (and key) whose changes may change the table.
+WATCHED: tuple[str, ...] = (APPS_PREFIX, PLACEMENT_PREFIX, NODES_PREFIX, ALIAS_PREFIX)
+
+#: Pushes one table to one proxy; raises (anything) when it did not take it.
+PushTarget = Callable[[RouteTable], Awaitable[None]]
+
+
+@message("routing.get_state")
+@dataclass(frozen=True)
+class GetRoutingState:
+    """Ask the RoutingRenderer what it did last; replies a :class:`RoutingState`."""
+
+
+@message("routing.state")
+@dataclass(frozen=True)
+class RoutingState:
+    """What the RoutingRenderer did last.
+
+    ``fence``: the fence it renders under (None: this node does not hold the
+    lease). ``version``: the table it last wrote or found current. ``passes`` /
+    ``writes``: renders and writes so far. ``pushes``: per push target, the
+    version it last took (None: none yet) and its last error.
+    """
+
+    fence: int | None = None
+    version: TableVersion | None = None
+    passes: int = 0
+    writes: int = 0
+    last_error: str | None = None
+    pushed: dict[str, TableVersion | None] = field(default_factory=dict)
+    push_errors: dict[str, str] = field(default_factory=dict)
+
+
+def changed_event_fields(diff: RoutesChanged) -> dict[str, object]:
+    """The ``routing.changed`` event's fields (JSON-able) for ``diff``."""
+    return {
+        "fence": diff.fence,
+        "revision": diff.revision,
+        "domains_added": list(diff.domains_added),
+        "domains_removed": list(diff.domains_removed),
+        "backends_added": {d: list(urls) for d, urls in diff.backends_added.items()},
+        "backends_removed": {d: list(urls) for d, urls in diff.backends_removed.items()},
+    }
+
+
+class RoutingRenderer(Actor):
+    """Renders and writes the routing table while this node holds the lease.
+
+    Args:
+        node_id: this node's id (compared with the lease holder).
+        registry: the shared registry.
+        pushers: push target name (e.g. ``caddy=http://127.0.0.1:2019``) -> push.
+        debounce: shortest time between the starts of two renders.
+        resync: seconds between renders when nothing changed.
+        push_timeout: seconds one push may take.
+    """
+
+    mailbox_size = 16
+
+    def __init__(
+        self,
+        node_id: str,
+        registry: Registry,
+        *,
+        pushers: Mapping[str, PushTarget] | None = None,
+        debounce: float = DEFAULT_DEBOUNCE,
+        resync: float = DEFAULT_RESYNC,
+        push_timeout: float = DEFAULT_PUSH_TIMEOUT,
+    ) -> None:
+        super().__init__()
+        self._node_id = node_id
+        self._registry = registry
+        self._pushers = dict(pushers or {})
+        self._debounce = debounce
+        self._resync = resync
+        self._push_timeout = push_timeout
+        self._dirty = trio.Event()
+        self._state = RoutingState(pushed=dict.fromkeys(self._pushers))
+        self._table: RouteTable | None = None
+        #: (holder, fence) as the lease watch last saw it (None: no holder), once known.
+        self._lease: tuple[str, int] | None = None
+        self._lease_known = False
+        self._push_wanted = trio.Event()
+
+    async def started(self) -> None:
+        self._dirty.set()  # render once at start
+        for prefix in WATCHED:
+            self.ctx.start_task(self._watch, prefix)
+        self.ctx.start_task(self._watch_lease)
+        self.ctx.start_task(self._render_loop)
+        self.ctx.start_task(self._watch_proxies)
+        if self._pushers:
+            self.ctx.start_task(self._push_loop)
+
+    async def handle(self, message: object) -> object:
+        if isinstance(message, GetRoutingState):
+            return self._state
+        return None
+
+    # ------------------------------------------------------------------ watching
+
+    async def _watch(self, prefix: str) -> None:
+        while True:
+            try:
+                async with self._registry.watch(prefix) as events:
+                    self._dirty.set()  # whatever happened before the watch began
+                    async for _event in events:
+                        self._dirty.set()
+            except (RegistryError, RevisionCompacted) as exc:
+                log.debug("routing watch on %s broke (%s); watching again", prefix, exc)
+            except trio.ClosedResourceError:
+                return
+            await trio.sleep(_WATCH_RETRY)
+
+    async def _watch_lease(self) -> None:
+        """Keep :attr:`_lease` (holder, fence) as the lease key says, so a pass needs no
+        read of it (a stale value costs nothing: every write is guarded on the fence)."""
+        while True:
+            try:
+                revision = await self._registry.revision()
+                self._lease = self._lease_of(await self._registry.get(COORDINATOR_LEASE_KEY))
+                self._lease_known = True
+                self._dirty.set()
+                async with self._registry.watch(COORDINATOR_LEASE_KEY, revision + 1) as events:
+                    async for event in events:
+                        if event.kv.key != COORDINATOR_LEASE_KEY:
+                            continue
+                        self._lease = (
+                            None if event.type is EventType.DELETE else self._lease_of(event.kv)
+                        )
+                        self._lease_known = True
+                        self._dirty.set()
+            except (RegistryError, RevisionCompacted) as exc:
+                log.debug("routing lease watch broke (%s); watching again", exc)
+            except trio.ClosedResourceError:
+                return
+            self._lease_known = False
+            await trio.sleep(_WATCH_RETRY)
+
+    @staticmethod
+    def _lease_of(kv: KeyValue | None) -> tuple[str, int] | None:
+        if kv is None:
+            return None
+        record = decode_record(kv.key, kv.value)
+        return (record.holder, kv.create_revision) if isinstance(record, CoordinatorLease) else None
+
+    async def _watch_proxies(self) -> None:
+        """Tell this node's event log what ``corral proxy run`` processes report:
+        ``proxy.applied`` when one applies a new version, ``proxy.failed`` on a new error."""
+        seen: dict[str, tuple[TableVersion | None, str | None]] = {}
+        while True:
+            try:
+                async with self._registry.watch(PROXIES_PREFIX) as events:
+                    async for event in events:
+                        if not event.kv.value:
+                            seen.pop(event.kv.key, None)
+                            continue
+                        record = decode_record(event.kv.key, event.kv.value)
+                        if isinstance(record, ProxyRecord):
+                            self._note_proxy(record, seen)
+            except (RegistryError, RevisionCompacted) as exc:
+                log.debug("proxies watch broke (%s); watching again", exc)
+            except trio.ClosedResourceError:
+                return
+            await trio.sleep(_WATCH_RETRY)
+
+    def _note_proxy(
+        self, record: ProxyRecord, seen: dict[str, tuple[TableVersion | None, str | None]]
+    ) -> None:
+        applied = (
+            None
+            if record.applied_fence is None or record.applied_revision is None
+            else TableVersion(record.applied_fence, record.applied_revision)
+        )
+        before = seen.get(record.id)
+        seen[record.id] = (applied, record.error)
+        if applied is not None and (before is None or before[0] != applied):
+            self.ctx.emit(
+                "proxy.applied",
+                proxy=record.id,
+                proxy_kind=record.kind,
+                fence=applied.fence,
+                revision=applied.revision,
+                seconds=record.apply_s,
+            )
+        if record.error and (before is None or before[1] != record.error):
+            self.ctx.emit(
+                "proxy.failed", proxy=record.id, proxy_kind=record.kind, error=record.error
+            )
+
+    async def _render_loop(self) -> None:
+        while True:
+            with trio.move_on_after(self._resync):
+                await self._dirty.wait()
+            # The first change after a calm renders at once (an alias flip is served as
+            # soon as it can be); what changes during a pass, or within ``debounce`` of
+            # its start, is rendered together by the next one.
+            self._dirty = trio.Event()
+            began = trio.current_time()
+            await self._pass()
+            await trio.sleep_until(began + self._debounce)
+
+    # ------------------------------------------------------------------ one pass
+
+    async def _fence(self) -> int | None:
+        lease = self._lease
+        if not self._lease_known:
+            lease = self._lease_of(await self._registry.get(COORDINATOR_LEASE_KEY))
+        if lease is None or lease[0] != self._node_id:
+            return None
+        return lease[1]
+
+    async def _pass(self) -> None:
+        state = self._state
+        try:
+            fence = await self._fence()
+            if fence is None:
+                if state.fence is not None:
+                    log.info("not the coordinator any more: the routing table is left alone")
+                self._state = _replace(self._state, fence=None, last_error=None)
+                return
+            published = await publish_routes(self._registry, fence=fence)
+        except RegistryError as exc:
+            log.warning("routing pass failed (%s); trying again on the next change", exc)
+            self._state = _replace(self._state, last_error=str(exc))
+            return
+        written = published.written
+        if written is None and published.why.startswith("guard failed"):
+            self._lease_known = False  # read the lease again next time
+        if written is not None:
+            self._table = written
+            diff = published.diff
+            if diff is not None and not diff.empty:
+                self.ctx.emit("routing.changed", **changed_event_fields(diff))
+            log.info(
+                "routing table %s: %d domains, %d held back",
+                written.version,
+                len(written.domains),
+                len(written.held_back),
+            )
+        elif self._table is None or self._table.fence != fence:
+            self._table = await self._stored(fence)
+        self._state = _replace(
+            self._state,
+            fence=fence,
+            version=None if self._table is None else self._table.version,
+            passes=state.passes + 1,
+            writes=state.writes + (written is not None),
+            last_error=None,
+        )
+        if self._table is not None and self._pushers:
+            self._push_wanted.set()
+
+    async def _stored(self, fence: int) -> RouteTable | None:
+        kv = await self._registry.get(ROUTING_KEY)
+        if kv is None:
+            return None
+        try:
+            table = decode_table_json(kv.value)
+        except SchemaError:
+            return None
+        return table if table.fence <= fence else None
+
+    async def _push_loop(self) -> None:
+        """Push each new table to the targets that do not have it, apart from the
+        render loop (a slow target never holds a render back); retry failed ones."""
+        while True:
+            await self._push_wanted.wait()
+            self._push_wanted = trio.Event()
+            if self._table is None:
+                continue
+            await self._push_all(self._table)
+            if self._state.push_errors:
+                with trio.move_on_after(min(self._resync, 2.0)):
+                    await self._push_wanted.wait()
+                self._push_wanted.set()
+
+    async def _push_all(self, table: RouteTable) -> None:
+        due = {
+            name: push
+            for name, push in self._pushers.items()
+            if self._state.pushed.get(name) != table.version
+        }
+        if not due:
+            return
+        pushed = dict(self._state.pushed)
+        errors = dict(self._state.push_errors)
+
+        async def one(name: str, push: PushTarget) -> None:
+            try:
+                with trio.fail_after(self._push_timeout):
+                    await push(table)
+            except Exception as exc:  # one target's trouble is its own
+                text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+                if errors.get(name) != text:
+                    log.warning(
+                        "pushing routing table %s to %s failed: %s", table.version, name, text
+                    )
+                errors[name] = text
+                self.ctx.emit(
+                    "proxy.failed",
+                    proxy=name,
+                    fence=table.fence,
+                    revision=table.revision,
+                    error=text,
+                )
+                return
+            pushed[name] = table.version
+            errors.pop(name, None)
+            self.ctx.emit(
+                "proxy.applied",
+                proxy=name,
+                fence=table.fence,
+                revision=table.revision,
+                how="push",
+            )
+
+        async with trio.open_nursery() as nursery:
+            for name, push in sorted(due.items()):
+                nursery.start_soon(one, name, push)
+        self._state = _replace(self._state, pushed=pushed, push_errors=errors)
+
+
+def _replace(state: RoutingState, **changes: object) -> RoutingState:
+    return dataclasses.replace(state, **changes)  # type: ignore[arg-type]
+
+
+def routing_renderer_child_spec(
+    node_id: str,
+    registry: Registry,
+    *,
+    pushers: Mapping[str, PushTarget] | None = None,
+    name: str = "routing",
+    debounce: float = DEFAULT_DEBOUNCE,
+    resync: float = DEFAULT_RESYNC,
+) -> ChildSpec:
+    """A ChildSpec running :class:`RoutingRenderer` (PERMANENT) for the node assembly."""
+    return ChildSpec(
+        name=name,
+        factory=lambda: RoutingRenderer(
+            node_id, registry, pushers=pushers, debounce=debounce, resync=resync
+        ),
+        restart=Restart.PERMANENT,
+        shutdown_grace=1.0,
+    )

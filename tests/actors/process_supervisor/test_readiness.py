@@ -1,0 +1,175 @@
+"""Readiness: the pure decision, the table's periodic checks, and the real probe."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+from hypothesis import given
+from hypothesis import strategies as st
+
+from corral.actors.process_supervisor import Behaviour, MemoryLauncher, ProcessTable, StartRequest
+from corral.actors.process_supervisor._os import probe_ready
+from corral.actors.process_supervisor._readiness import (
+    FAILURES_TO_UNREADY,
+    Readiness,
+    after_check,
+    http_status_passes,
+)
+from corral.registry import HealthSpec
+
+REV = "a" * 64
+
+
+@given(st.lists(st.booleans(), max_size=40))
+def test_ready_exactly_when_a_check_passed_and_fewer_than_three_failed_since(
+    checks: list[bool],
+) -> None:
+    state = Readiness()
+    for index, passed in enumerate(checks):
+        state = after_check(state, passed)
+        history = checks[: index + 1]
+        ever_passed = True in history
+        tail_failures = len(history) - (
+            max(i for i, ok in enumerate(history) if ok) + 1 if ever_passed else 0
+        )
+        assert state.ready == (ever_passed and tail_failures < FAILURES_TO_UNREADY)
+        assert state.failures == tail_failures
+        assert state.checks == index + 1
+
+
+def test_a_fresh_process_is_not_ready_until_it_passes() -> None:
+    assert not Readiness().ready
+    assert not after_check(Readiness(), False).ready
+    ready = after_check(Readiness(), True)
+    assert ready.ready
+    two = after_check(after_check(ready, False), False)
+    assert two.ready  # two failures in a row keep it
+    assert not after_check(two, False).ready  # the third takes it out
+
+
+@pytest.mark.parametrize(
+    ("line", "passes"),
+    [
+        (b"HTTP/1.1 200 OK\r", True),
+        (b"HTTP/1.0 204 No Content", True),
+        (b"HTTP/1.1 302 Found", True),
+        (b"HTTP/1.1 404 Not Found", False),
+        (b"HTTP/1.1 503 Service Unavailable", False),
+        (b"HTTP/1.1 2000 nope", False),
+        (b"garbage", False),
+        (b"", False),
+    ],
+)
+def test_http_status_lines(line: bytes, passes: bool) -> None:
+    assert http_status_passes(line) is passes
+
+
+def test_health_spec_refuses_bad_values() -> None:
+    with pytest.raises(ValueError, match="must start with '/'"):
+        HealthSpec(path="healthz")
+    with pytest.raises(ValueError, match="interval_ms"):
+        HealthSpec(path="/h", interval_ms=0)
+    with pytest.raises(ValueError, match="timeout_ms"):
+        HealthSpec(timeout_ms=10**9)
+
+
+async def until(predicate: Callable[[], bool]) -> None:
+    while not predicate():
+        await trio.sleep(0.01)
+
+
+def table(
+    nursery: trio.Nursery, tmp_path: Path, events: list[Any]
+) -> tuple[ProcessTable, MemoryLauncher]:
+    launcher = MemoryLauncher()
+    return (
+        ProcessTable(
+            node_id="node-a",
+            data_dir=tmp_path,
+            launcher=launcher,
+            start_soon=nursery.start_soon,
+            base_env={"PATH": "/bin"},
+            on_event=lambda kind, **fields: events.append(kind),
+        ),
+        launcher,
+    )
+
+
+async def test_three_failed_checks_make_it_not_ready_without_killing_it(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    events: list[str] = []
+    health = HealthSpec(path="/healthz", interval_ms=1000, timeout_ms=500)
+    async with trio.open_nursery() as nursery:
+        t, launcher = table(nursery, tmp_path, events)
+        t.ensure(StartRequest("shop", REV, ("x",), "/srv", 24001, 24501, health=health))
+        await until(lambda: bool((info := t.info("shop")) and info.ready))
+        (proc,) = launcher.spawned
+        assert proc.spec.health == health
+        proc.healthy = False
+        t0 = trio.current_time()
+        await until(lambda: not t.info("shop").ready)  # type: ignore[union-attr]
+        # Checks run every second: the third failure comes 3 s (+/- one interval) later.
+        assert 2.0 <= trio.current_time() - t0 <= 3.0
+        info = t.info("shop")
+        assert info is not None
+        assert info.state == "running"
+        assert info.to_dict()["ready"] is False
+        assert proc.alive
+        assert "process.unready" in events
+        proc.healthy = True
+        await until(lambda: t.info("shop").ready)  # type: ignore[union-attr]
+        await t.shutdown()
+
+
+async def test_a_restart_is_not_ready_until_it_passes_again(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    events: list[str] = []
+    async with trio.open_nursery() as nursery:
+        t, launcher = table(nursery, tmp_path, events)
+        t.ensure(StartRequest("shop", REV, ("x",), "/srv", 24001, 24501))
+        await until(lambda: bool((info := t.info("shop")) and info.ready))
+        launcher.behave("shop", Behaviour(ready_after=5.0))  # the next one is slow to answer
+        launcher.spawned[0].exit(1)
+        await until(lambda: not t.info("shop").ready)  # type: ignore[union-attr]
+        await until(lambda: len(launcher.spawned) == 2)
+        t0 = trio.current_time()
+        assert not t.info("shop").ready  # type: ignore[union-attr]
+        await until(lambda: t.info("shop").ready)  # type: ignore[union-attr]
+        assert trio.current_time() - t0 >= 5.0
+        await t.shutdown()
+
+
+async def _serve(status: bytes, task_status: trio.TaskStatus[int]) -> None:
+    async def answer(stream: trio.SocketStream) -> None:
+        with trio.move_on_after(5):
+            await stream.receive_some(4096)
+            await stream.send_all(b"HTTP/1.1 " + status + b"\r\nContent-Length: 0\r\n\r\n")
+        await stream.aclose()
+
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = listeners[0].socket.getsockname()[1]
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(trio.serve_listeners, answer, listeners)
+        task_status.started(port)
+
+
+async def test_the_real_probe_reads_the_http_status_and_refusals() -> None:
+    async with trio.open_nursery() as nursery:
+        ok = await nursery.start(_serve, b"200 OK")
+        bad = await nursery.start(_serve, b"503 Service Unavailable")
+        health = HealthSpec(path="/healthz", timeout_ms=2000)
+        assert await probe_ready("127.0.0.1", ok, health)
+        assert not await probe_ready("127.0.0.1", bad, health)
+        assert await probe_ready("127.0.0.1", bad, None)  # TCP only: it accepts
+        nursery.cancel_scope.cancel()
+    with trio.socket.socket() as sock:
+        await sock.bind(("127.0.0.1", 0))
+        closed = sock.getsockname()[1]
+    assert not await probe_ready("127.0.0.1", closed, None)
