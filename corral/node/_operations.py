@@ -217,18 +217,33 @@ def apply_deploy(
     A field the request does not name keeps the app's current value (or the default
     for a new app: replicas all, no selector, no domains); named domains replace the
     app's. A deploy makes a retired app active.
+
+    The deployment's revision is computed here, from ``deployment``'s digest,
+    command and env and the resources the app ends with (see
+    :func:`~corral.registry.deployment_revision`): a redeploy that changes only the
+    env, the command or the resources is a new revision, and one that changes
+    nothing keeps the revision the nodes run.
     """
     base = current or AppRecord(name=request.name, replicas="all")
+    memory_mb = base.memory_mb if request.memory_mb is None else request.memory_mb
+    disk_mb = base.disk_mb if request.disk_mb is None else request.disk_mb
     return replace(
         base,
         replicas=base.replicas if request.replicas is None else request.replicas,
         selector=dict(base.selector if request.selector is None else request.selector),
-        memory_mb=base.memory_mb if request.memory_mb is None else request.memory_mb,
-        disk_mb=base.disk_mb if request.disk_mb is None else request.disk_mb,
+        memory_mb=memory_mb,
+        disk_mb=disk_mb,
         pinned=base.pinned if request.pinned is None else request.pinned,
         domains=list(base.domains) if request.domains is None else sorted(set(request.domains)),
         retired=False,
-        deployment=deployment,
+        deployment=Deployment.of(
+            deployment.digest,
+            deployment.command,
+            deployment.env,
+            memory_mb=memory_mb,
+            disk_mb=disk_mb,
+            deployed_at=deployment.deployed_at,
+        ),
     )
 
 
@@ -260,9 +275,7 @@ async def deploy(
     await _read_app(registry, request.name)  # refuse an unreadable record before storing
     digest = await store_artifact(request.artifact)
     env = {**manifest.env, **(request.env or {})}
-    deployment = Deployment(
-        revision=digest, command=list(manifest.command), env=env, deployed_at=now
-    )
+    deployment = Deployment.of(digest, manifest.command, env, deployed_at=now)
     created = False
 
     def change(current: AppRecord | None) -> AppRecord:

@@ -24,7 +24,7 @@ import enum
 import hashlib
 import json
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, Literal, Self, TypeAlias
 
@@ -401,21 +401,81 @@ def _dump(obj: dict[str, Any]) -> bytes:
 # --------------------------------------------------------------------------- records
 
 
+def deployment_revision(
+    digest: str,
+    command: Sequence[str],
+    env: Mapping[str, str],
+    *,
+    memory_mb: int = 0,
+    disk_mb: int = 0,
+) -> str:
+    """The revision id of a deployment: the sha256 of everything that changes how
+    the app's process runs (the artifact digest, the command, the environment and
+    the resources), as 64 lowercase hex digits.
+
+    Pure: equal inputs give equal ids whatever order ``env`` lists its keys in, and
+    any change of any input gives another id. So an env-only redeploy is a new
+    revision (every node restarts into it), and an identical redeploy is not.
+    """
+    canonical = json.dumps(
+        {
+            "digest": validate_digest(digest),
+            "command": list(command),
+            "env": dict(env),
+            "memory_mb": memory_mb,
+            "disk_mb": disk_mb,
+        },
+        separators=(",", ":"),
+        sort_keys=True,
+    )
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
 @dataclass(frozen=True, slots=True)
 class Deployment:
-    """What an app runs: the artifact (by digest), its command and environment."""
+    """What an app runs: its revision id, the artifact (by digest), its command and
+    environment.
+
+    ``revision`` is what nodes compare (a process running another revision is
+    restarted): :func:`deployment_revision` of the digest, command, env and the
+    app's resources. ``digest`` names the artifact nodes fetch and unpack; left
+    empty it is ``revision``, which is what a record written before revisions
+    covered more than the artifact holds (one field, the digest), so an old record
+    decodes to the revision its processes already run and restarts nothing.
+    """
 
     revision: str
     command: list[str]
     env: dict[str, str] = field(default_factory=dict)
     deployed_at: float = 0.0
+    digest: str = ""
 
     def __post_init__(self) -> None:
         validate_digest(self.revision)
+        if not self.digest:
+            object.__setattr__(self, "digest", self.revision)
+        validate_digest(self.digest)
+
+    @classmethod
+    def of(
+        cls,
+        digest: str,
+        command: Sequence[str],
+        env: Mapping[str, str],
+        *,
+        memory_mb: int = 0,
+        disk_mb: int = 0,
+        deployed_at: float = 0.0,
+    ) -> Deployment:
+        """The deployment of artifact ``digest`` run as ``command`` with ``env`` and
+        these resources, its revision computed by :func:`deployment_revision`."""
+        revision = deployment_revision(digest, command, env, memory_mb=memory_mb, disk_mb=disk_mb)
+        return cls(revision, list(command), dict(env), deployed_at, digest)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "revision": self.revision,
+            "digest": self.digest,
             "command": list(self.command),
             "env": dict(self.env),
             "deployed_at": self.deployed_at,
@@ -428,6 +488,7 @@ class Deployment:
             command=_str_list(_field(obj, "command"), "deployment.command"),
             env=_str_dict(_field(obj, "env", {}), "deployment.env"),
             deployed_at=_float(_field(obj, "deployed_at", 0.0), "deployment.deployed_at"),
+            digest=_str(_field(obj, "digest", ""), "deployment.digest"),
         )
 
 

@@ -135,7 +135,7 @@ async def test_deploy_creates_the_app_and_stores_the_artifact(fx: Fixture, tmp_p
     assert app is not None
     assert app.deployment is not None
     assert (app.replicas, app.selector) == (2, {"zone": "a"})
-    assert app.deployment.revision == packed.digest
+    assert app.deployment.digest == packed.digest
     assert app.deployment.command == ["python3", "server.py"]
     assert app.deployment.env == {"MODE": "x"}
     assert app.deployment.deployed_at == 1_700_000_000.0
@@ -167,7 +167,7 @@ async def test_redeploy_leaves_unnamed_constraints_alone(fx: Fixture, tmp_path: 
     assert app is not None
     assert app.deployment is not None
     assert (app.replicas, app.selector, app.pinned, app.retired) == (1, {"zone": "a"}, True, False)
-    assert app.deployment.revision == second.digest
+    assert app.deployment.digest == second.digest
 
 
 async def test_new_app_defaults_to_replicas_all(fx: Fixture, tmp_path: Path) -> None:

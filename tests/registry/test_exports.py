@@ -72,6 +72,7 @@ def test_all_lists_the_public_names() -> None:
         "artifact_key",
         "decode_record",
         "default_registry_url",
+        "deployment_revision",
         "domain_key",
         "down_key",
         "intent_key",
