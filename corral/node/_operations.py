@@ -216,7 +216,8 @@ def apply_deploy(
 
     A field the request does not name keeps the app's current value (or the default
     for a new app: replicas all, no selector, no domains); named domains replace the
-    app's. A deploy makes a retired app active.
+    app's; so do the rollout options (max-parallel, drain, ready timeout), which are
+    kept with the app. A deploy makes a retired app active.
 
     The deployment's revision is computed here, from ``deployment``'s digest,
     command and env and the resources the app ends with (see
@@ -236,6 +237,16 @@ def apply_deploy(
         pinned=base.pinned if request.pinned is None else request.pinned,
         domains=list(base.domains) if request.domains is None else sorted(set(request.domains)),
         retired=False,
+        rollout=replace(
+            base.rollout,
+            max_parallel=base.rollout.max_parallel
+            if request.max_parallel is None
+            else request.max_parallel,
+            drain_ms=base.rollout.drain_ms if request.drain_ms is None else request.drain_ms,
+            ready_timeout_ms=base.rollout.ready_timeout_ms
+            if request.ready_timeout_ms is None
+            else request.ready_timeout_ms,
+        ),
         deployment=Deployment.of(
             deployment.digest,
             deployment.command,

@@ -492,6 +492,57 @@ class Deployment:
         )
 
 
+#: The bounds of each rollout option, inclusive: ``field -> (lowest, highest)``.
+ROLLOUT_BOUNDS: Final[dict[str, tuple[int, int]]] = {
+    "max_parallel": (1, 1000),
+    "drain_ms": (0, 600_000),
+    "ready_timeout_ms": (1, 3_600_000),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class RolloutOptions:
+    """How a new revision of an app rolls across its nodes (kept with the app).
+
+    Args:
+        max_parallel: at most this many instances out of the routing table or
+            restarting at any moment.
+        drain_ms: how long an instance out of the table is left to finish its
+            in-flight requests before it is stopped (also the longest wait for the
+            proxies to apply the table without it).
+        ready_timeout_ms: how long a restarted instance may take to become ready
+            before the rollout halts.
+
+    Changing them is not a new revision: they change how a revision rolls, not how
+    the process runs.
+
+    Raises:
+        ValueError: a value outside :data:`ROLLOUT_BOUNDS`, naming the field.
+    """
+
+    max_parallel: int = 1
+    drain_ms: int = 2000
+    ready_timeout_ms: int = 60_000
+
+    def __post_init__(self) -> None:
+        for name, (low, high) in ROLLOUT_BOUNDS.items():
+            value = _int(getattr(self, name), f"rollout.{name}")
+            if not low <= value <= high:
+                raise ValueError(f"field 'rollout.{name}' must be {low}..{high}, got {value}")
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "max_parallel": self.max_parallel,
+            "drain_ms": self.drain_ms,
+            "ready_timeout_ms": self.ready_timeout_ms,
+        }
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> RolloutOptions:
+        defaults = cls()
+        return cls(**{name: _field(obj, name, getattr(defaults, name)) for name in ROLLOUT_BOUNDS})
+
+
 Replicas: TypeAlias = int | Literal["all"]
 
 
@@ -511,6 +562,7 @@ class AppRecord:
     deployment: Deployment | None = None
     domains: list[str] = field(default_factory=list)
     labels: dict[str, str] = field(default_factory=dict)
+    rollout: RolloutOptions = field(default_factory=RolloutOptions)
 
     def __post_init__(self) -> None:
         validate_name("app", self.name)
@@ -544,6 +596,7 @@ class AppRecord:
                 "deployment": None if self.deployment is None else self.deployment.to_json(),
                 "domains": list(self.domains),
                 "labels": dict(self.labels),
+                "rollout": self.rollout.to_json(),
             }
         )
 
@@ -568,6 +621,7 @@ class AppRecord:
             else Deployment.from_json(_obj(deployment, "deployment")),
             domains=_str_list(_field(obj, "domains", []), "domains"),
             labels=_str_dict(_field(obj, "labels", {}), "labels"),
+            rollout=RolloutOptions.from_json(_obj(_field(obj, "rollout", {}), "rollout")),
         )
 
 

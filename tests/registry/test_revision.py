@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from corral.registry import (
     AppRecord,
     Deployment,
+    RolloutOptions,
     Undecodable,
     app_key,
     decode_record,
@@ -87,3 +88,19 @@ def test_a_deployment_with_a_malformed_digest_is_undecodable() -> None:
     record = decode_record(app_key("shop"), json.dumps(bad).encode())
     assert isinstance(record, Undecodable)
     assert "digest" in record.reason
+
+
+def test_an_app_record_without_rollout_options_gets_the_defaults() -> None:
+    old = {"v": 1, "name": "shop", "replicas": 1}
+    record = decode_record(app_key("shop"), json.dumps(old).encode())
+    assert isinstance(record, AppRecord)
+    assert record.rollout == RolloutOptions(max_parallel=1, drain_ms=2000, ready_timeout_ms=60000)
+
+
+def test_rollout_options_round_trip_and_out_of_bounds_ones_are_undecodable() -> None:
+    record = AppRecord("shop", rollout=RolloutOptions(max_parallel=3, drain_ms=0))
+    assert decode_record(app_key("shop"), record.encode()) == record
+    bad = {"v": 1, "name": "shop", "replicas": 1, "rollout": {"max_parallel": 0}}
+    decoded = decode_record(app_key("shop"), json.dumps(bad).encode())
+    assert isinstance(decoded, Undecodable)
+    assert "rollout.max_parallel" in decoded.reason
