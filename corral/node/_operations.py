@@ -223,11 +223,24 @@ def apply_deploy(
     command and env and the resources the app ends with (see
     :func:`~corral.registry.deployment_revision`): a redeploy that changes only the
     env, the command or the resources is a new revision, and one that changes
-    nothing keeps the revision the nodes run.
+    nothing keeps the revision the nodes run. The deployment a new revision replaces
+    is kept as ``previous_deployment`` (for a rollback, and for the nodes a rollout
+    has not reached yet).
     """
     base = current or AppRecord(name=request.name, replicas="all")
     memory_mb = base.memory_mb if request.memory_mb is None else request.memory_mb
     disk_mb = base.disk_mb if request.disk_mb is None else request.disk_mb
+    new = Deployment.of(
+        deployment.digest,
+        deployment.command,
+        deployment.env,
+        memory_mb=memory_mb,
+        disk_mb=disk_mb,
+        deployed_at=deployment.deployed_at,
+    )
+    previous = base.previous_deployment
+    if base.deployment is not None and base.deployment.revision != new.revision:
+        previous = base.deployment
     return replace(
         base,
         replicas=base.replicas if request.replicas is None else request.replicas,
@@ -247,14 +260,8 @@ def apply_deploy(
             if request.ready_timeout_ms is None
             else request.ready_timeout_ms,
         ),
-        deployment=Deployment.of(
-            deployment.digest,
-            deployment.command,
-            deployment.env,
-            memory_mb=memory_mb,
-            disk_mb=disk_mb,
-            deployed_at=deployment.deployed_at,
-        ),
+        deployment=new,
+        previous_deployment=previous,
     )
 
 

@@ -26,7 +26,7 @@ import json
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final, Literal, Self, TypeAlias
+from typing import TYPE_CHECKING, Any, Final, Literal, Self, TypeAlias, TypeVar
 
 from corral.registry._errors import InvalidKey, InvalidName
 
@@ -563,6 +563,9 @@ class AppRecord:
     domains: list[str] = field(default_factory=list)
     labels: dict[str, str] = field(default_factory=dict)
     rollout: RolloutOptions = field(default_factory=RolloutOptions)
+    #: The deployment before ``deployment`` (another revision), kept for a rollback
+    #: and for the nodes a rollout has not reached yet.
+    previous_deployment: Deployment | None = None
 
     def __post_init__(self) -> None:
         validate_name("app", self.name)
@@ -597,6 +600,9 @@ class AppRecord:
                 "domains": list(self.domains),
                 "labels": dict(self.labels),
                 "rollout": self.rollout.to_json(),
+                "previous_deployment": None
+                if self.previous_deployment is None
+                else self.previous_deployment.to_json(),
             }
         )
 
@@ -606,6 +612,7 @@ class AppRecord:
         if replicas != "all":
             replicas = _int(replicas, "replicas")
         deployment = _field(obj, "deployment", None)
+        previous = _field(obj, "previous_deployment", None)
         return cls(
             name=_str(_field(obj, "name"), "name"),
             replicas=replicas,
@@ -622,6 +629,9 @@ class AppRecord:
             domains=_str_list(_field(obj, "domains", []), "domains"),
             labels=_str_dict(_field(obj, "labels", {}), "labels"),
             rollout=RolloutOptions.from_json(_obj(_field(obj, "rollout", {}), "rollout")),
+            previous_deployment=None
+            if previous is None
+            else Deployment.from_json(_obj(previous, "previous_deployment")),
         )
 
 
@@ -884,6 +894,124 @@ class PlacementRecord:
         )
 
 
+RolloutStep: TypeAlias = Literal["pending", "out-of-table", "draining", "restarting", "done"]
+ROLLOUT_STEPS: Final[tuple[str, ...]] = (
+    "pending",
+    "out-of-table",
+    "draining",
+    "restarting",
+    "done",
+)
+#: The steps in which a node's instance is out of the routing table.
+OUT_OF_TABLE_STEPS: Final = frozenset({"out-of-table", "draining", "restarting"})
+#: Most nodes one rollout record may list (a bound on hostile input).
+MAX_ROLLOUT_NODES: Final = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class NodeRollout:
+    """One node's part in a rollout: the revision it is to run, its step, and since
+    when (wall-clock seconds) it is in that step.
+
+    ``pending``: not touched yet (it runs ``revision``, the one it ran when the
+    rollout began); ``out-of-table``: taken out of routing, waiting for the proxies;
+    ``draining``: finishing its in-flight requests; ``restarting``: told to run
+    ``revision`` (the target) and not yet ready on it; ``done``: on the target
+    and back in the table.
+    """
+
+    revision: str
+    step: RolloutStep = "pending"
+    since: float = 0.0
+
+    def __post_init__(self) -> None:
+        validate_digest(self.revision)
+        if self.step not in ROLLOUT_STEPS:
+            raise ValueError(f"rollout step must be one of {', '.join(ROLLOUT_STEPS)}")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"revision": self.revision, "step": self.step, "since": self.since}
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> NodeRollout:
+        return cls(
+            revision=_str(_field(obj, "revision"), "rollout.node.revision"),
+            step=_one_of(_field(obj, "step"), "rollout.node.step", ROLLOUT_STEPS),
+            since=_float(_field(obj, "since", 0.0), "rollout.node.since"),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class RolloutRecord:
+    """An app's rollout in progress (or halted): the target revision, each placed
+    node's part in it, when it began and, once halted, why.
+
+    It is the coordinator's bookkeeping, meant to be kept in the app's placement
+    record and written under the fence, so that a coordinator taking over reads it
+    and continues where the last one stopped. ``nodes[n].revision`` is the revision
+    node ``n`` is to run (:meth:`revision_for`); the nodes of :meth:`out_of_table`
+    are left out of the routing table.
+    """
+
+    revision: str
+    nodes: dict[str, NodeRollout]
+    started_at: float = 0.0
+    halted: str = ""
+
+    def __post_init__(self) -> None:
+        validate_digest(self.revision)
+        if len(self.nodes) > MAX_ROLLOUT_NODES:
+            raise ValueError(f"a rollout lists at most {MAX_ROLLOUT_NODES} nodes")
+        for node in self.nodes:
+            validate_name("node", node)
+        object.__setattr__(self, "nodes", dict(sorted(self.nodes.items())))
+        object.__setattr__(self, "halted", self.halted[:MAX_SERVING_REASON])
+
+    def revision_for(self, node: str) -> str | None:
+        """The revision ``node`` is to run, or None when the rollout does not name it."""
+        entry = self.nodes.get(node)
+        return None if entry is None else entry.revision
+
+    def out_of_table(self) -> frozenset[str]:
+        """The nodes whose instance is out of the routing table for the rollout."""
+        return frozenset(n for n, entry in self.nodes.items() if entry.step in OUT_OF_TABLE_STEPS)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "revision": self.revision,
+            "nodes": {node: entry.to_json() for node, entry in self.nodes.items()},
+            "started_at": self.started_at,
+        }
+        if self.halted:
+            out["halted"] = self.halted
+        return out
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> RolloutRecord:
+        nodes = _obj(_field(obj, "nodes"), "rollout.nodes")
+        if len(nodes) > MAX_ROLLOUT_NODES:
+            raise ValueError(f"a rollout lists at most {MAX_ROLLOUT_NODES} nodes")
+        return cls(
+            revision=_str(_field(obj, "revision"), "rollout.revision"),
+            nodes={
+                _str(node, "rollout.nodes"): NodeRollout.from_json(_obj(entry, f"rollout.{node}"))
+                for node, entry in nodes.items()
+            },
+            started_at=_float(_field(obj, "started_at", 0.0), "rollout.started_at"),
+            halted=_str(_field(obj, "halted", ""), "rollout.halted"),
+        )
+
+    def encode(self) -> bytes:
+        """The record as the JSON it is stored as (with the schema version)."""
+        return _dump(self.to_json())
+
+    @classmethod
+    def decode(cls, value: bytes) -> RolloutRecord | Undecodable:
+        """The record in ``value`` (:meth:`encode` 's bytes), or an
+        :class:`Undecodable` (key ``rollout``) naming what breaks the schema."""
+        return _decode_json("rollout", value, cls.from_json)
+
+
 @dataclass(frozen=True, slots=True)
 class CoordinatorLease:
     """``lease/coordinator`` (leased): who coordinates. The fence is the key's
@@ -1081,6 +1209,23 @@ def decode_record(key: str, value: bytes) -> Record | Undecodable:
         if digest != parts[0]:
             return Undecodable(key, f"artifact bytes hash to {digest}, not to the key's digest")
         return Artifact(digest, bytes(value))
+    record = _decode_json(key, value, _JSON_DECODERS[kind])
+    if isinstance(record, Undecodable):
+        return record
+    mismatch = _name_mismatch(kind, parts, record)
+    if mismatch is not None:
+        return Undecodable(key, mismatch)
+    return record
+
+
+_Decoded = TypeVar("_Decoded")
+
+
+def _decode_json(
+    key: str, value: bytes, from_json: Callable[[dict[str, Any]], _Decoded]
+) -> _Decoded | Undecodable:
+    """``from_json`` of the versioned JSON object in ``value``, or an
+    :class:`Undecodable` for ``key`` naming what breaks the schema. Never raises."""
     try:
         obj = json.loads(value)
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
@@ -1091,13 +1236,9 @@ def decode_record(key: str, value: bytes) -> Record | Undecodable:
     if isinstance(version, bool) or version != SCHEMA_VERSION:
         return Undecodable(key, f"unknown schema version v={version!r} (this build reads v=1)")
     try:
-        record = _JSON_DECODERS[kind](obj)
+        return from_json(obj)
     except (ValueError, TypeError, InvalidName) as exc:
         return Undecodable(key, str(exc))
-    mismatch = _name_mismatch(kind, parts, record)
-    if mismatch is not None:
-        return Undecodable(key, mismatch)
-    return record
 
 
 def _name_mismatch(kind: KeyKind, parts: tuple[str, ...], record: Record) -> str | None:
