@@ -5,7 +5,6 @@ late or never, and proxies that apply tables late."""
 from __future__ import annotations
 
 import dataclasses
-from collections import Counter
 from dataclasses import dataclass, field
 
 from hypothesis import given, settings
@@ -278,31 +277,38 @@ TICK = 0.5
 @dataclass
 class SimNode:
     """A node's instance: how many ticks a restart takes, then how many more until
-    it is ready (None: never), and how many ticks the proxies take to apply its
-    removal."""
+    the new revision is ready (None: never; the old one is ready as soon as it
+    runs), and how many ticks the proxies take to apply its removal."""
 
     restart_ticks: int
     ready_ticks: int | None
     proxy_lag: int
-    revision: str = OLD
+    running: str = OLD
+    target: str = OLD
     switched_at: int | None = None
     out_at: int | None = None
-    switches: int = 0
+    switches: list[str] = field(default_factory=list)
 
     def observed(self, tick: int) -> ObservedInstance:
         if self.switched_at is None:
-            return ready(self.revision)
+            return ready(self.running)
         elapsed = tick - self.switched_at
         if elapsed < self.restart_ticks:
-            return ObservedInstance(OLD, ready=False, state="stopping")
-        ok = self.ready_ticks is not None and elapsed >= self.restart_ticks + self.ready_ticks
-        return ObservedInstance(NEW, ready=ok, state="running" if ok else "starting")
+            return ObservedInstance(self.running, ready=False, state="stopping")
+        wait = 0 if self.target == OLD else self.ready_ticks
+        ok = wait is not None and elapsed >= self.restart_ticks + wait
+        return ObservedInstance(self.target, ready=ok, state="running" if ok else "starting")
+
+    def switch(self, tick: int, revision: str) -> None:
+        self.running = self.observed(tick).revision
+        self.target, self.switched_at = revision, tick
+        self.switches.append(revision)
 
 
 @dataclass
 class Outcome:
     plans: list[RolloutPlan] = field(default_factory=list)
-    done: bool = False
+    done: str | None = None  # the revision the last RolloutDone was for
     halted: bool = False
 
 
@@ -320,13 +326,21 @@ rollout_options = st.builds(
 )
 
 
-def simulate(nodes: dict[str, SimNode], options: RolloutOptions, lost: frozenset[int]) -> Outcome:
-    """Run the controller each tick against the simulated nodes until it is done or
-    has halted and nothing moves; a plan of a tick in ``lost`` is dropped unapplied
-    (its write lost, the next coordinator reads the record before it)."""
+def simulate(
+    nodes: dict[str, SimNode],
+    options: RolloutOptions,
+    lost: frozenset[int],
+    rollback_at: int | None = None,
+) -> Outcome:
+    """Run the controller each tick against the simulated nodes, to NEW (and from
+    ``rollback_at`` back to OLD), until it is done or has halted and nothing moves.
+    A plan of a tick in ``lost`` is dropped unapplied: its write was lost, and the
+    next coordinator reads the record from before it. Checks, every tick, the width
+    and that the plan is deterministic and a replay of its state changes nothing."""
     outcome = Outcome()
     record: RolloutRecord | None = None
     for tick in range(400):
+        target = NEW if rollback_at is None or tick < rollback_at else OLD
         observed = {name: node.observed(tick) for name, node in nodes.items()}
         applied = frozenset(
             name
@@ -334,7 +348,7 @@ def simulate(nodes: dict[str, SimNode], options: RolloutOptions, lost: frozenset
             if node.out_at is not None and tick >= node.out_at + node.proxy_lag
         )
         now = T0 + tick * TICK
-        given_inputs = RolloutInputs(NEW, options, tuple(nodes), observed, applied, record, now)
+        given_inputs = RolloutInputs(target, options, tuple(nodes), observed, applied, record, now)
         plan = plan_rollout(given_inputs)
         assert plan == plan_rollout(given_inputs), "not deterministic"
         replay = plan_rollout(dataclasses.replace(given_inputs, record=plan.record))
@@ -353,9 +367,9 @@ def simulate(nodes: dict[str, SimNode], options: RolloutOptions, lost: frozenset
                 node.out_at = None
             elif isinstance(action, SwitchRevision):
                 assert node is not None
-                node.switched_at, node.switches = tick, node.switches + 1
+                node.switch(tick, action.revision)
             elif isinstance(action, RolloutDone):
-                outcome.done = True
+                outcome.done = action.revision
             elif isinstance(action, RolloutHalted):
                 outcome.halted = True
         out = plan.record.out_of_table() if plan.record is not None else frozenset()
@@ -363,7 +377,10 @@ def simulate(nodes: dict[str, SimNode], options: RolloutOptions, lost: frozenset
         busy = [n for n, node in nodes.items() if node.out_at is not None or n in out]
         assert len(busy) <= options.max_parallel
         record = plan.record
-        if outcome.done or (outcome.halted and not changes(plan) and tick > 200):
+        if rollback_at is not None and tick < rollback_at:
+            continue
+        settled = all(o.revision == target and o.ready for o in observed.values())
+        if (record is None and settled) or (record is not None and record.halted and tick > 200):
             break
     return outcome
 
@@ -379,28 +396,46 @@ def test_every_instance_ends_on_the_target_once_or_the_rollout_halts_with_the_re
 ) -> None:
     nodes = {f"n{i}": node for i, node in enumerate(sim)}
     outcome = simulate(nodes, options, lost)
-    assert outcome.done != outcome.halted
-    switches = Counter({name: node.switches for name, node in nodes.items()})
-    assert max(switches.values()) <= 1, "a node restarted twice"
+    assert (outcome.done == NEW) != outcome.halted
+    assert all(len(node.switches) <= 1 for node in nodes.values()), "a node restarted twice"
     timeout_ticks = options.ready_timeout_ms / 1000 / TICK
-    all_in_time = all(
+    if all(
         n.ready_ticks is not None and n.restart_ticks + n.ready_ticks + 1 < timeout_ticks
         for n in sim
-    )
-    if all_in_time:
-        assert outcome.done
+    ):
+        assert outcome.done == NEW
     if outcome.done:
-        assert all(node.switches == 1 for node in nodes.values())
+        assert all(node.switches == [NEW] for node in nodes.values())
         assert all(node.observed(10**6) == ready(NEW) for node in nodes.values())
-    else:
-        final = outcome.plans[-1].record
-        assert final is not None
-        assert final.halted
-        for name, node in nodes.items():
-            if node.switches == 0:  # never reached: still the old revision, in the table
-                assert final.revision_for(name) == OLD
-                assert name not in final.out_of_table()
-                assert node.out_at is None
-        # only nodes that did not become ready hold the halt
-        stuck = [n for n, node in nodes.items() if node.switches and node.out_at is None]
-        assert all(final.nodes[n].step in ("done", "restarting") for n in stuck)
+        return
+    final = outcome.plans[-1].record
+    assert final is not None
+    assert final.halted
+    for name, node in nodes.items():
+        if not node.switches:  # never reached: still the old revision, in the table
+            assert final.revision_for(name) == OLD
+            assert name not in final.out_of_table()
+            assert node.out_at is None
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(sim_nodes, min_size=1, max_size=4),
+    rollout_options,
+    st.integers(0, 40),
+    st.frozensets(st.integers(0, 60), max_size=3),
+)
+def test_a_rollback_at_any_moment_brings_every_node_back_once_by_the_same_path(
+    sim: list[SimNode], options: RolloutOptions, rollback_at: int, lost: frozenset[int]
+) -> None:
+    nodes = {f"n{i}": node for i, node in enumerate(sim)}
+    outcome = simulate(nodes, options, lost, rollback_at)
+    timeout_ticks = options.ready_timeout_ms / 1000 / TICK
+    final = outcome.plans[-1].record
+    if all(n.restart_ticks + 1 < timeout_ticks for n in sim):
+        assert final is None
+        assert all(node.observed(10**6) == ready(OLD) for node in nodes.values())
+    for node in nodes.values():
+        # at most one switch to the new revision and one back; a node the rollout
+        # had not reached is not touched by the rollback either
+        assert node.switches in ([], [NEW], [NEW, OLD]), node.switches
