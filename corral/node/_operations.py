@@ -306,6 +306,47 @@ async def deploy(
     return DeployResult(app=app, created=created, artifact_size=len(request.artifact))
 
 
+def apply_rollback(current: AppRecord) -> AppRecord:
+    """The app record a rollback leaves (pure): the previous deployment is current
+    again (with the resources it was deployed with) and the current one becomes the
+    previous, so a second rollback undoes the first. The revision comes back as it
+    was, so nodes roll to it like to any other.
+
+    Raises:
+        OperationRefused: the app has no previous deployment.
+    """
+    previous = current.previous_deployment
+    if previous is None or current.deployment is None:
+        raise OperationRefused(
+            f"app {current.name} has no previous revision to roll back to: it was "
+            "deployed once (or only with identical inputs since)"
+        )
+    return replace(
+        current,
+        deployment=previous,
+        previous_deployment=current.deployment,
+        memory_mb=previous.memory_mb,
+        disk_mb=previous.disk_mb,
+        retired=False,
+    )
+
+
+async def rollback(registry: Registry, name: str) -> AppRecord:
+    """Point ``apps/<name>`` back at its previous deployment (see :func:`apply_rollback`).
+
+    Raises:
+        NotFound: no such app.
+        OperationRefused: it has no previous deployment, or its record is unreadable.
+    """
+
+    def change(current: AppRecord | None) -> AppRecord:
+        return apply_rollback(_require(name, current))
+
+    app = await _guarded_update(registry, name, change)
+    assert app is not None
+    return app
+
+
 async def set_selector(
     registry: Registry, name: str, selector: Mapping[str, str] | None
 ) -> AppRecord:

@@ -449,12 +449,17 @@ class Deployment:
     env: dict[str, str] = field(default_factory=dict)
     deployed_at: float = 0.0
     digest: str = ""
+    #: The resources the revision was computed with (the app's, when deployed).
+    memory_mb: int = 0
+    disk_mb: int = 0
 
     def __post_init__(self) -> None:
         validate_digest(self.revision)
         if not self.digest:
             object.__setattr__(self, "digest", self.revision)
         validate_digest(self.digest)
+        if self.memory_mb < 0 or self.disk_mb < 0:
+            raise ValueError("deployment memory_mb and disk_mb must be >= 0")
 
     @classmethod
     def of(
@@ -470,7 +475,7 @@ class Deployment:
         """The deployment of artifact ``digest`` run as ``command`` with ``env`` and
         these resources, its revision computed by :func:`deployment_revision`."""
         revision = deployment_revision(digest, command, env, memory_mb=memory_mb, disk_mb=disk_mb)
-        return cls(revision, list(command), dict(env), deployed_at, digest)
+        return cls(revision, list(command), dict(env), deployed_at, digest, memory_mb, disk_mb)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -479,6 +484,8 @@ class Deployment:
             "command": list(self.command),
             "env": dict(self.env),
             "deployed_at": self.deployed_at,
+            "memory_mb": self.memory_mb,
+            "disk_mb": self.disk_mb,
         }
 
     @classmethod
@@ -489,6 +496,8 @@ class Deployment:
             env=_str_dict(_field(obj, "env", {}), "deployment.env"),
             deployed_at=_float(_field(obj, "deployed_at", 0.0), "deployment.deployed_at"),
             digest=_str(_field(obj, "digest", ""), "deployment.digest"),
+            memory_mb=_nonneg(_field(obj, "memory_mb", 0), "deployment.memory_mb"),
+            disk_mb=_nonneg(_field(obj, "disk_mb", 0), "deployment.disk_mb"),
         )
 
 
