@@ -593,6 +593,14 @@ class AppRecord:
     def key(self) -> str:
         return app_key(self.name)
 
+    def deployment_at(self, revision: str) -> Deployment | None:
+        """The app's deployment (current or previous) of ``revision``, or None: what
+        a node a rollout has not reached yet runs."""
+        for deployment in (self.deployment, self.previous_deployment):
+            if deployment is not None and deployment.revision == revision:
+                return deployment
+        return None
+
     def encode(self) -> bytes:
         return _dump(
             {

@@ -62,6 +62,11 @@ def test_a_new_revision_keeps_the_one_it_replaces_and_a_rollback_swaps_them() ->
     assert back.previous_deployment == second.deployment
     assert back.memory_mb == 0  # the resources the previous revision ran with
     assert apply_rollback(back) == second
+    assert first.deployment is not None
+    assert second.deployment is not None
+    assert second.deployment_at(first.deployment.revision) == first.deployment
+    assert second.deployment_at(second.deployment.revision) == second.deployment
+    assert second.deployment_at(B) is None
 
 
 def test_a_rollback_with_nothing_to_go_back_to_is_refused() -> None:
