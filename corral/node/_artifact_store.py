@@ -187,21 +187,21 @@ class Materializer:
         return self._apps_dir / app / "revisions" / validate_digest(digest)
 
     async def __call__(self, app: str, deployment: Deployment) -> Path:
-        target = self.revision_dir(app, deployment.revision)
+        target = self.revision_dir(app, deployment.digest)
         lock = self._locks.setdefault(target.as_posix(), trio.Lock())
         async with lock:
             if target.is_dir():
                 return target
-            data = await self._store.fetch(deployment.revision)
+            data = await self._store.fetch(deployment.digest)
             try:
                 await trio.to_thread.run_sync(
-                    _unpack_atomically, data, deployment.revision, target, self._store.limits
+                    _unpack_atomically, data, deployment.digest, target, self._store.limits
                 )
             except DigestMismatch:
                 raise
             except OSError as exc:
                 raise ArtifactError(
-                    f"cannot unpack {deployment.revision} into {target}: {exc}"
+                    f"cannot unpack {deployment.digest} into {target}: {exc}"
                 ) from exc
         return target
 

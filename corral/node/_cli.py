@@ -247,6 +247,27 @@ def _build_parser() -> argparse.ArgumentParser:
         help="a host name the app serves (repeatable; replaces its domains; a redeploy "
         "without --domain keeps them)",
     )
+    deploy.add_argument(
+        "--max-parallel",
+        metavar="N",
+        type=int,
+        help="roll a new revision across at most N instances at a time (default 1; kept "
+        "with the app)",
+    )
+    deploy.add_argument(
+        "--drain-ms",
+        metavar="MS",
+        type=int,
+        help="how long an instance out of routing finishes its requests before it stops "
+        "(default 2000; kept with the app)",
+    )
+    deploy.add_argument(
+        "--ready-timeout-ms",
+        metavar="MS",
+        type=int,
+        help="how long a restarted instance may take to be ready before the rollout halts "
+        "(default 60000; kept with the app)",
+    )
 
     app = _verb(commands, "app", "change an app: selector, replicas, domains, retire, delete")
     app_verbs = app.add_subparsers(dest="verb", metavar="VERB", required=True)
@@ -434,6 +455,7 @@ def _deploy(args: argparse.Namespace, stdout: TextIO) -> int:
         parse_megabytes,
         parse_pairs,
         parse_replicas,
+        parse_rollout_option,
     )
 
     name = check_name("app", args.name)
@@ -441,6 +463,9 @@ def _deploy(args: argparse.Namespace, stdout: TextIO) -> int:
     for field, value in (("memory_mb", args.memory_mb), ("disk_mb", args.disk_mb)):
         if value is not None:
             parse_megabytes(value, field)
+    for field in ("max_parallel", "drain_ms", "ready_timeout_ms"):
+        if getattr(args, field) is not None:
+            parse_rollout_option(getattr(args, field), field)
     selector = (
         None if args.node_selector is None else parse_pairs(args.node_selector, "node-selector")
     )
@@ -460,6 +485,9 @@ def _deploy(args: argparse.Namespace, stdout: TextIO) -> int:
             pinned=args.pin,
             env=env,
             domains=domains,
+            max_parallel=args.max_parallel,
+            drain_ms=args.drain_ms,
+            ready_timeout_ms=args.ready_timeout_ms,
         )
     if args.json:
         _print_json(stdout, answer)

@@ -181,6 +181,9 @@ class NodeClient:
         pinned: bool | None = None,
         env: Mapping[str, str] | None = None,
         domains: Sequence[str] | None = None,
+        max_parallel: int | None = None,
+        drain_ms: int | None = None,
+        ready_timeout_ms: int | None = None,
     ) -> JSONDict:
         body: JSONDict = {"artifact": base64.b64encode(artifact.data).decode()}
         for key, value in (
@@ -191,6 +194,9 @@ class NodeClient:
             ("pinned", pinned),
             ("env", None if env is None else dict(env)),
             ("domains", None if domains is None else list(domains)),
+            ("max_parallel", max_parallel),
+            ("drain_ms", drain_ms),
+            ("ready_timeout_ms", ready_timeout_ms),
         ):
             if value is not None:
                 body[key] = value

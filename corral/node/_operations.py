@@ -216,19 +216,53 @@ def apply_deploy(
 
     A field the request does not name keeps the app's current value (or the default
     for a new app: replicas all, no selector, no domains); named domains replace the
-    app's. A deploy makes a retired app active.
+    app's; so do the rollout options (max-parallel, drain, ready timeout), which are
+    kept with the app. A deploy makes a retired app active.
+
+    The deployment's revision is computed here, from ``deployment``'s digest,
+    command and env and the resources the app ends with (see
+    :func:`~corral.registry.deployment_revision`): a redeploy that changes only the
+    env, the command or the resources is a new revision, and one that changes
+    nothing keeps the revision the nodes run. The deployment a new revision replaces
+    is kept as ``previous_deployment`` (for a rollback, and for the nodes a rollout
+    has not reached yet).
     """
     base = current or AppRecord(name=request.name, replicas="all")
+    memory_mb = base.memory_mb if request.memory_mb is None else request.memory_mb
+    disk_mb = base.disk_mb if request.disk_mb is None else request.disk_mb
+    new = Deployment.of(
+        deployment.digest,
+        deployment.command,
+        deployment.env,
+        memory_mb=memory_mb,
+        disk_mb=disk_mb,
+        deployed_at=deployment.deployed_at,
+        health=deployment.health,
+    )
+    previous = base.previous_deployment
+    if base.deployment is not None and base.deployment.revision != new.revision:
+        previous = base.deployment
     return replace(
         base,
         replicas=base.replicas if request.replicas is None else request.replicas,
         selector=dict(base.selector if request.selector is None else request.selector),
-        memory_mb=base.memory_mb if request.memory_mb is None else request.memory_mb,
-        disk_mb=base.disk_mb if request.disk_mb is None else request.disk_mb,
+        memory_mb=memory_mb,
+        disk_mb=disk_mb,
         pinned=base.pinned if request.pinned is None else request.pinned,
         domains=list(base.domains) if request.domains is None else sorted(set(request.domains)),
         retired=False,
-        deployment=deployment,
+        rollout=replace(
+            base.rollout,
+            max_parallel=base.rollout.max_parallel
+            if request.max_parallel is None
+            else request.max_parallel,
+            drain_ms=base.rollout.drain_ms if request.drain_ms is None else request.drain_ms,
+            ready_timeout_ms=base.rollout.ready_timeout_ms
+            if request.ready_timeout_ms is None
+            else request.ready_timeout_ms,
+        ),
+        deployment=new,
+        previous_deployment=previous,
     )
 
 
@@ -260,12 +294,8 @@ async def deploy(
     await _read_app(registry, request.name)  # refuse an unreadable record before storing
     digest = await store_artifact(request.artifact)
     env = {**manifest.env, **(request.env or {})}
-    deployment = Deployment(
-        revision=digest,
-        command=list(manifest.command),
-        env=env,
-        deployed_at=now,
-        health=manifest.health,
+    deployment = Deployment.of(
+        digest, manifest.command, env, deployed_at=now, health=manifest.health
     )
     created = False
 
@@ -277,6 +307,47 @@ async def deploy(
     app = await _guarded_update(registry, request.name, change)
     assert app is not None
     return DeployResult(app=app, created=created, artifact_size=len(request.artifact))
+
+
+def apply_rollback(current: AppRecord) -> AppRecord:
+    """The app record a rollback leaves (pure): the previous deployment is current
+    again (with the resources it was deployed with) and the current one becomes the
+    previous, so a second rollback undoes the first. The revision comes back as it
+    was, so nodes roll to it like to any other.
+
+    Raises:
+        OperationRefused: the app has no previous deployment.
+    """
+    previous = current.previous_deployment
+    if previous is None or current.deployment is None:
+        raise OperationRefused(
+            f"app {current.name} has no previous revision to roll back to: it was "
+            "deployed once (or only with identical inputs since)"
+        )
+    return replace(
+        current,
+        deployment=previous,
+        previous_deployment=current.deployment,
+        memory_mb=previous.memory_mb,
+        disk_mb=previous.disk_mb,
+        retired=False,
+    )
+
+
+async def rollback(registry: Registry, name: str) -> AppRecord:
+    """Point ``apps/<name>`` back at its previous deployment (see :func:`apply_rollback`).
+
+    Raises:
+        NotFound: no such app.
+        OperationRefused: it has no previous deployment, or its record is unreadable.
+    """
+
+    def change(current: AppRecord | None) -> AppRecord:
+        return apply_rollback(_require(name, current))
+
+    app = await _guarded_update(registry, name, change)
+    assert app is not None
+    return app
 
 
 async def set_selector(

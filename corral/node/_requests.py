@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, TypeAlias
 
 from corral.node._errors import RequestInvalid
-from corral.registry import InvalidName, validate_labels, validate_name
+from corral.registry import ROLLOUT_BOUNDS, InvalidName, validate_labels, validate_name
 
 #: What ``AppRecord.replicas`` holds: "all" or a whole number >= 1.
 Replicas: TypeAlias = int | Literal["all"]
@@ -211,6 +211,17 @@ def parse_megabytes(value: object, field: str) -> int:
     return value
 
 
+def parse_rollout_option(value: object, field: str) -> int:
+    """A rollout option (``max_parallel``, ``drain_ms``, ``ready_timeout_ms``): a whole
+    number within its :data:`~corral.registry.ROLLOUT_BOUNDS`."""
+    low, high = ROLLOUT_BOUNDS[field]
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value.strip())
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise RequestInvalid(field, f"{value!r} is not a whole number from {low} to {high}")
+    return value
+
+
 def parse_bool(value: object, field: str) -> bool:
     if not isinstance(value, bool):
         raise RequestInvalid(field, f"{value!r} is not true or false")
@@ -301,10 +312,15 @@ class DeployRequest:
     env: Mapping[str, str] | None = None
     #: The app's domains, replacing the ones it has (None: keep them).
     domains: tuple[str, ...] | None = None
+    #: Rollout options (see :class:`~corral.registry.RolloutOptions`); None: keep.
+    max_parallel: int | None = None
+    drain_ms: int | None = None
+    ready_timeout_ms: int | None = None
 
 
 DEPLOY_FIELDS = frozenset(
     {"artifact", "replicas", "selector", "memory_mb", "disk_mb", "pinned", "env", "domains"}
+    | set(ROLLOUT_BOUNDS)
 )
 
 
@@ -339,6 +355,10 @@ def parse_deploy(name: object, body: object) -> DeployRequest:
     pinned = None if body.get("pinned") is None else parse_bool(body["pinned"], "pinned")
     env = None if body.get("env") is None else parse_env(body["env"])
     domains = None if body.get("domains") is None else parse_domains(body["domains"])
+    rollout = {
+        field: None if body.get(field) is None else parse_rollout_option(body[field], field)
+        for field in ROLLOUT_BOUNDS
+    }
     encoded = body.get("artifact")
     if not isinstance(encoded, str) or not encoded:
         raise RequestInvalid("artifact", "missing; send the app's tar.gz as base64")
@@ -356,4 +376,7 @@ def parse_deploy(name: object, body: object) -> DeployRequest:
         pinned=pinned,
         env=env,
         domains=domains,
+        max_parallel=rollout["max_parallel"],
+        drain_ms=rollout["drain_ms"],
+        ready_timeout_ms=rollout["ready_timeout_ms"],
     )

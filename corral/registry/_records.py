@@ -24,9 +24,9 @@ import enum
 import hashlib
 import json
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final, Literal, Self, TypeAlias
+from typing import TYPE_CHECKING, Any, Final, Literal, Self, TypeAlias, TypeVar
 
 from corral.registry._errors import InvalidKey, InvalidName
 
@@ -457,26 +457,97 @@ class HealthSpec:
         )
 
 
+def deployment_revision(
+    digest: str,
+    command: Sequence[str],
+    env: Mapping[str, str],
+    *,
+    memory_mb: int = 0,
+    disk_mb: int = 0,
+) -> str:
+    """The revision id of a deployment: the sha256 of everything that changes how
+    the app's process runs (the artifact digest, the command, the environment and
+    the resources), as 64 lowercase hex digits.
+
+    Pure: equal inputs give equal ids whatever order ``env`` lists its keys in, and
+    any change of any input gives another id. So an env-only redeploy is a new
+    revision (every node restarts into it), and an identical redeploy is not.
+    """
+    canonical = json.dumps(
+        {
+            "digest": validate_digest(digest),
+            "command": list(command),
+            "env": dict(env),
+            "memory_mb": memory_mb,
+            "disk_mb": disk_mb,
+        },
+        separators=(",", ":"),
+        sort_keys=True,
+    )
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
 @dataclass(frozen=True, slots=True)
 class Deployment:
-    """What an app runs: the artifact (by digest), its command and environment, and
-    its readiness check (None: the default TCP check)."""
+    """What an app runs: its revision id, the artifact (by digest), its command and
+    environment, and its readiness check (None: the default TCP check).
+
+    ``revision`` is what nodes compare (a process running another revision is
+    restarted): :func:`deployment_revision` of the digest, command, env and the
+    app's resources. ``digest`` names the artifact nodes fetch and unpack; left
+    empty it is ``revision``, which is what a record written before revisions
+    covered more than the artifact holds (one field, the digest), so an old record
+    decodes to the revision its processes already run and restarts nothing. The
+    readiness check is not part of the revision: it changes how the node watches
+    the process, not how the process runs.
+    """
 
     revision: str
     command: list[str]
     env: dict[str, str] = field(default_factory=dict)
     deployed_at: float = 0.0
+    digest: str = ""
+    #: The resources the revision was computed with (the app's, when deployed).
+    memory_mb: int = 0
+    disk_mb: int = 0
     health: HealthSpec | None = None
 
     def __post_init__(self) -> None:
         validate_digest(self.revision)
+        if not self.digest:
+            object.__setattr__(self, "digest", self.revision)
+        validate_digest(self.digest)
+        if self.memory_mb < 0 or self.disk_mb < 0:
+            raise ValueError("deployment memory_mb and disk_mb must be >= 0")
+
+    @classmethod
+    def of(
+        cls,
+        digest: str,
+        command: Sequence[str],
+        env: Mapping[str, str],
+        *,
+        memory_mb: int = 0,
+        disk_mb: int = 0,
+        deployed_at: float = 0.0,
+        health: HealthSpec | None = None,
+    ) -> Deployment:
+        """The deployment of artifact ``digest`` run as ``command`` with ``env`` and
+        these resources, its revision computed by :func:`deployment_revision`."""
+        revision = deployment_revision(digest, command, env, memory_mb=memory_mb, disk_mb=disk_mb)
+        return cls(
+            revision, list(command), dict(env), deployed_at, digest, memory_mb, disk_mb, health
+        )
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "revision": self.revision,
+            "digest": self.digest,
             "command": list(self.command),
             "env": dict(self.env),
             "deployed_at": self.deployed_at,
+            "memory_mb": self.memory_mb,
+            "disk_mb": self.disk_mb,
         }
         if self.health is not None:
             out["health"] = self.health.to_json()
@@ -490,10 +561,64 @@ class Deployment:
             command=_str_list(_field(obj, "command"), "deployment.command"),
             env=_str_dict(_field(obj, "env", {}), "deployment.env"),
             deployed_at=_float(_field(obj, "deployed_at", 0.0), "deployment.deployed_at"),
+            digest=_str(_field(obj, "digest", ""), "deployment.digest"),
+            memory_mb=_nonneg(_field(obj, "memory_mb", 0), "deployment.memory_mb"),
+            disk_mb=_nonneg(_field(obj, "disk_mb", 0), "deployment.disk_mb"),
             health=None
             if health is None
             else HealthSpec.from_json(_obj(health, "deployment.health")),
         )
+
+
+#: The bounds of each rollout option, inclusive: ``field -> (lowest, highest)``.
+ROLLOUT_BOUNDS: Final[dict[str, tuple[int, int]]] = {
+    "max_parallel": (1, 1000),
+    "drain_ms": (0, 600_000),
+    "ready_timeout_ms": (1, 3_600_000),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class RolloutOptions:
+    """How a new revision of an app rolls across its nodes (kept with the app).
+
+    Args:
+        max_parallel: at most this many instances out of the routing table or
+            restarting at any moment.
+        drain_ms: how long an instance out of the table is left to finish its
+            in-flight requests before it is stopped (also the longest wait for the
+            proxies to apply the table without it).
+        ready_timeout_ms: how long a restarted instance may take to become ready
+            before the rollout halts.
+
+    Changing them is not a new revision: they change how a revision rolls, not how
+    the process runs.
+
+    Raises:
+        ValueError: a value outside :data:`ROLLOUT_BOUNDS`, naming the field.
+    """
+
+    max_parallel: int = 1
+    drain_ms: int = 2000
+    ready_timeout_ms: int = 60_000
+
+    def __post_init__(self) -> None:
+        for name, (low, high) in ROLLOUT_BOUNDS.items():
+            value = _int(getattr(self, name), f"rollout.{name}")
+            if not low <= value <= high:
+                raise ValueError(f"field 'rollout.{name}' must be {low}..{high}, got {value}")
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "max_parallel": self.max_parallel,
+            "drain_ms": self.drain_ms,
+            "ready_timeout_ms": self.ready_timeout_ms,
+        }
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> RolloutOptions:
+        defaults = cls()
+        return cls(**{name: _field(obj, name, getattr(defaults, name)) for name in ROLLOUT_BOUNDS})
 
 
 Replicas: TypeAlias = int | Literal["all"]
@@ -515,6 +640,10 @@ class AppRecord:
     deployment: Deployment | None = None
     domains: list[str] = field(default_factory=list)
     labels: dict[str, str] = field(default_factory=dict)
+    rollout: RolloutOptions = field(default_factory=RolloutOptions)
+    #: The deployment before ``deployment`` (another revision), kept for a rollback
+    #: and for the nodes a rollout has not reached yet.
+    previous_deployment: Deployment | None = None
 
     def __post_init__(self) -> None:
         validate_name("app", self.name)
@@ -533,6 +662,14 @@ class AppRecord:
     def key(self) -> str:
         return app_key(self.name)
 
+    def deployment_at(self, revision: str) -> Deployment | None:
+        """The app's deployment (current or previous) of ``revision``, or None: what
+        a node a rollout has not reached yet runs."""
+        for deployment in (self.deployment, self.previous_deployment):
+            if deployment is not None and deployment.revision == revision:
+                return deployment
+        return None
+
     def encode(self) -> bytes:
         return _dump(
             {
@@ -548,6 +685,10 @@ class AppRecord:
                 "deployment": None if self.deployment is None else self.deployment.to_json(),
                 "domains": list(self.domains),
                 "labels": dict(self.labels),
+                "rollout": self.rollout.to_json(),
+                "previous_deployment": None
+                if self.previous_deployment is None
+                else self.previous_deployment.to_json(),
             }
         )
 
@@ -557,6 +698,7 @@ class AppRecord:
         if replicas != "all":
             replicas = _int(replicas, "replicas")
         deployment = _field(obj, "deployment", None)
+        previous = _field(obj, "previous_deployment", None)
         return cls(
             name=_str(_field(obj, "name"), "name"),
             replicas=replicas,
@@ -572,6 +714,10 @@ class AppRecord:
             else Deployment.from_json(_obj(deployment, "deployment")),
             domains=_str_list(_field(obj, "domains", []), "domains"),
             labels=_str_dict(_field(obj, "labels", {}), "labels"),
+            rollout=RolloutOptions.from_json(_obj(_field(obj, "rollout", {}), "rollout")),
+            previous_deployment=None
+            if previous is None
+            else Deployment.from_json(_obj(previous, "previous_deployment")),
         )
 
 
@@ -844,6 +990,124 @@ class PlacementRecord:
         )
 
 
+RolloutStep: TypeAlias = Literal["pending", "out-of-table", "draining", "restarting", "done"]
+ROLLOUT_STEPS: Final[tuple[str, ...]] = (
+    "pending",
+    "out-of-table",
+    "draining",
+    "restarting",
+    "done",
+)
+#: The steps in which a node's instance is out of the routing table.
+OUT_OF_TABLE_STEPS: Final = frozenset({"out-of-table", "draining", "restarting"})
+#: Most nodes one rollout record may list (a bound on hostile input).
+MAX_ROLLOUT_NODES: Final = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class NodeRollout:
+    """One node's part in a rollout: the revision it is to run, its step, and since
+    when (wall-clock seconds) it is in that step.
+
+    ``pending``: not touched yet (it runs ``revision``, the one it ran when the
+    rollout began); ``out-of-table``: taken out of routing, waiting for the proxies;
+    ``draining``: finishing its in-flight requests; ``restarting``: told to run
+    ``revision`` (the target) and not yet ready on it; ``done``: on the target
+    and back in the table.
+    """
+
+    revision: str
+    step: RolloutStep = "pending"
+    since: float = 0.0
+
+    def __post_init__(self) -> None:
+        validate_digest(self.revision)
+        if self.step not in ROLLOUT_STEPS:
+            raise ValueError(f"rollout step must be one of {', '.join(ROLLOUT_STEPS)}")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"revision": self.revision, "step": self.step, "since": self.since}
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> NodeRollout:
+        return cls(
+            revision=_str(_field(obj, "revision"), "rollout.node.revision"),
+            step=_one_of(_field(obj, "step"), "rollout.node.step", ROLLOUT_STEPS),
+            since=_float(_field(obj, "since", 0.0), "rollout.node.since"),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class RolloutRecord:
+    """An app's rollout in progress (or halted): the target revision, each placed
+    node's part in it, when it began and, once halted, why.
+
+    It is the coordinator's bookkeeping, meant to be kept in the app's placement
+    record and written under the fence, so that a coordinator taking over reads it
+    and continues where the last one stopped. ``nodes[n].revision`` is the revision
+    node ``n`` is to run (:meth:`revision_for`); the nodes of :meth:`out_of_table`
+    are left out of the routing table.
+    """
+
+    revision: str
+    nodes: dict[str, NodeRollout]
+    started_at: float = 0.0
+    halted: str = ""
+
+    def __post_init__(self) -> None:
+        validate_digest(self.revision)
+        if len(self.nodes) > MAX_ROLLOUT_NODES:
+            raise ValueError(f"a rollout lists at most {MAX_ROLLOUT_NODES} nodes")
+        for node in self.nodes:
+            validate_name("node", node)
+        object.__setattr__(self, "nodes", dict(sorted(self.nodes.items())))
+        object.__setattr__(self, "halted", self.halted[:MAX_SERVING_REASON])
+
+    def revision_for(self, node: str) -> str | None:
+        """The revision ``node`` is to run, or None when the rollout does not name it."""
+        entry = self.nodes.get(node)
+        return None if entry is None else entry.revision
+
+    def out_of_table(self) -> frozenset[str]:
+        """The nodes whose instance is out of the routing table for the rollout."""
+        return frozenset(n for n, entry in self.nodes.items() if entry.step in OUT_OF_TABLE_STEPS)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "revision": self.revision,
+            "nodes": {node: entry.to_json() for node, entry in self.nodes.items()},
+            "started_at": self.started_at,
+        }
+        if self.halted:
+            out["halted"] = self.halted
+        return out
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> RolloutRecord:
+        nodes = _obj(_field(obj, "nodes"), "rollout.nodes")
+        if len(nodes) > MAX_ROLLOUT_NODES:
+            raise ValueError(f"a rollout lists at most {MAX_ROLLOUT_NODES} nodes")
+        return cls(
+            revision=_str(_field(obj, "revision"), "rollout.revision"),
+            nodes={
+                _str(node, "rollout.nodes"): NodeRollout.from_json(_obj(entry, f"rollout.{node}"))
+                for node, entry in nodes.items()
+            },
+            started_at=_float(_field(obj, "started_at", 0.0), "rollout.started_at"),
+            halted=_str(_field(obj, "halted", ""), "rollout.halted"),
+        )
+
+    def encode(self) -> bytes:
+        """The record as the JSON it is stored as (with the schema version)."""
+        return _dump(self.to_json())
+
+    @classmethod
+    def decode(cls, value: bytes) -> RolloutRecord | Undecodable:
+        """The record in ``value`` (:meth:`encode` 's bytes), or an
+        :class:`Undecodable` (key ``rollout``) naming what breaks the schema."""
+        return _decode_json("rollout", value, cls.from_json)
+
+
 @dataclass(frozen=True, slots=True)
 class CoordinatorLease:
     """``lease/coordinator`` (leased): who coordinates. The fence is the key's
@@ -1111,6 +1375,23 @@ def decode_record(key: str, value: bytes) -> Record | Undecodable:
         if digest != parts[0]:
             return Undecodable(key, f"artifact bytes hash to {digest}, not to the key's digest")
         return Artifact(digest, bytes(value))
+    record = _decode_json(key, value, _JSON_DECODERS[kind])
+    if isinstance(record, Undecodable):
+        return record
+    mismatch = _name_mismatch(kind, parts, record)
+    if mismatch is not None:
+        return Undecodable(key, mismatch)
+    return record
+
+
+_Decoded = TypeVar("_Decoded")
+
+
+def _decode_json(
+    key: str, value: bytes, from_json: Callable[[dict[str, Any]], _Decoded]
+) -> _Decoded | Undecodable:
+    """``from_json`` of the versioned JSON object in ``value``, or an
+    :class:`Undecodable` for ``key`` naming what breaks the schema. Never raises."""
     try:
         obj = json.loads(value)
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
@@ -1121,13 +1402,9 @@ def decode_record(key: str, value: bytes) -> Record | Undecodable:
     if isinstance(version, bool) or version != SCHEMA_VERSION:
         return Undecodable(key, f"unknown schema version v={version!r} (this build reads v=1)")
     try:
-        record = _JSON_DECODERS[kind](obj)
+        return from_json(obj)
     except (ValueError, TypeError, InvalidName) as exc:
         return Undecodable(key, str(exc))
-    mismatch = _name_mismatch(kind, parts, record)
-    if mismatch is not None:
-        return Undecodable(key, mismatch)
-    return record
 
 
 def _name_mismatch(kind: KeyKind, parts: tuple[str, ...], record: Record) -> str | None:

@@ -219,7 +219,7 @@ def agent_node_children(ctx: NodeContext) -> list[ChildSpec | SupervisorSpec]:
     data_dir = ctx.data_dir
 
     async def materialize(app: str, deployment: Deployment) -> Path:
-        directory = AppPaths.of(data_dir, app).revision_dir(deployment.revision)
+        directory = AppPaths.of(data_dir, app).revision_dir(deployment.digest)
         directory.mkdir(parents=True, exist_ok=True)
         return directory
 

@@ -65,7 +65,8 @@ def test_a_node_refusing_an_artifact_shows_it_failed_while_another_serves(
         failed = client.state()["reconcile"]["failed"]
     (entry,) = failed
     assert entry["app"] == "heavy"
-    assert entry["revision"] == packed.digest
+    # the revision node-1 runs (the artifact plus its command and env), not just the digest
+    assert entry["revision"] == rows["node-1"]["revision"]
     assert entry["retry_in"] > 0
     # nothing of the refused revision is left half-unpacked on the strict node
     revisions = strict.data_dir / "apps" / "heavy" / "revisions"

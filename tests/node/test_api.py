@@ -135,7 +135,7 @@ async def test_deploy_creates_the_app_and_stores_the_artifact(fx: Fixture, tmp_p
     assert app is not None
     assert app.deployment is not None
     assert (app.replicas, app.selector) == (2, {"zone": "a"})
-    assert app.deployment.revision == packed.digest
+    assert app.deployment.digest == packed.digest
     assert app.deployment.command == ["python3", "server.py"]
     assert app.deployment.env == {"MODE": "x"}
     assert app.deployment.deployed_at == 1_700_000_000.0
@@ -167,7 +167,7 @@ async def test_redeploy_leaves_unnamed_constraints_alone(fx: Fixture, tmp_path: 
     assert app is not None
     assert app.deployment is not None
     assert (app.replicas, app.selector, app.pinned, app.retired) == (1, {"zone": "a"}, True, False)
-    assert app.deployment.revision == second.digest
+    assert app.deployment.digest == second.digest
 
 
 async def test_new_app_defaults_to_replicas_all(fx: Fixture, tmp_path: Path) -> None:
@@ -193,6 +193,12 @@ async def test_new_app_defaults_to_replicas_all(fx: Fixture, tmp_path: Path) -> 
         ("shop", {"colour": "red"}, "colour"),
         ("shop", {"artifact": "%%%"}, "artifact"),
         ("shop", {"artifact": b64(b"not a tarball")}, "artifact"),
+        ("shop", {"max_parallel": 0}, "max_parallel"),
+        ("shop", {"max_parallel": True}, "max_parallel"),
+        ("shop", {"drain_ms": -1}, "drain_ms"),
+        ("shop", {"drain_ms": 10**9}, "drain_ms"),
+        ("shop", {"ready_timeout_ms": 0}, "ready_timeout_ms"),
+        ("shop", {"ready_timeout_ms": "soon"}, "ready_timeout_ms"),
     ],
 )
 async def test_bad_deploys_are_400_and_change_nothing(
@@ -481,3 +487,34 @@ async def test_nodes_carry_the_lease_holders_node_states(fx: Fixture) -> None:
         ("n2", "down", 1_699_999_990.0, 1_699_999_990.0, 4),
     ]
     assert "down (moves in 4m 50s)" in nodes_table(answer)
+
+
+async def test_rollout_options_are_kept_with_the_app(fx: Fixture, tmp_path: Path) -> None:
+    packed = packed_app(tmp_path)
+    async with fx.client() as client:
+        response = await client.post("/v1/apps/shop/deploy", json={"artifact": b64(packed.data)})
+        assert response.json()["app"]["rollout"] == {
+            "max_parallel": 1,
+            "drain_ms": 2000,
+            "ready_timeout_ms": 60000,
+        }
+        first = await fx.app_record("shop")
+        response = await client.post(
+            "/v1/apps/shop/deploy",
+            json={"artifact": b64(packed.data), "max_parallel": 2, "drain_ms": 0},
+        )
+        assert response.status_code == 200, response.text
+        # a redeploy naming only some options keeps the others
+        await client.post(
+            "/v1/apps/shop/deploy", json={"artifact": b64(packed.data), "ready_timeout_ms": 5000}
+        )
+    app = await fx.app_record("shop")
+    assert app is not None
+    assert first is not None
+    assert (app.rollout.max_parallel, app.rollout.drain_ms, app.rollout.ready_timeout_ms) == (
+        2,
+        0,
+        5000,
+    )
+    # how a revision rolls is not how it runs: still the same revision
+    assert app.deployment == first.deployment

@@ -42,6 +42,12 @@ AUTH = ["--api", "http://127.0.0.1:9", "--token", "t"]
         (["deploy", "APP", "--name", "shop", "--node-selector", "x"], "node-selector"),
         (["deploy", "EMPTY", "--name", "shop"], "command: EMPTY: no corral.toml or Procfile"),
         (["deploy", "APP", "--name", "shop", "--memory-mb", "-1"], "memory-mb: -1 is not"),
+        (["deploy", "APP", "--name", "shop", "--max-parallel", "0"], "max-parallel: 0 is not"),
+        (["deploy", "APP", "--name", "shop", "--drain-ms", "-5"], "drain-ms: -5 is not"),
+        (
+            ["deploy", "APP", "--name", "shop", "--ready-timeout-ms", "0"],
+            "ready-timeout-ms: 0 is not",
+        ),
         (["deploy", "APP", "--name", "shop", "--env", "1X=y"], "env: '1X' is not"),
         (["deploy", "APP", "--name", "shop", "--env", "CORRAL_SURELY_UNSET_1"], "env:"),
         (["app", "replicas", "--name", "shop", "--count", "0"], "count: 0 is refused"),

@@ -9,7 +9,8 @@ around three pure pieces, public so they can be tested and reused:
   planner's input (node states with the operator's intent applied);
 * :func:`inputs_digest` / :func:`needs_time` — when a pass can be skipped (a pass
   runs each tick and, through a watch of the input prefixes, promptly after a change);
-* :func:`plan_writes` — decisions to fenced, ordered transaction batches.
+* :func:`plan_writes` — decisions to fenced, ordered transaction batches;
+* :func:`plan_rollout` — a rolling deploy's next actions (not wired in yet).
 """
 
 from corral.actors.coordinator._actor import (
@@ -47,6 +48,22 @@ from corral.actors.coordinator._membership import (
     effective_state,
     node_states,
 )
+from corral.actors.coordinator._rollout import (
+    ROLLOUT_CHANGES,
+    ObservedInstance,
+    PutBack,
+    RolloutAction,
+    RolloutDone,
+    RolloutHalted,
+    RolloutInputs,
+    RolloutPlan,
+    RolloutWait,
+    SwitchRevision,
+    TakeOut,
+    plan_rollout,
+    restart_phase,
+    rollout_status,
+)
 from corral.actors.coordinator._writes import (
     DEFAULT_MAX_WRITES,
     CurrentPlacement,
@@ -65,6 +82,7 @@ __all__ = [
     "DEFAULT_WATCH_DEBOUNCE",
     "INPUT_PREFIXES",
     "MEMBER_STATES",
+    "ROLLOUT_CHANGES",
     "Coordinator",
     "CoordinatorError",
     "CurrentDown",
@@ -79,8 +97,18 @@ __all__ = [
     "MemberStatus",
     "NodeStates",
     "NodeStatus",
+    "ObservedInstance",
     "PlacementWrite",
+    "PutBack",
     "RegistryView",
+    "RolloutAction",
+    "RolloutDone",
+    "RolloutHalted",
+    "RolloutInputs",
+    "RolloutPlan",
+    "RolloutWait",
+    "SwitchRevision",
+    "TakeOut",
     "WriteBatch",
     "WritePlan",
     "coordinator_child_spec",
@@ -92,7 +120,10 @@ __all__ = [
     "placed_nodes",
     "plan_down_writes",
     "plan_input_from_view",
+    "plan_rollout",
     "plan_writes",
+    "restart_phase",
+    "rollout_status",
     "states_from_view",
     "view_from_kvs",
     "with_placements",

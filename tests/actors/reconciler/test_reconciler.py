@@ -3,6 +3,7 @@ in-memory launcher and registry."""
 
 from __future__ import annotations
 
+import hashlib
 import random
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -31,6 +32,9 @@ from corral.actors.reconciler import (
     Materialize,
     RunPass,
 )
+from corral.node._artifacts import Manifest
+from corral.node._operations import deploy as deploy_app
+from corral.node._requests import DeployRequest
 from corral.registry import (
     AppRecord,
     Deployment,
@@ -144,7 +148,7 @@ async def running_agent(
         if failures and failures.get(app, 0) > 0:
             failures[app] -= 1
             raise OSError(f"artifact of {app} not reachable")
-        directory = AppPaths.of(data_dir, app).revision_dir(deployment.revision)
+        directory = AppPaths.of(data_dir, app).revision_dir(deployment.digest)
         directory.mkdir(parents=True, exist_ok=True)
         return directory
 
@@ -456,3 +460,85 @@ async def test_a_revision_that_cannot_be_materialized_is_retried_after_its_backo
         await agent.settle()
         assert len(agent.launcher.alive()) == 1
         assert (await agent.reconciler.ask(LastPass()))["failed"] == []
+
+
+# --------------------------------------------------------------------------- what a revision is
+
+
+class _Artifacts:
+    """The deploy operation's artifact hooks, in memory: each artifact's bytes name
+    its manifest's command (``b"python3 server.py"``)."""
+
+    async def store(self, data: bytes) -> str:
+        return hashlib.sha256(data).hexdigest()
+
+    async def inspect(self, data: bytes) -> Manifest:
+        return Manifest(command=tuple(data.decode().split()), env={"FROM_MANIFEST": "1"})
+
+
+async def _redeploy(agent: Agent, artifact: bytes = b"python3 server.py", **fields: Any) -> str:
+    """Deploy ``hello`` through the operator operation; returns the revision written."""
+    artifacts = _Artifacts()
+    request = DeployRequest(name="hello", artifact=artifact, **fields)
+    result = await deploy_app(
+        agent.registry, request, artifacts.store, agent.clock(), inspect=artifacts.inspect
+    )
+    assert result.app.deployment is not None
+    return result.app.deployment.revision
+
+
+async def test_an_env_only_redeploy_restarts_with_the_new_env_on_the_same_ports(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    async with running_agent(tmp_path) as agent:
+        await place(agent.registry, "hello", NODE)
+        first_revision = await _redeploy(agent, env={"GREETING": "hello"})
+        await agent.settle()
+        second_revision = await _redeploy(agent, env={"GREETING": "hi"})
+        await agent.settle()
+        assert second_revision != first_revision
+        first, second = agent.launcher.spawned
+        assert (first.spec.revision, first.alive) == (first_revision, False)
+        assert (second.spec.revision, second.alive) == (second_revision, True)
+        assert first.spec.env["GREETING"] == "hello"
+        assert second.spec.env["GREETING"] == "hi"
+        assert second.spec.env["FROM_MANIFEST"] == "1"
+        assert (second.spec.public_port, second.spec.internal_port) == (
+            first.spec.public_port,
+            first.spec.internal_port,
+        )
+        # the same artifact: the unpacked directory (named by the digest) is reused
+        assert second.spec.cwd == first.spec.cwd
+        assert (await agent.node_record()).serving["hello"].revision == second_revision
+
+
+async def test_a_command_or_resources_only_redeploy_restarts_too(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    async with running_agent(tmp_path) as agent:
+        await place(agent.registry, "hello", NODE)
+        revisions = [await _redeploy(agent)]
+        await agent.settle()
+        revisions.append(await _redeploy(agent, artifact=b"python3 other.py"))
+        await agent.settle()
+        revisions.append(await _redeploy(agent, artifact=b"python3 other.py", memory_mb=64))
+        await agent.settle()
+        assert len(set(revisions)) == 3
+        assert [p.spec.revision for p in agent.launcher.spawned] == revisions
+        assert [p.alive for p in agent.launcher.spawned] == [False, False, True]
+        assert agent.launcher.spawned[-1].spec.command == ("python3", "other.py")
+
+
+async def test_a_redeploy_with_identical_inputs_restarts_nothing(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    async with running_agent(tmp_path) as agent:
+        await place(agent.registry, "hello", NODE)
+        first = await _redeploy(agent, env={"A": "1", "B": "2"}, memory_mb=32)
+        await agent.settle()
+        # the same env in another order, the resources left as they are
+        again = await _redeploy(agent, env={"B": "2", "A": "1"})
+        await agent.settle()
+        assert again == first
+        (process,) = agent.launcher.spawned
+        assert process.alive

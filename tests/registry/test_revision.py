@@ -1,0 +1,106 @@
+"""What a revision is: the artifact digest plus everything that changes how the
+process runs (command, env, resources), as one pure id."""
+
+from __future__ import annotations
+
+import json
+import random
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from corral.registry import (
+    AppRecord,
+    Deployment,
+    RolloutOptions,
+    Undecodable,
+    app_key,
+    decode_record,
+    deployment_revision,
+)
+
+digests = st.text("0123456789abcdef", min_size=64, max_size=64)
+commands = st.lists(st.text(max_size=8), min_size=1, max_size=3)
+envs = st.dictionaries(st.text(min_size=1, max_size=6), st.text(max_size=6), max_size=4)
+megabytes = st.integers(min_value=0, max_value=1 << 20)
+inputs = st.tuples(digests, commands, envs, megabytes, megabytes)
+
+
+def _revision(args: tuple[str, list[str], dict[str, str], int, int]) -> str:
+    digest, command, env, memory_mb, disk_mb = args
+    return deployment_revision(digest, command, env, memory_mb=memory_mb, disk_mb=disk_mb)
+
+
+@given(inputs, st.randoms(use_true_random=False))
+def test_equal_inputs_give_equal_ids_whatever_the_env_order(
+    args: tuple[str, list[str], dict[str, str], int, int], rng: random.Random
+) -> None:
+    digest, command, env, memory_mb, disk_mb = args
+    items = list(env.items())
+    rng.shuffle(items)
+    shuffled = dict(items)
+    assert _revision(args) == _revision((digest, list(command), shuffled, memory_mb, disk_mb))
+    assert len(_revision(args)) == 64
+
+
+@given(inputs, inputs)
+def test_any_changed_input_gives_another_id(
+    a: tuple[str, list[str], dict[str, str], int, int],
+    b: tuple[str, list[str], dict[str, str], int, int],
+) -> None:
+    assert (_revision(a) == _revision(b)) == (a == b)
+
+
+@given(inputs)
+def test_a_deployment_keeps_its_digest_apart_and_round_trips(
+    args: tuple[str, list[str], dict[str, str], int, int],
+) -> None:
+    digest, command, env, memory_mb, disk_mb = args
+    deployment = Deployment.of(digest, command, env, memory_mb=memory_mb, disk_mb=disk_mb)
+    assert deployment.digest == digest
+    assert deployment.revision == _revision(args)
+    record = AppRecord("shop", deployment=deployment, memory_mb=memory_mb, disk_mb=disk_mb)
+    assert decode_record(app_key("shop"), record.encode()) == record
+
+
+def test_a_record_from_before_revisions_covered_more_decodes_to_the_revision_it_runs() -> None:
+    digest = "ab" * 32
+    old = {
+        "v": 1,
+        "name": "shop",
+        "replicas": "all",
+        "deployment": {"revision": digest, "command": ["python3", "server.py"], "env": {}},
+    }
+    record = decode_record(app_key("shop"), json.dumps(old).encode())
+    assert isinstance(record, AppRecord)
+    assert record.deployment is not None
+    # its processes run revision == digest: nothing restarts on upgrade
+    assert (record.deployment.revision, record.deployment.digest) == (digest, digest)
+
+
+def test_a_deployment_with_a_malformed_digest_is_undecodable() -> None:
+    bad = {
+        "v": 1,
+        "name": "shop",
+        "replicas": 1,
+        "deployment": {"revision": "ab" * 32, "digest": "nope", "command": ["x"]},
+    }
+    record = decode_record(app_key("shop"), json.dumps(bad).encode())
+    assert isinstance(record, Undecodable)
+    assert "digest" in record.reason
+
+
+def test_an_app_record_without_rollout_options_gets_the_defaults() -> None:
+    old = {"v": 1, "name": "shop", "replicas": 1}
+    record = decode_record(app_key("shop"), json.dumps(old).encode())
+    assert isinstance(record, AppRecord)
+    assert record.rollout == RolloutOptions(max_parallel=1, drain_ms=2000, ready_timeout_ms=60000)
+
+
+def test_rollout_options_round_trip_and_out_of_bounds_ones_are_undecodable() -> None:
+    record = AppRecord("shop", rollout=RolloutOptions(max_parallel=3, drain_ms=0))
+    assert decode_record(app_key("shop"), record.encode()) == record
+    bad = {"v": 1, "name": "shop", "replicas": 1, "rollout": {"max_parallel": 0}}
+    decoded = decode_record(app_key("shop"), json.dumps(bad).encode())
+    assert isinstance(decoded, Undecodable)
+    assert "rollout.max_parallel" in decoded.reason
