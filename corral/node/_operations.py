@@ -268,11 +268,21 @@ async def deploy(
     def change(current: AppRecord | None) -> AppRecord:
         nonlocal created
         created = current is None
-        return apply_deploy(current, request, deployment)
+        return apply_deploy(current, request, _with_previous(current, deployment))
 
     app = await _guarded_update(registry, request.name, change)
     assert app is not None
     return DeployResult(app=app, created=created, artifact_size=len(request.artifact))
+
+
+def _with_previous(current: AppRecord | None, deployment: Deployment) -> Deployment:
+    """``deployment`` remembering the revision it replaces (kept for rollback); a
+    redeploy of the same revision keeps the one remembered before."""
+    before = None if current is None else current.deployment
+    if before is None:
+        return deployment
+    previous = before.previous if before.revision == deployment.revision else before.revision
+    return replace(deployment, previous=previous)
 
 
 async def set_selector(

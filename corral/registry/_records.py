@@ -7,7 +7,14 @@ from its shape (``apps/<name>``, ``ports/<node>/<port>``...). Anything else is
 refused with :class:`InvalidKey`, so a typo never lands in the shared store.
 
 Values are UTF-8 JSON objects carrying ``"v": 1`` (the schema version), except
-``artifacts/<digest>`` whose value is the raw tar.gz. Each kind has one frozen
+``artifacts/<digest>`` whose value is the raw tar.gz.
+
+Where artifacts live (the one place that says it): ``artifacts/<digest>`` holds the
+bytes of a small artifact (at most 1 MiB, kept in the registry so any node can
+read it); ``copies/<digest>`` holds the copy assignment the lease holder wrote
+(holders, size, sha256, the apps that use it); ``held/<node>`` lists the copies a
+node has on its disk. The assignment lives apart from the bytes so the bytes of
+existing clusters keep their key and no decoder has to guess what a value is. Each kind has one frozen
 dataclass with ``encode() -> bytes``; :func:`decode_record` turns ``(key, value)``
 back into that dataclass or, when the value breaks the schema (bad JSON, wrong
 types, unknown ``v``, a name that disagrees with its key), into an
@@ -50,6 +57,8 @@ ALIAS_PREFIX: Final = "alias/"
 DOMAIN_PREFIX: Final = "domain/"
 ARTIFACTS_PREFIX: Final = "artifacts/"
 DOWN_PREFIX: Final = "down/"
+COPIES_PREFIX: Final = "copies/"
+HELD_PREFIX: Final = "held/"
 
 
 class KeyKind(enum.StrEnum):
@@ -69,6 +78,8 @@ class KeyKind(enum.StrEnum):
     ARTIFACT = "artifacts"
     SECRET_FINGERPRINT = "cluster"
     DOWN = "down"
+    COPIES = "copies"
+    HELD = "held"
 
 
 # --------------------------------------------------------------------------- names
@@ -242,6 +253,16 @@ def artifact_key(digest: str) -> str:
     return f"artifacts/{validate_digest(digest)}"
 
 
+def copies_key(digest: str) -> str:
+    """``copies/<digest>``: which nodes are to hold a copy of the artifact."""
+    return f"copies/{validate_digest(digest)}"
+
+
+def held_key(node_id: str) -> str:
+    """``held/<node>``: the artifact copies a node has on its disk."""
+    return f"held/{validate_name('node', node_id)}"
+
+
 def parse_key(key: str) -> tuple[KeyKind, tuple[str, ...]]:
     """Split a key into its kind and its parts.
 
@@ -262,7 +283,7 @@ def parse_key(key: str) -> tuple[KeyKind, tuple[str, ...]]:
 _KEY_SHAPES = (
     "accepted: apps/<app>, nodes/<node>, intent/<node>, placement/<app>, lease/coordinator, "
     "ports/<node>/<port>, alias/<domain>, alias/<domain>/previous, domain/<domain>, routing, "
-    "artifacts/<sha256>, cluster/secret-fingerprint, down/<node>"
+    "artifacts/<sha256>, cluster/secret-fingerprint, down/<node>, copies/<sha256>, held/<node>"
 )
 
 
@@ -301,6 +322,10 @@ def _parse_key(key: str) -> tuple[KeyKind, tuple[str, ...]]:
         return KeyKind.DOMAIN, (validate_domain(parts[0]),)
     if head == "artifacts" and len(parts) == 1:
         return KeyKind.ARTIFACT, (validate_digest(parts[0]),)
+    if head == "copies" and len(parts) == 1:
+        return KeyKind.COPIES, (validate_digest(parts[0]),)
+    if head == "held" and len(parts) == 1:
+        return KeyKind.HELD, (validate_name("node", parts[0]),)
     raise ValueError("no such key")
 
 
@@ -409,17 +434,24 @@ class Deployment:
     command: list[str]
     env: dict[str, str] = field(default_factory=dict)
     deployed_at: float = 0.0
+    #: the revision the app ran before this deploy ("" for a first deploy), kept for rollback.
+    previous: str = ""
 
     def __post_init__(self) -> None:
         validate_digest(self.revision)
+        if self.previous:
+            validate_digest(self.previous)
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        obj: dict[str, Any] = {
             "revision": self.revision,
             "command": list(self.command),
             "env": dict(self.env),
             "deployed_at": self.deployed_at,
         }
+        if self.previous:
+            obj["previous"] = self.previous
+        return obj
 
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> Deployment:
@@ -428,6 +460,7 @@ class Deployment:
             command=_str_list(_field(obj, "command"), "deployment.command"),
             env=_str_dict(_field(obj, "env", {}), "deployment.env"),
             deployed_at=_float(_field(obj, "deployed_at", 0.0), "deployment.deployed_at"),
+            previous=_str(_field(obj, "previous", ""), "deployment.previous"),
         )
 
 
@@ -910,6 +943,96 @@ class Artifact:
         return self.data
 
 
+#: The most holders one copy assignment may name, and copies one node may list.
+MAX_COPY_HOLDERS: Final = 1024
+MAX_HELD_COPIES: Final = 100_000
+
+
+@dataclass(frozen=True, slots=True)
+class CopyAssignment:
+    """``copies/<digest>``: the nodes that are to hold a copy of an artifact, written
+    by the lease holder under its fence; ``sha256`` is the digest the bytes must hash to."""
+
+    digest: str
+    holders: list[str]
+    size: int = 0
+    apps: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        validate_digest(self.digest)
+        if len(self.holders) > MAX_COPY_HOLDERS:
+            raise ValueError(f"holders: more than {MAX_COPY_HOLDERS} nodes")
+        for holder in self.holders:
+            validate_name("node", holder)
+        for app in self.apps:
+            validate_name("app", app)
+        if self.size < 0:
+            raise ValueError("size must be >= 0")
+
+    @property
+    def sha256(self) -> str:
+        return self.digest
+
+    @property
+    def key(self) -> str:
+        return copies_key(self.digest)
+
+    def encode(self) -> bytes:
+        return _dump(
+            {
+                "digest": self.digest,
+                "sha256": self.digest,
+                "holders": list(self.holders),
+                "size": self.size,
+                "apps": list(self.apps),
+            }
+        )
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> CopyAssignment:
+        digest = _str(_field(obj, "digest"), "digest")
+        if _str(_field(obj, "sha256", digest), "sha256") != digest:
+            raise ValueError("sha256 disagrees with digest")
+        return cls(
+            digest=digest,
+            holders=_str_list(_field(obj, "holders"), "holders"),
+            size=_nonneg(_field(obj, "size", 0), "size"),
+            apps=_str_list(_field(obj, "apps", []), "apps"),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class HeldCopies:
+    """``held/<node>``: the artifact copies (digest -> size in bytes) on a node's disk."""
+
+    node: str
+    copies: dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        validate_name("node", self.node)
+        if len(self.copies) > MAX_HELD_COPIES:
+            raise ValueError(f"copies: more than {MAX_HELD_COPIES} artifacts")
+        for digest, size in self.copies.items():
+            validate_digest(digest)
+            if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+                raise ValueError(f"copies: size of {digest} must be an integer >= 0")
+
+    @property
+    def key(self) -> str:
+        return held_key(self.node)
+
+    def encode(self) -> bytes:
+        return _dump({"node": self.node, "copies": dict(sorted(self.copies.items()))})
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> HeldCopies:
+        copies = _obj(_field(obj, "copies", {}), "copies")
+        return cls(
+            node=_str(_field(obj, "node"), "node"),
+            copies={_str(d, "copies"): _nonneg(n, f"copies.{d}") for d, n in copies.items()},
+        )
+
+
 Record: TypeAlias = (
     AppRecord
     | NodeRecord
@@ -923,6 +1046,8 @@ Record: TypeAlias = (
     | Artifact
     | SecretFingerprint
     | NodeDown
+    | CopyAssignment
+    | HeldCopies
 )
 
 
@@ -947,6 +1072,8 @@ _JSON_DECODERS: Final[dict[KeyKind, Callable[[dict[str, Any]], Record]]] = {
     KeyKind.ROUTING: RoutingTable.from_json,
     KeyKind.SECRET_FINGERPRINT: SecretFingerprint.from_json,
     KeyKind.DOWN: NodeDown.from_json,
+    KeyKind.COPIES: CopyAssignment.from_json,
+    KeyKind.HELD: HeldCopies.from_json,
 }
 
 
@@ -990,6 +1117,10 @@ def _name_mismatch(kind: KeyKind, parts: tuple[str, ...], record: Record) -> str
         return f"record names app {record.name!r} but the key names {parts[0]!r}"
     if isinstance(record, NodeRecord) and record.id != parts[0]:
         return f"record names node {record.id!r} but the key names {parts[0]!r}"
+    if isinstance(record, CopyAssignment) and record.digest != parts[0]:
+        return f"record names artifact {record.digest} but the key names {parts[0]}"
+    if isinstance(record, HeldCopies) and record.node != parts[0]:
+        return f"record names node {record.node!r} but the key names {parts[0]!r}"
     if isinstance(record, NodeDown) and record.node != parts[0]:
         return f"record names node {record.node!r} but the key names {parts[0]!r}"
     if isinstance(record, PortClaim) and (record.node, str(record.port)) != parts:
