@@ -7,19 +7,19 @@ from its shape (``apps/<name>``, ``ports/<node>/<port>``...). Anything else is
 refused with :class:`InvalidKey`, so a typo never lands in the shared store.
 
 Values are UTF-8 JSON objects carrying ``"v": 1`` (the schema version), except
-``artifacts/<digest>`` whose value is the raw tar.gz.
+``artifacts/<digest>`` whose value is the raw tar.gz. Each kind has one frozen
+dataclass with ``encode() -> bytes``; :func:`decode_record` turns ``(key, value)``
+back into that dataclass or, when the value breaks the schema (bad JSON, wrong
+types, unknown ``v``, a name that disagrees with its key), into an
+:class:`Undecodable` naming the key and the reason. Decoding never raises: the
+coordinator pauses on undecodable keys instead of crashing on them.
 
 Where artifacts live (the one place that says it): ``artifacts/<digest>`` holds the
 bytes of a small artifact (at most 1 MiB, kept in the registry so any node can
 read it); ``copies/<digest>`` holds the copy assignment the lease holder wrote
 (holders, size, sha256, the apps that use it); ``held/<node>`` lists the copies a
 node has on its disk. The assignment lives apart from the bytes so the bytes of
-existing clusters keep their key and no decoder has to guess what a value is. Each kind has one frozen
-dataclass with ``encode() -> bytes``; :func:`decode_record` turns ``(key, value)``
-back into that dataclass or, when the value breaks the schema (bad JSON, wrong
-types, unknown ``v``, a name that disagrees with its key), into an
-:class:`Undecodable` naming the key and the reason. Decoding never raises: the
-coordinator pauses on undecodable keys instead of crashing on them.
+existing clusters keep their key and no decoder has to guess what a value is.
 
 This module is pure: no trio, no clock, no I/O (except :func:`read_records`,
 a thin async helper over a registry).

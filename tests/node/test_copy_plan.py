@@ -57,9 +57,7 @@ def test_the_plan_is_deterministic(nodes: dict[str, Site], ds: list[str], copies
 
 @settings(max_examples=60)
 @given(st.integers(3, 10), st.integers(1, 4), st.sampled_from(["r1", "r2"]))
-def test_adding_a_node_in_a_known_rack_moves_few_copies(
-    size: int, copies: int, rack: str
-) -> None:
+def test_adding_a_node_in_a_known_rack_moves_few_copies(size: int, copies: int, rack: str) -> None:
     nodes = {f"n{i}": Site(f"r{1 + i % 2}", "d1") for i in range(size)}
     ds = [digest(i) for i in range(300)]
     before = {d: set(choose_holders(d, nodes, copies)) for d in ds}
@@ -80,10 +78,7 @@ def test_adding_a_node_in_a_known_rack_moves_few_copies(
 def test_a_live_revision_keeps_a_holder_that_has_it(
     nodes: dict[str, Site], ds: list[str], copies: int, data: st.DataObject
 ) -> None:
-    held = {
-        n: frozenset(data.draw(st.lists(st.sampled_from(ds), max_size=3)))
-        for n in nodes
-    }
+    held = {n: frozenset(data.draw(st.lists(st.sampled_from(ds), max_size=3))) for n in nodes}
     plan = plan_copies({d: LiveRevision(d) for d in ds}, nodes, held, copies)
     for d, holders in plan.items():
         having = {n for n in nodes if d in held[n]}
@@ -104,9 +99,7 @@ def test_every_runner_holds_its_revision(
 
 
 def test_live_revisions_are_current_and_previous() -> None:
-    app = AppRecord(
-        "web", deployment=Deployment(digest(2), ["x"], previous=digest(1))
-    )
+    app = AppRecord("web", deployment=Deployment(digest(2), ["x"], previous=digest(1)))
     placement = PlacementRecord(nodes=["n1"], decided_at=0.0, fence=1)
     live = live_revisions({"web": app}, {"web": placement})
     assert live == {
@@ -123,8 +116,14 @@ def test_a_node_releases_after_the_grace_and_never_a_running_revision() -> None:
     )
     assert first == KeepPlan(fetch=(a,), release=(), since={b: 10.0})
     later = keep_plan(
-        "me", assignments, [b, c, d], running=[c], live=[a, b, c, d],
-        since=first.since, now=15.0, grace=5.0,
+        "me",
+        assignments,
+        [b, c, d],
+        running=[c],
+        live=[a, b, c, d],
+        since=first.since,
+        now=15.0,
+        grace=5.0,
     )
     # d is live and not assigned yet: kept; b waited out its grace; c runs here.
     assert later.release == (b,)
