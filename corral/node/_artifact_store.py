@@ -332,7 +332,7 @@ class ArtifactStore:
         Raises:
             ArtifactNotFound: no copy here, in the registry, or on any reachable node.
         """
-        local = await self.run_blocking(self.read_local, digest)
+        local: bytes | None = await self.run_blocking(self.read_local, digest)
         if local is not None and digest_of(local) == digest:
             return local
         kv = await self._registry.get(artifact_key(digest))

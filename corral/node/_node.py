@@ -83,6 +83,7 @@ from corral.node._metrics import (
     registry_observer,
 )
 from corral.node._peers import PeerDirectory
+from corral.node._replicator import ArtifactReplicator, GetArtifactState
 from corral.node._server import ApiServer
 from corral.registry import (
     COORDINATOR_LEASE_KEY,
@@ -374,6 +375,7 @@ def root_spec(
         ),
     ]
     children += agent_specs(runtime, registry, materialize)
+    children.append(artifacts_spec(runtime, registry, artifacts, services))
     children += coordinator_specs(runtime, registry)
     children.append(
         ChildSpec(name="api", factory=lambda: ApiServer(api_app, config.api), shutdown_grace=3.0)
@@ -411,6 +413,46 @@ def agent_specs(
         name=AGENT,
     )
     return [agent.supervisor_spec()]
+
+
+ARTIFACTS = "artifacts"
+
+
+def artifacts_spec(
+    runtime: NodeRuntime, registry: Registry, store: ArtifactStore, services: NodeServices
+) -> ChildSpec:
+    """The ArtifactReplicator: copies of live revisions here and (on the lease holder)
+    their assignment to nodes; see :mod:`corral.node._replicator`."""
+    config = runtime.config
+
+    async def running() -> dict[str, set[str]] | None:
+        listed = await services.ask(f"/{AGENT}/{AgentSpec.PROCESS_SUPERVISOR}", ListProcesses())
+        if not isinstance(listed, list):
+            return None
+        revisions: dict[str, set[str]] = {}
+        for process in listed:
+            if isinstance(process, dict) and process.get("revision"):
+                revisions.setdefault(str(process["app"]), set()).add(str(process["revision"]))
+        return revisions
+
+    return ChildSpec(
+        name=ARTIFACTS,
+        factory=lambda: ArtifactReplicator(
+            node_id=runtime.node_id,
+            registry=registry,
+            store=store,
+            apps_dir=runtime.apps_dir,
+            running=running,
+            copies=config.artifact_copies,
+            interval=config.artifact_interval_ms / 1000,
+        ),
+        shutdown_grace=1.0,
+    )
+
+
+async def artifacts_view(services: NodeServices, state: dict[str, Any]) -> Any:
+    """Disk used by artifact copies and unpacked revisions, and fetches in flight."""
+    return await services.ask(f"/{ARTIFACTS}", GetArtifactState())
 
 
 def coordinator_specs(runtime: NodeRuntime, registry: Registry) -> list[ChildSpec | SupervisorSpec]:
@@ -505,6 +547,7 @@ ACTOR_VIEWS.update(
         "processes": processes_view,
         "reconcile": reconcile_view,
         "coordinator": coordinator_view,
+        "artifacts": artifacts_view,
     }
 )
 

@@ -79,8 +79,9 @@ DEFAULT_INTERVAL = 20.0
 #: Writes per guarded transaction (etcd allows 128 operations in one).
 TXN_BATCH = 64
 
-#: ``running() -> app -> revisions its local processes run``.
-Running = Callable[[], Awaitable[Mapping[str, set[str]]]]
+#: ``running() -> app -> revisions its local processes run``, or None when that cannot
+#: be known right now (then nothing is released or removed on this pass).
+Running = Callable[[], Awaitable[Mapping[str, set[str]] | None]]
 
 
 @message("artifacts.replicate")
@@ -104,7 +105,7 @@ class _Fetched:
     error: str | None
 
 
-async def _no_processes() -> Mapping[str, set[str]]:
+async def _no_processes() -> Mapping[str, set[str]] | None:
     return {}
 
 
@@ -383,7 +384,8 @@ class ArtifactReplicator(Actor):
         live: Mapping[str, Any],
         published: frozenset[str] | None,
     ) -> None:
-        running = await self._running()
+        known = await self._running()
+        running = known or {}
         running_digests = {d for digests in running.values() for d in digests}
         have = await self._store.run_blocking(self._store.held)
         plan = keep_plan(
@@ -397,7 +399,9 @@ class ArtifactReplicator(Actor):
             grace=self._release_grace,
         )
         self._since = plan.since
-        for digest in plan.release:
+        if known is None:
+            log.info("the local processes cannot be listed: nothing is released this pass")
+        for digest in plan.release if known is not None else ():
             if await self._store.run_blocking(self._store.release, digest):
                 self.ctx.emit("artifact.released", digest=digest)
                 have.pop(digest, None)
@@ -413,6 +417,7 @@ class ArtifactReplicator(Actor):
             (app, digest): self._doomed_since.get((app, digest), now)
             for app, digests in revisions_to_remove(on_disk, apps, running).items()
             for digest in digests
+            if known is not None
         }
         self._doomed_since = {}
         for (app, digest), first in sorted(doomed.items()):
