@@ -24,7 +24,9 @@ import hmac
 import os
 import shutil
 import uuid
+from collections import deque
 from collections.abc import Awaitable, Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -64,6 +66,8 @@ from corral.registry import (
 PEER_FETCH_TIMEOUT = 30.0
 #: Bytes read from a peer per write while a copy streams to disk.
 STREAM_CHUNK = 1024 * 1024
+#: Chunks read ahead of the hashing thread, at most.
+HASH_BACKLOG = 8
 #: Copies fetched at once by one node (each streams in its own worker thread).
 DEFAULT_CONCURRENT_FETCHES = 4
 
@@ -109,7 +113,12 @@ def download_over_http(
     """
     sha = hashlib.sha256()
     written = 0
+    # Hashing runs in a second thread (hashlib lets go of the GIL on large buffers), so
+    # it overlaps the network reads instead of adding to them; at most HASH_BACKLOG
+    # chunks wait for it.
+    pending: deque[Future[None]] = deque()
     with (
+        ThreadPoolExecutor(max_workers=1, thread_name_prefix="corral-sha256") as hasher,
         httpx.Client(timeout=PEER_FETCH_TIMEOUT) as client,
         client.stream(
             "GET",
@@ -125,8 +134,12 @@ def download_over_http(
                     raise ArtifactError(
                         f"{base_url} sent more than {max_bytes} bytes for artifact {digest}"
                     )
-                sha.update(chunk)
+                pending.append(hasher.submit(sha.update, chunk))
                 out.write(chunk)
+                while len(pending) > HASH_BACKLOG:
+                    pending.popleft().result()
+        for done in pending:
+            done.result()
     return sha.hexdigest()
 
 
