@@ -78,6 +78,9 @@ log = logging.getLogger("corral.node.artifacts")
 DEFAULT_INTERVAL = 20.0
 #: Writes per guarded transaction (etcd allows 128 operations in one).
 TXN_BATCH = 64
+#: Every this many passes the lease holder reads every ``artifacts/`` key for bytes no
+#: assignment names (left by a failed deploy or a lease holder that went away).
+BLOB_SCAN_EVERY = 30
 
 #: ``running() -> app -> revisions its local processes run``, or None when that cannot
 #: be known right now (then nothing is released or removed on this pass).
@@ -345,7 +348,8 @@ class ArtifactReplicator(Actor):
             digest = kv.key.removeprefix(COPIES_PREFIX)
             if digest not in plan:
                 writes.append(Delete(kv.key))
-        writes += await self._collect_blobs(set(plan))
+        dead = {kv.key.removeprefix(COPIES_PREFIX) for kv in copies_kvs} - set(plan)
+        writes += await self._collect_blobs(set(plan), dead)
         for start in range(0, len(writes), TXN_BATCH):
             result = await self._registry.txn(
                 [fence_guard(fence)], writes[start : start + TXN_BATCH], []
@@ -358,23 +362,26 @@ class ArtifactReplicator(Actor):
             self.ctx.emit("artifacts.assigned", revisions=len(plan), writes=len(writes))
         return wanted
 
-    async def _collect_blobs(self, live: set[str]) -> list[Put | Delete]:
-        """Deletes of registry-kept bytes that nothing has referred to for the grace."""
+    async def _collect_blobs(self, live: set[str], dead: set[str]) -> list[Put | Delete]:
+        """Deletes of registry-kept bytes nothing has referred to for the grace.
+
+        The candidates are the revisions whose assignment goes now (``dead``), those
+        already waiting out the grace, and, every :data:`BLOB_SCAN_EVERY` passes, every
+        ``artifacts/`` key (that read carries the bytes, so it is not done each pass)."""
         now = trio.current_time()
+        candidates = dead | set(self._blob_since)
+        if self._passes % BLOB_SCAN_EVERY == 1:
+            for kv in await self._registry.range(ARTIFACTS_PREFIX):
+                candidates.add(kv.key.removeprefix(ARTIFACTS_PREFIX))
         deletes: list[Put | Delete] = []
-        present: set[str] = set()
-        for kv in await self._registry.range(ARTIFACTS_PREFIX):
-            digest = kv.key.removeprefix(ARTIFACTS_PREFIX)
-            present.add(digest)
+        for digest in sorted(candidates):
             if digest in live:
                 self._blob_since.pop(digest, None)
                 continue
             first = self._blob_since.setdefault(digest, now)
             if now - first >= self._blob_grace:
-                deletes.append(Delete(kv.key))
-        for digest in list(self._blob_since):
-            if digest not in present:
-                self._blob_since.pop(digest, None)
+                deletes.append(Delete(f"{ARTIFACTS_PREFIX}{digest}"))
+                del self._blob_since[digest]
         return deletes
 
     async def _keep(
