@@ -169,7 +169,7 @@ def main() -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer rounds, fewer revisions")
     args = parser.parse_args()
-    rounds, revisions = (2, 30) if args.quick else (4, 100)
+    rounds, revisions = (2, 30) if args.quick else (6, 100)
     with tempfile.TemporaryDirectory(prefix="corral-bench-artifacts-") as tmp:
         root = Path(tmp)
         work = root / "work"

@@ -25,7 +25,7 @@ import os
 import shutil
 import uuid
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -152,6 +152,18 @@ class Peer:
     site: Site
 
 
+def order_peers(
+    digest: str, me: str, records: Mapping[str, NodeRecord], holders: Iterable[str]
+) -> list[Peer]:
+    """The nodes to fetch ``digest`` from, best first: those that hold it or are
+    assigned it, same rack first (:func:`fetch_order`), then every other node by id
+    (a copy may be anywhere); never ``me``, never a node without an API address."""
+    sites = {n: Site(r.rack, r.datacenter) for n, r in records.items()}
+    ordered = fetch_order((h for h in holders if h in records), me, sites, digest)
+    ordered += sorted(n for n in records if n not in ordered and n != me)
+    return [Peer(n, records[n].api_address, sites[n]) for n in ordered if records[n].api_address]
+
+
 class ArtifactStore:
     """This node's artifacts: its local copies, the registry's, and its peers'."""
 
@@ -261,13 +273,11 @@ class ArtifactStore:
         os.replace(partial, path)
 
     async def peers_for(self, digest: str) -> list[Peer]:
-        """The other nodes to fetch ``digest`` from, best first: the nodes that say
-        they hold it (``held/<node>``) or are assigned it (``copies/<digest>``), same
-        rack first (:func:`fetch_order`), then every other node by id."""
+        """The other nodes to fetch ``digest`` from, best first (:func:`order_peers`),
+        from the registry's ``nodes/``, ``held/`` and ``copies/<digest>``."""
         nodes, _ = await read_records(self._registry, NODES_PREFIX)
         held, _ = await read_records(self._registry, HELD_PREFIX)
         assigned = await self._registry.get(copies_key(digest))
-        records = {r.id: r for r in nodes.values() if isinstance(r, NodeRecord)}
         holders = {
             h.node for h in held.values() if isinstance(h, HeldCopies) and digest in h.copies
         }
@@ -275,12 +285,8 @@ class ArtifactStore:
             copy = decode_record(assigned.key, assigned.value)
             if isinstance(copy, CopyAssignment):
                 holders.update(copy.holders)
-        sites = {n: Site(r.rack, r.datacenter) for n, r in records.items()}
-        ordered = fetch_order((h for h in holders if h in records), self._node_id, sites, digest)
-        ordered += sorted(n for n in records if n not in ordered and n != self._node_id)
-        return [
-            Peer(n, records[n].api_address, sites[n]) for n in ordered if records[n].api_address
-        ]
+        records = {r.id: r for r in nodes.values() if isinstance(r, NodeRecord)}
+        return order_peers(digest, self._node_id, records, holders)
 
     async def fetch_copy(self, digest: str, peers: list[Peer] | None = None) -> Path:
         """Get a copy of ``digest`` onto this node's disk from a peer: streamed in a

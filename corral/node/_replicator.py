@@ -34,7 +34,7 @@ from typing import Any
 
 import trio
 
-from corral.node._artifact_store import ArtifactStore
+from corral.node._artifact_store import ArtifactStore, Peer, order_peers
 from corral.node._copy_plan import (
     DEFAULT_COPIES,
     Site,
@@ -286,6 +286,7 @@ class ArtifactReplicator(Actor):
         apps: dict[str, AppRecord] = {}
         placements: dict[str, PlacementRecord] = {}
         sites: dict[str, Site] = {}
+        records: dict[str, NodeRecord] = {}
         held: dict[str, frozenset[str]] = {}
         sizes: dict[str, int] = {}
         assigned: dict[str, CopyAssignment] = {}
@@ -297,6 +298,7 @@ class ArtifactReplicator(Actor):
                 placements[kv.key.removeprefix(PLACEMENT_PREFIX)] = record
             elif isinstance(record, NodeRecord):
                 sites[record.id] = Site(record.rack, record.datacenter)
+                records[record.id] = record
             elif isinstance(record, HeldCopies):
                 held[record.node] = frozenset(record.copies)
                 sizes.update(record.copies)
@@ -314,9 +316,15 @@ class ArtifactReplicator(Actor):
             assigned = await self._assign(
                 lease_kv.create_revision, live, sites, held, sizes, assigned, batches[4]
             )
-        await self._keep(
-            {d: a.holders for d, a in assigned.items()}, apps, live, held.get(self._node_id)
-        )
+        holders = {d: a.holders for d, a in assigned.items()}
+
+        def peers(digest: str) -> list[Peer]:
+            """Who to fetch from: the assigned holders and every node that says it
+            has a copy, same rack first (from this pass's snapshot)."""
+            having = [n for n, digests in held.items() if digest in digests]
+            return order_peers(digest, self._node_id, records, [*holders.get(digest, ()), *having])
+
+        await self._keep(holders, apps, live, held.get(self._node_id), peers)
 
     async def _assign(
         self,
@@ -390,6 +398,7 @@ class ArtifactReplicator(Actor):
         apps: Mapping[str, AppRecord],
         live: Mapping[str, Any],
         published: frozenset[str] | None,
+        peers: Callable[[str], list[Peer]],
     ) -> None:
         known = await self._running()
         running = known or {}
@@ -415,7 +424,7 @@ class ArtifactReplicator(Actor):
         for digest in plan.fetch:
             if digest not in self._fetching:
                 self._fetching.add(digest)
-                self.ctx.start_task(self._fetch, digest)
+                self.ctx.start_task(self._fetch, digest, peers(digest))
         on_disk = await self._store.run_blocking(_revision_dirs, self._apps_dir)
         # A directory is removed only once it has been doomed for the grace: a pass
         # whose snapshot predates a deploy must not remove the revision just unpacked.
@@ -437,10 +446,10 @@ class ArtifactReplicator(Actor):
         if published is None or published != frozenset(have) or self._published != have:
             await self._publish(have)
 
-    async def _fetch(self, digest: str) -> None:
+    async def _fetch(self, digest: str, peers: list[Peer]) -> None:
         error: str | None = None
         try:
-            await self._store.fetch_copy(digest)
+            await self._store.fetch_copy(digest, peers)
         except RegistryError as exc:
             error = f"the registry failed: {exc}"
         except (ArtifactError, OSError) as exc:
