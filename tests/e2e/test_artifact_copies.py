@@ -13,11 +13,12 @@ from pathlib import Path
 
 import psutil
 import pytest
+import trio
 
 from corral.node._artifacts import PackedArtifact, pack_directory
 from corral.node._local_cluster import LocalCluster, LocalNode, wait_for
 
-from .conftest import GRACE_PERIOD_MS, GREETER
+from .conftest import GRACE_PERIOD_MS, GREETER, _etcd_url, _wipe
 
 pytestmark = pytest.mark.slow
 
@@ -25,10 +26,12 @@ INTERVAL_MS = 500
 RACKS = {"node-a": "r1", "node-b": "r1", "node-c": "r2"}
 
 
-@pytest.fixture
-def racks(tmp_path: Path) -> Iterator[LocalCluster]:
+@pytest.fixture(params=["sqlite", pytest.param("etcd", marks=pytest.mark.etcd)])
+def racks(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LocalCluster]:
+    url = _etcd_url() if request.param == "etcd" else None
     local = LocalCluster(
         tmp_path / "cluster",
+        registry_url=url,
         lease_ttl_ms=3000,
         node_ttl_ms=3000,
         shutdown_grace_ms=5000,
@@ -48,6 +51,8 @@ def racks(tmp_path: Path) -> Iterator[LocalCluster]:
     finally:
         local.stop_all()
         leftovers = local.kill_leftovers()
+        if url is not None:
+            trio.run(_wipe, url)
         assert not leftovers, f"app processes outlived their nodes: {leftovers}"
 
 
