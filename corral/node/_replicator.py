@@ -90,7 +90,8 @@ Running = Callable[[], Awaitable[Mapping[str, set[str]] | None]]
 @message("artifacts.replicate")
 @dataclass(frozen=True)
 class Replicate:
-    """Run a pass now (``why`` is logged). Replies with :class:`GetArtifactState`'s answer."""
+    """Run a pass now (``why`` says what asked). Replies with the pass count, whether
+    this node assigns copies (it holds the lease), and the fetches in flight."""
 
     why: str = ""
 
@@ -229,6 +230,8 @@ class ArtifactReplicator(Actor):
                     async for _event in events:
                         if self._queued:
                             continue  # a pass is queued already: it sees this change
+                        if prefix == HELD_PREFIX and not self._coordinating:
+                            continue  # what nodes hold matters to the assigner only
                         self._queued = True
                         await self.ctx.ref.tell(Replicate(f"{prefix} changed"))
             except RegistryError as exc:
@@ -242,7 +245,11 @@ class ArtifactReplicator(Actor):
                     await self._pass()
                 except RegistryError as exc:
                     log.warning("artifact pass skipped: the registry failed: %s", exc)
-                return await self._state()
+                return {
+                    "passes": self._passes,
+                    "coordinating": self._coordinating,
+                    "fetching": sorted(self._fetching),
+                }
             case _Fetched():
                 self._fetching.discard(message.digest)
                 if message.error is None:

@@ -152,3 +152,32 @@ def test_only_current_and_previous_revisions_stay_unpacked() -> None:
         {"web": [digest(4)]},
     )
     assert doomed == {"web": [digest(1)], "gone": [digest(5)]}
+
+
+@given(
+    st.lists(st.integers(0, 30).map(digest), max_size=12, unique=True),
+    st.data(),
+    st.floats(0, 100),
+    st.floats(0, 10),
+)
+def test_a_node_never_releases_what_it_is_assigned_runs_or_waits_for(
+    have: list[str], data: st.DataObject, now: float, grace: float
+) -> None:
+    pool = [digest(i) for i in range(31)]
+    mine = set(data.draw(st.lists(st.sampled_from(pool), max_size=6)))
+    running = set(data.draw(st.lists(st.sampled_from(pool), max_size=3)))
+    live = set(data.draw(st.lists(st.sampled_from(pool), max_size=6)))
+    assignments = {d: ["me"] for d in mine} | {
+        d: ["other"] for d in live - mine if data.draw(st.booleans())
+    }
+    since = {d: data.draw(st.floats(0, now)) for d in have if data.draw(st.booleans())}
+    plan = keep_plan(
+        "me", assignments, have, running=running, live=live, since=since, now=now, grace=grace
+    )
+    released = set(plan.release)
+    assert not released & (mine | running)
+    assert not released & {d for d in live if d not in assignments}
+    assert released <= set(have)
+    for d in released:
+        assert now - since.get(d, now) >= grace
+    assert set(plan.fetch) == mine - set(have)
