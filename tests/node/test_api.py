@@ -402,7 +402,9 @@ async def test_ps_says_the_cooldown_is_unknown_when_the_coordinator_cannot_be_as
     why = "cannot ask coordinator n2: peer 'n2' is unreachable"
     fx.coordinator_state = {"holder": "n2", "error": why}
     answer = await ps_answer(fx)
-    assert answer["rows"][0]["reloc"] == ("yes (cooldown unknown: coordinator n2 cannot be asked)")
+    assert answer["rows"][0]["reloc"] == (
+        "yes (cooldown unknown: coordinator n2 cannot be asked)"
+    )
     assert answer["coordinator"] == {"holder": "n2", "error": why}
 
 
@@ -455,30 +457,17 @@ async def test_nodes_carry_the_lease_holders_node_states(fx: Fixture) -> None:
         answer = (await client.get("/v1/nodes")).json()
     assert answer["states"]["source"] == "records"
     assert "does not report node states" in answer["states"]["error"]
-    assert [(n["node"], n["state"], n["since"]) for n in answer["nodes"]] == [("n1", "alive", None)]
+    assert [(n["node"], n["state"], n["since"]) for n in answer["nodes"]] == [
+        ("n1", "alive", None)
+    ]
     # The holder's states: n2's record lapsed, it is down in its grace.
     fx.coordinator_state["coordinating"] = True
     fx.coordinator_state["node_states"] = [
-        {
-            "node": "n1",
-            "state": "alive",
-            "since": 1.0,
-            "down_since": None,
-            "grace_until": None,
-            "incarnation": None,
-            "record": True,
-            "reason": "live",
-        },
-        {
-            "node": "n2",
-            "state": "down",
-            "since": 1_699_999_990.0,
-            "down_since": 1_699_999_990.0,
-            "grace_until": 1_700_000_290.0,
-            "incarnation": 4,
-            "record": False,
-            "reason": "its registry record lapsed",
-        },
+        {"node": "n1", "state": "alive", "since": 1.0, "down_since": None,
+         "grace_until": None, "incarnation": None, "record": True, "reason": "live"},
+        {"node": "n2", "state": "down", "since": 1_699_999_990.0,
+         "down_since": 1_699_999_990.0, "grace_until": 1_700_000_290.0, "incarnation": 4,
+         "record": False, "reason": "its registry record lapsed"},
     ]
     async with fx.client() as client:
         answer = (await client.get("/v1/nodes")).json()

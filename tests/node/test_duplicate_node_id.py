@@ -61,12 +61,8 @@ def test_a_paused_node_resumed_after_a_newcomer_took_its_id_stops(tmp_path: Path
         os.kill(first.pid, signal.SIGSTOP)
         paused = True
         # Past its TTL its record lapses (any reader of the SQLite file expires it).
-        wait_for(
-            "the paused node's record to lapse",
-            lambda: read_record(cluster.registry_url) is None,
-            timeout=5,
-            interval=0.1,
-        )
+        wait_for("the paused node's record to lapse",
+                 lambda: read_record(cluster.registry_url) is None, timeout=5, interval=0.1)
 
         cluster.start(second)
         cluster.wait_ready(second, timeout=10)

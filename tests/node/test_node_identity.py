@@ -126,19 +126,13 @@ async def test_two_nodes_on_one_registry_start_only_with_one_secret(tmp_path: Pa
     with trio.fail_after(30):
         stop = trio.Event()
         async with trio.open_nursery() as nursery:
-            await nursery.start(
-                lambda task_status: run_node(
-                    config("n1", "one"), stop=stop, task_status=task_status
-                )
-            )
+            await nursery.start(lambda task_status: run_node(
+                config("n1", "one"), stop=stop, task_status=task_status))
             with pytest.raises(ConfigError, match=r"cluster secret of node n2 .* is not the"):
                 await run_node(config("n2", "two"), stop=trio.Event())
             assert not (tmp_path / "n2" / "node-id").exists()
-            await nursery.start(
-                lambda task_status: run_node(
-                    config("n3", "one"), stop=stop, task_status=task_status
-                )
-            )
+            await nursery.start(lambda task_status: run_node(
+                config("n3", "one"), stop=stop, task_status=task_status))
             async with open_registry(f"sqlite://{tmp_path / 'registry.db'}") as registry:
                 assert await registry.get(node_key("n3")) is not None
                 assert await registry.get(node_key("n2")) is None
@@ -169,13 +163,8 @@ async def test_a_live_process_holding_the_id_refuses_the_start(tmp_path: Path) -
     me = runtime.identity()
     # This test's own process plays the live holder: same host, its pid running.
     holder = NodeRecord(
-        id="n1",
-        instance="f" * 32,
-        pid=os.getpid(),
-        hostname=me.hostname,
-        started_at=time.time(),
-        api_address="127.0.0.1:9",
-        peer_address="127.0.0.1:8",
+        id="n1", instance="f" * 32, pid=os.getpid(), hostname=me.hostname,
+        started_at=time.time(), api_address="127.0.0.1:9", peer_address="127.0.0.1:8",
     )
     await registry.put(node_key("n1"), holder.encode())
     with pytest.raises(ConfigError) as refused:
@@ -194,10 +183,7 @@ async def test_a_gone_previous_life_on_this_host_is_taken_over(tmp_path: Path) -
     registry = MemoryRegistry()
     runtime = runtime_of(tmp_path, "n1", "s")
     gone = NodeRecord(
-        id="n1",
-        instance="e" * 32,
-        pid=dead_pid(),
-        hostname=runtime.identity().hostname,
+        id="n1", instance="e" * 32, pid=dead_pid(), hostname=runtime.identity().hostname,
         started_at=time.time(),
     )
     await registry.put(node_key("n1"), gone.encode())

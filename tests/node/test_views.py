@@ -248,22 +248,15 @@ def test_node_rows_take_the_coordinator_s_states_and_fall_back_to_records() -> N
             {"node": "a", "state": "suspect", "since": 5.0, "incarnation": 2},
             {"node": "b", "state": "left", "since": None, "incarnation": None},
             # Its record lapsed: known to the coordinator only, down in its grace.
-            {
-                "node": "c",
-                "state": "down",
-                "since": 7.0,
-                "down_since": 7.0,
-                "grace_until": 307.0,
-                "incarnation": None,
-            },
+            {"node": "c", "state": "down", "since": 7.0, "down_since": 7.0,
+             "grace_until": 307.0, "incarnation": None},
         ],
     }
     states = NodeStatesView.from_state(holder_state)
     assert states.to_json() == {"source": "coordinator", "holder": "a"}
     rows = node_rows(nodes, intents, coordinator="a", states=states)
-    assert [
-        (r.node, r.state, r.incarnation, r.since, r.down_since, r.grace_until) for r in rows
-    ] == [
+    assert [(r.node, r.state, r.incarnation, r.since, r.down_since, r.grace_until)
+            for r in rows] == [
         ("a", "suspect", 2, 5.0, None, None),
         ("b", "draining, forced", None, None, None, None),
         ("c", "down", None, 7.0, 7.0, 307.0),
@@ -280,6 +273,5 @@ def test_node_rows_take_the_coordinator_s_states_and_fall_back_to_records() -> N
         assert fallback.error
         rows = node_rows(nodes, intents, coordinator="a", states=fallback)
         assert [(r.node, r.state, r.incarnation) for r in rows] == [
-            ("a", "alive", None),
-            ("b", "draining, forced", None),
+            ("a", "alive", None), ("b", "draining, forced", None),
         ]
