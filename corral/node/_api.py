@@ -52,7 +52,7 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import FileResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -105,6 +105,13 @@ EVENT_POLL_INTERVAL = 0.25
 METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 JSONDict = dict[str, Any]
+
+
+class _ArtifactFile(FileResponse):
+    """A copy served to a peer, read in 1 MiB chunks (Starlette's 64 KiB chunks cost a
+    worker-thread hop each: a third of the throughput on a 64 MiB artifact)."""
+
+    chunk_size = 1024 * 1024
 
 log = logging.getLogger("corral.node.api")
 
@@ -555,10 +562,11 @@ def build_api(services: ApiServices) -> ASGIApp:
             validate_digest(digest)
         except ValueError:
             raise RequestInvalid("digest", "is not a sha256 hex digest") from None
-        data = await trio.to_thread.run_sync(services.artifacts.read_local, digest)
-        if data is None:
+        path = services.artifacts.local_path(digest)
+        if not await trio.to_thread.run_sync(path.is_file):
             raise NotFound(f"this node holds no artifact {digest}")
-        return Response(data, media_type="application/gzip")
+        # Streamed from the file in chunks: a 64 MiB copy is never held in memory whole.
+        return _ArtifactFile(path, media_type="application/gzip")
 
     async def metrics(request: Request) -> Response:
         if services.metrics is None:

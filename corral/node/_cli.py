@@ -76,6 +76,10 @@ def _node_run_options(run: argparse.ArgumentParser) -> None:
     run.add_argument("--node-ttl-ms", metavar="MS", help="node record lease TTL (15000)")
     run.add_argument("--shutdown-grace-ms", metavar="MS", help="grace per actor on stop (10000)")
     run.add_argument("--max-artifact-mb", metavar="MB", help="max unpacked artifact (1024)")
+    run.add_argument("--artifact-copies", metavar="N", help="copies of each live revision (3)")
+    run.add_argument(
+        "--artifact-interval-ms", metavar="MS", help="artifact copies are placed every (20000)"
+    )
     run.add_argument(
         "--grace-period-ms", metavar="MS", help="a down node keeps its work this long (300000)"
     )

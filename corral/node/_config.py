@@ -41,6 +41,9 @@ DEFAULT_MAX_ARTIFACT_MB = 1024
 DEFAULT_GRACE_PERIOD_MS = 300_000
 DEFAULT_COOLDOWN_MS = 600_000
 DEFAULT_DISRUPTION_BUDGET = 5
+#: Holders each live revision's artifact gets at least, and seconds between passes.
+DEFAULT_ARTIFACT_COPIES = 3
+DEFAULT_ARTIFACT_INTERVAL_MS = 20_000
 DEFAULT_MIN_USABLE_PERCENT = 50
 # SWIM membership between nodes (memberlist's LAN profile).
 DEFAULT_PROBE_INTERVAL_MS = 1_000
@@ -74,6 +77,8 @@ SETTINGS: dict[str, str] = {
     "node-ttl-ms": "ms",
     "shutdown-grace-ms": "ms",
     "max-artifact-mb": "mb",
+    "artifact-copies": "count",
+    "artifact-interval-ms": "ms",
     "grace-period-ms": "ms",
     "cooldown-ms": "ms",
     "disruption-budget": "count",
@@ -142,6 +147,10 @@ class NodeConfig:
     shutdown_grace_ms: int = DEFAULT_SHUTDOWN_GRACE_MS
     #: the most one artifact may unpack to, in MiB (checked at deploy and at unpack).
     max_artifact_mb: int = DEFAULT_MAX_ARTIFACT_MB
+    #: holders each live revision's artifact gets at least (the lease holder assigns them).
+    artifact_copies: int = DEFAULT_ARTIFACT_COPIES
+    #: how often artifact copies are assigned, fetched and released.
+    artifact_interval_ms: int = DEFAULT_ARTIFACT_INTERVAL_MS
     registry_options: RegistryOptions = field(default_factory=RegistryOptions)
     #: how long a down node keeps its work before it is relocated.
     grace_period_ms: int = DEFAULT_GRACE_PERIOD_MS
@@ -440,6 +449,10 @@ def resolve_node_config(
             "shutdown-grace-ms", DEFAULT_SHUTDOWN_GRACE_MS, low=0, high=600_000
         ),
         max_artifact_mb=number("max-artifact-mb", DEFAULT_MAX_ARTIFACT_MB, low=1, high=1024 * 1024),
+        artifact_copies=number("artifact-copies", DEFAULT_ARTIFACT_COPIES, low=1, high=1024),
+        artifact_interval_ms=number(
+            "artifact-interval-ms", DEFAULT_ARTIFACT_INTERVAL_MS, low=100, high=3_600_000
+        ),
         registry_options=registry_options,
         grace_period_ms=number(
             "grace-period-ms", DEFAULT_GRACE_PERIOD_MS, low=0, high=604_800_000

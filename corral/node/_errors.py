@@ -49,7 +49,10 @@ class ArtifactError(NodeError):
 
 
 class ArtifactNotFound(ArtifactError):
-    """No copy of the artifact exists where this node can reach it."""
+    """No copy of the artifact exists where this node can reach it (a holder may come
+    back: the reconciler shows the instance ``starting`` with this reason)."""
+
+    unreachable = True
 
 
 class DigestMismatch(ArtifactError):

@@ -273,6 +273,7 @@ def state_summary(state: Mapping[str, Any], now: float | None = None) -> str:
     else:
         lines.append("coordinator none holds the lease right now")
     lines += _coordination_lines(state, now)
+    lines += _artifact_lines(state.get("artifacts"))
     reconcile = state.get("reconcile")
     if isinstance(reconcile, Mapping) and "token" in reconcile:
         lines.append(_reconcile_line(reconcile, now))
@@ -324,6 +325,31 @@ def state_summary(state: Mapping[str, Any], now: float | None = None) -> str:
             lines.append(f"unplaced    {item.get('message') or item.get('reason')}")
     lines += _held_back_lines(state, now)
     return "\n".join(lines)
+
+
+def _mib(count: object) -> str:
+    return f"{count / (1024 * 1024):.1f} MiB" if isinstance(count, int | float) else "?"
+
+
+def _artifact_lines(artifacts: object) -> list[str]:
+    """Disk used by artifact copies and unpacked revisions, and fetches that failed."""
+    if not isinstance(artifacts, Mapping):
+        return []
+    if artifacts.get("error"):
+        return [f"artifacts   unknown: {artifacts['error']}"]
+    revisions = artifacts.get("revisions") or {}
+    count = sum(len(v) for v in revisions.values()) if isinstance(revisions, Mapping) else 0
+    lines = [
+        f"artifacts   {artifacts.get('artifacts')} cop(ies) using "
+        f"{_mib(artifacts.get('artifact_bytes'))}, {count} unpacked revision(s) using "
+        f"{_mib(artifacts.get('revision_bytes'))}"
+        + (f", fetching {len(artifacts['fetching'])}" if artifacts.get("fetching") else "")
+    ]
+    failed = artifacts.get("failed") or {}
+    if isinstance(failed, Mapping):
+        for digest, why in sorted(failed.items()):
+            lines.append(f"            cannot fetch {str(digest)[:12]}: {why}")
+    return lines
 
 
 def _trouble_lines(processes: Sequence[Mapping[str, Any]], data_dir: object) -> list[str]:

@@ -102,6 +102,7 @@ from corral.node._metrics import (
     registry_observer,
 )
 from corral.node._peers import PeerDirectory
+from corral.node._replicator import ArtifactReplicator, GetArtifactState
 from corral.node._server import ApiServer
 from corral.registry import (
     COORDINATOR_LEASE_KEY,
@@ -121,6 +122,7 @@ from corral.registry import (
     node_key,
     open_registry,
     read_records,
+    validate_digest,
 )
 from corral.supervision import (
     ActorSystem,
@@ -399,6 +401,7 @@ def root_spec(
     feed = MembershipFeed()
     children += membership_specs(runtime, registry, feed)
     children += agent_specs(runtime, registry, materialize)
+    children.append(artifacts_spec(runtime, registry, artifacts, services))
     children += coordinator_specs(runtime, registry, membership=feed.statuses)
     children += routing_specs(runtime, registry)
     children.append(
@@ -437,6 +440,57 @@ def agent_specs(
         name=AGENT,
     )
     return [agent.supervisor_spec()]
+
+
+ARTIFACTS = "artifacts"
+
+
+def artifacts_spec(
+    runtime: NodeRuntime, registry: Registry, store: ArtifactStore, services: NodeServices
+) -> ChildSpec:
+    """The ArtifactReplicator: copies of live revisions here and (on the lease holder)
+    their assignment to nodes; see :mod:`corral.node._replicator`."""
+    config = runtime.config
+
+    async def running() -> dict[str, set[str]] | None:
+        # app -> the artifact digests its processes run: the name of the unpacked
+        # revision directory each runs in (a revision id is not a digest). None when
+        # that cannot be told, so nothing is released or removed this pass.
+        listed = await services.ask(f"/{AGENT}/{AgentSpec.PROCESS_SUPERVISOR}", ListProcesses())
+        if not isinstance(listed, list):
+            return None
+        digests: dict[str, set[str]] = {}
+        for process in listed:
+            if not isinstance(process, dict) or not process.get("revision"):
+                continue
+            directory = Path(str(process.get("directory") or ""))
+            try:
+                if directory.parent.name != "revisions":
+                    raise ValueError(f"{directory} is not a revision directory")
+                validate_digest(directory.name)
+            except ValueError:
+                return None
+            digests.setdefault(str(process["app"]), set()).add(directory.name)
+        return digests
+
+    return ChildSpec(
+        name=ARTIFACTS,
+        factory=lambda: ArtifactReplicator(
+            node_id=runtime.node_id,
+            registry=registry,
+            store=store,
+            apps_dir=runtime.apps_dir,
+            running=running,
+            copies=config.artifact_copies,
+            interval=config.artifact_interval_ms / 1000,
+        ),
+        shutdown_grace=1.0,
+    )
+
+
+async def artifacts_view(services: NodeServices, state: dict[str, Any]) -> Any:
+    """Disk used by artifact copies and unpacked revisions, and fetches in flight."""
+    return await services.ask(f"/{ARTIFACTS}", GetArtifactState())
 
 
 def swim_config(config: NodeConfig) -> SwimConfig:
@@ -574,6 +628,7 @@ ACTOR_VIEWS.update(
         "processes": processes_view,
         "reconcile": reconcile_view,
         "coordinator": coordinator_view,
+        "artifacts": artifacts_view,
     }
 )
 

@@ -14,6 +14,13 @@ types, unknown ``v``, a name that disagrees with its key), into an
 :class:`Undecodable` naming the key and the reason. Decoding never raises: the
 coordinator pauses on undecodable keys instead of crashing on them.
 
+Where artifacts live (the one place that says it): ``artifacts/<digest>`` holds the
+bytes of a small artifact (at most 1 MiB, kept in the registry so any node can
+read it); ``copies/<digest>`` holds the copy assignment the lease holder wrote
+(holders, size, sha256, the apps that use it); ``held/<node>`` lists the copies a
+node has on its disk. The assignment lives apart from the bytes so the bytes of
+existing clusters keep their key and no decoder has to guess what a value is.
+
 This module is pure: no trio, no clock, no I/O (except :func:`read_records`,
 a thin async helper over a registry).
 """
@@ -51,6 +58,8 @@ DOMAIN_PREFIX: Final = "domain/"
 ARTIFACTS_PREFIX: Final = "artifacts/"
 DOWN_PREFIX: Final = "down/"
 PROXIES_PREFIX: Final = "proxies/"
+COPIES_PREFIX: Final = "copies/"
+HELD_PREFIX: Final = "held/"
 
 
 class KeyKind(enum.StrEnum):
@@ -71,6 +80,8 @@ class KeyKind(enum.StrEnum):
     SECRET_FINGERPRINT = "cluster"
     DOWN = "down"
     PROXY = "proxies"
+    COPIES = "copies"
+    HELD = "held"
 
 
 # --------------------------------------------------------------------------- names
@@ -247,6 +258,16 @@ def artifact_key(digest: str) -> str:
     return f"artifacts/{validate_digest(digest)}"
 
 
+def copies_key(digest: str) -> str:
+    """``copies/<digest>``: which nodes are to hold a copy of the artifact."""
+    return f"copies/{validate_digest(digest)}"
+
+
+def held_key(node_id: str) -> str:
+    """``held/<node>``: the artifact copies a node has on its disk."""
+    return f"held/{validate_name('node', node_id)}"
+
+
 def parse_key(key: str) -> tuple[KeyKind, tuple[str, ...]]:
     """Split a key into its kind and its parts.
 
@@ -267,7 +288,8 @@ def parse_key(key: str) -> tuple[KeyKind, tuple[str, ...]]:
 _KEY_SHAPES = (
     "accepted: apps/<app>, nodes/<node>, intent/<node>, placement/<app>, lease/coordinator, "
     "ports/<node>/<port>, alias/<domain>, alias/<domain>/previous, domain/<domain>, routing, "
-    "artifacts/<sha256>, cluster/secret-fingerprint, down/<node>, proxies/<id>"
+    "artifacts/<sha256>, cluster/secret-fingerprint, down/<node>, proxies/<id>, "
+    "copies/<sha256>, held/<node>"
 )
 
 
@@ -308,6 +330,10 @@ def _parse_key(key: str) -> tuple[KeyKind, tuple[str, ...]]:
         return KeyKind.ARTIFACT, (validate_digest(parts[0]),)
     if head == "proxies" and len(parts) == 1:
         return KeyKind.PROXY, (validate_name("proxy", parts[0]),)
+    if head == "copies" and len(parts) == 1:
+        return KeyKind.COPIES, (validate_digest(parts[0]),)
+    if head == "held" and len(parts) == 1:
+        return KeyKind.HELD, (validate_name("node", parts[0]),)
     raise ValueError("no such key")
 
 
@@ -1317,6 +1343,96 @@ class Artifact:
         return self.data
 
 
+#: The most holders one copy assignment may name, and copies one node may list.
+MAX_COPY_HOLDERS: Final = 1024
+MAX_HELD_COPIES: Final = 100_000
+
+
+@dataclass(frozen=True, slots=True)
+class CopyAssignment:
+    """``copies/<digest>``: the nodes that are to hold a copy of an artifact, written
+    by the lease holder under its fence; ``sha256`` is the digest the bytes must hash to."""
+
+    digest: str
+    holders: list[str]
+    size: int = 0
+    apps: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        validate_digest(self.digest)
+        if len(self.holders) > MAX_COPY_HOLDERS:
+            raise ValueError(f"holders: more than {MAX_COPY_HOLDERS} nodes")
+        for holder in self.holders:
+            validate_name("node", holder)
+        for app in self.apps:
+            validate_name("app", app)
+        if self.size < 0:
+            raise ValueError("size must be >= 0")
+
+    @property
+    def sha256(self) -> str:
+        return self.digest
+
+    @property
+    def key(self) -> str:
+        return copies_key(self.digest)
+
+    def encode(self) -> bytes:
+        return _dump(
+            {
+                "digest": self.digest,
+                "sha256": self.digest,
+                "holders": list(self.holders),
+                "size": self.size,
+                "apps": list(self.apps),
+            }
+        )
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> CopyAssignment:
+        digest = _str(_field(obj, "digest"), "digest")
+        if _str(_field(obj, "sha256", digest), "sha256") != digest:
+            raise ValueError("sha256 disagrees with digest")
+        return cls(
+            digest=digest,
+            holders=_str_list(_field(obj, "holders"), "holders"),
+            size=_nonneg(_field(obj, "size", 0), "size"),
+            apps=_str_list(_field(obj, "apps", []), "apps"),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class HeldCopies:
+    """``held/<node>``: the artifact copies (digest -> size in bytes) on a node's disk."""
+
+    node: str
+    copies: dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        validate_name("node", self.node)
+        if len(self.copies) > MAX_HELD_COPIES:
+            raise ValueError(f"copies: more than {MAX_HELD_COPIES} artifacts")
+        for digest, size in self.copies.items():
+            validate_digest(digest)
+            if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+                raise ValueError(f"copies: size of {digest} must be an integer >= 0")
+
+    @property
+    def key(self) -> str:
+        return held_key(self.node)
+
+    def encode(self) -> bytes:
+        return _dump({"node": self.node, "copies": dict(sorted(self.copies.items()))})
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> HeldCopies:
+        copies = _obj(_field(obj, "copies", {}), "copies")
+        return cls(
+            node=_str(_field(obj, "node"), "node"),
+            copies={_str(d, "copies"): _nonneg(n, f"copies.{d}") for d, n in copies.items()},
+        )
+
+
 Record: TypeAlias = (
     AppRecord
     | NodeRecord
@@ -1331,6 +1447,8 @@ Record: TypeAlias = (
     | SecretFingerprint
     | NodeDown
     | ProxyRecord
+    | CopyAssignment
+    | HeldCopies
 )
 
 
@@ -1356,6 +1474,8 @@ _JSON_DECODERS: Final[dict[KeyKind, Callable[[dict[str, Any]], Record]]] = {
     KeyKind.SECRET_FINGERPRINT: SecretFingerprint.from_json,
     KeyKind.DOWN: NodeDown.from_json,
     KeyKind.PROXY: ProxyRecord.from_json,
+    KeyKind.COPIES: CopyAssignment.from_json,
+    KeyKind.HELD: HeldCopies.from_json,
 }
 
 
@@ -1414,6 +1534,10 @@ def _name_mismatch(kind: KeyKind, parts: tuple[str, ...], record: Record) -> str
         return f"record names proxy {record.id!r} but the key names {parts[0]!r}"
     if isinstance(record, NodeRecord) and record.id != parts[0]:
         return f"record names node {record.id!r} but the key names {parts[0]!r}"
+    if isinstance(record, CopyAssignment) and record.digest != parts[0]:
+        return f"record names artifact {record.digest} but the key names {parts[0]}"
+    if isinstance(record, HeldCopies) and record.node != parts[0]:
+        return f"record names node {record.node!r} but the key names {parts[0]!r}"
     if isinstance(record, NodeDown) and record.node != parts[0]:
         return f"record names node {record.node!r} but the key names {parts[0]!r}"
     if isinstance(record, PortClaim) and (record.node, str(record.port)) != parts:

@@ -46,11 +46,12 @@ async def test_large_artifacts_are_fetched_from_the_node_that_has_them(tmp_path:
     await registry.put(node_key("a"), NodeRecord(id="a", api_address="10.0.0.1:7400").encode())
     asked: list[tuple[str, str, str]] = []
 
-    async def fetch(base_url: str, digest: str, capability: str) -> bytes:
+    def download(base_url: str, digest: str, capability: str, path: Path, limit: int) -> str:
         asked.append((base_url, digest, capability))
-        return packed.data
+        path.write_bytes(packed.data)
+        return packed.digest
 
-    other = store(registry, tmp_path, "b", fetch_from_peer=fetch)
+    other = store(registry, tmp_path, "b", download=download)
     assert await other.fetch(packed.digest) == packed.data
     assert asked == [
         ("http://10.0.0.1:7400", packed.digest, artifact_capability(SECRET, packed.digest))
@@ -62,10 +63,11 @@ async def test_a_peer_sending_other_bytes_is_not_believed(tmp_path: Path) -> Non
     packed = packed_app(tmp_path)
     await registry.put(node_key("a"), NodeRecord(id="a", api_address="10.0.0.1:7400").encode())
 
-    async def fetch(base_url: str, digest: str, capability: str) -> bytes:
-        return b"something else"
+    def download(base_url: str, digest: str, capability: str, path: Path, limit: int) -> str:
+        path.write_bytes(b"something else")
+        return "0" * 64
 
-    other = store(registry, tmp_path, "b", fetch_from_peer=fetch)
-    with pytest.raises(ArtifactNotFound, match=r"http://10\.0\.0\.1:7400"):
+    other = store(registry, tmp_path, "b", download=download)
+    with pytest.raises(ArtifactNotFound, match=r"tried 1: a \(sent bytes hashing to 000000000000"):
         await other.fetch(packed.digest)
     assert other.read_local(packed.digest) is None

@@ -72,6 +72,7 @@ def test_membership_starts_after_peers_and_stops_after_the_agent(tmp_path: Path)
         "peers",
         "membership",
         "agent",
+        "artifacts",
         "coordinator",
         "routing",
         "api",

@@ -93,6 +93,8 @@ class ProcessInfo:
     last_error: str | None
     stop_reason: str | None
     ready: bool = False
+    #: the working directory it runs in (its unpacked revision: ``.../revisions/<digest>``).
+    directory: str = ""
 
     @property
     def live(self) -> bool:
@@ -114,6 +116,7 @@ class ProcessInfo:
             "last_error": self.last_error,
             "stop_reason": self.stop_reason,
             "ready": self.ready,
+            "directory": self.directory,
         }
 
 
@@ -152,6 +155,7 @@ class _Slot:
             last_error=self.last_error,
             stop_reason=self.stop_reason,
             ready=self.state == "running" and self.readiness.ready,
+            directory=str(shown.cwd) if shown else "",
         )
 
 

@@ -466,12 +466,21 @@ class Reconciler(Actor):
             f"{failure.retry_at - now:.3g} s"
         )
 
-    def _failed_to_materialize(self, app: str, revision: str, reason: str) -> str:
+    def _failed_to_materialize(
+        self, app: str, revision: str, reason: str, *, starting: bool = False
+    ) -> str:
         """Record the failure, schedule the retry; returns the pass error."""
         now = trio.current_time()
         base, cap = self._backoff
         failure = record_failure(
-            self._failed.get(app), app, revision, reason, now, base=base, cap=cap
+            self._failed.get(app),
+            app,
+            revision,
+            reason,
+            now,
+            base=base,
+            cap=cap,
+            starting=starting,
         )
         self._failed[app] = failure
         delay = failure.retry_at - now
@@ -525,7 +534,10 @@ class Reconciler(Actor):
                 exc,
                 exc_info=not isinstance(exc, CorralError),  # a refusal needs no traceback
             )
-            return self._failed_to_materialize(app, action.revision, str(exc))
+            # An error marked ``unreachable`` (no holder gave a copy) may pass: the
+            # instance is shown starting, with the reason, rather than failed.
+            unreachable = getattr(exc, "unreachable", False) is True
+            return self._failed_to_materialize(app, action.revision, str(exc), starting=unreachable)
         self._failed.pop(app, None)
         verify = isinstance(action, Start) and not action.after_stop
         reply = await self._ports.ask(EnsurePair(app, verify=verify), self._ask_timeout)

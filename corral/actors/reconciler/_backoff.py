@@ -41,6 +41,9 @@ class FailedRevision:
     attempts: int
     failed_at: float
     retry_at: float
+    #: no copy could be had (every holder tried): the instance stays ``starting``, not
+    #: ``failed``, since a holder may come back.
+    starting: bool = False
 
     def waiting(self, revision: str, now: float) -> bool:
         """Whether a start of ``revision`` must wait (it is this one and not due yet)."""
@@ -73,12 +76,13 @@ def record_failure(
     *,
     base: float = DEFAULT_BASE,
     cap: float = DEFAULT_CAP,
+    starting: bool = False,
 ) -> FailedRevision:
     """The record after ``revision`` of ``app`` failed at ``now``: one more attempt in a
     row when ``previous`` was for the same revision, else the first."""
     attempts = previous.attempts + 1 if previous and previous.revision == revision else 1
     return FailedRevision(
-        app, revision, reason, attempts, now, now + retry_delay(attempts, base, cap)
+        app, revision, reason, attempts, now, now + retry_delay(attempts, base, cap), starting
     )
 
 

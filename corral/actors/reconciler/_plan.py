@@ -284,7 +284,7 @@ def serving_set(
                 revision=failure.revision,
                 public_port=0,
                 internal_port=0,
-                state="failed",
+                state="starting" if failure.starting else "failed",
                 reason=f"cannot get revision {failure.revision[:12]} onto disk: {failure.reason}",
             )
     return serving
