@@ -264,7 +264,9 @@ class NodeServices:
     async def ask(
         self, path: str, message: object, node: str | None = None, wait_s: float = ASK_TIMEOUT
     ) -> Any:
-        assert self.system is not None
+        if self.system is None:
+            # Children run before the system they belong to is handed back.
+            return {"error": "the node is still starting"}
         try:
             ref = self.system.ref(path, node=node)
             return await ref.ask(message, timeout=wait_s)

@@ -90,10 +90,15 @@ def unpacked_on(node: LocalNode, app: str) -> set[str]:
     return {p.name for p in directory.iterdir() if not p.name.startswith(".")}
 
 
-def running_on(cluster: LocalCluster, app: str, revision: str) -> set[str] | None:
+def running_on(cluster: LocalCluster, app: str, digest: str) -> set[str] | None:
+    """The nodes running ``app`` from artifact ``digest`` (a revision also covers the
+    command and env, so it is looked up in the app's current and previous deployment)."""
     with cluster.any_client() as client:
         rows = [r for r in client.ps() if r["app"] == app]
-    nodes = {r["node"] for r in rows if r["state"] == "running" and r.get("revision") == revision}
+        record = client.request("GET", f"/v1/apps/{app}")["app"]
+    deployments = [record.get("deployment"), record.get("previous_deployment")]
+    revisions = {d["revision"] for d in deployments if d and d.get("digest") == digest}
+    nodes = {r["node"] for r in rows if r["state"] == "running" and r.get("revision") in revisions}
     return nodes or None
 
 
