@@ -726,21 +726,33 @@ class SQLiteRegistry(Registry):
             return slot.result()
         batch = self._gather = [slot]
         try:
-            with trio.CancelScope(shield=True):
-                await trio.lowlevel.checkpoint()  # let the other writers join
-                while self._checkpoint_done is not None:
-                    await self._checkpoint_done.wait()
+            # A schedule point but no cancel point (that was above): the writers
+            # runnable now join this batch meanwhile.
+            await trio.lowlevel.cancel_shielded_checkpoint()
+            if len(batch) == 1 and self._checkpoint_done is None:
+                # Alone after all: commit as the common case does, no shield (no
+                # other write is at stake) and no savepoint.
                 self._gather = None
-                for queued in batch:
-                    queued.taken = True
+                slot.taken = True
                 try:
-                    if len(batch) == 1:  # alone after all: no savepoint needed
-                        slot.value = await self._on_loop(_run_one, job)
-                    else:
-                        await self._on_loop(_run_batch, batch)
-                except Exception as exc:  # unavailable or closed: the whole batch failed
+                    slot.value = await self._on_loop(_run_one, job)
+                except Exception as exc:  # unavailable or closed
+                    slot.error = exc
+            else:
+                with trio.CancelScope(shield=True):  # other writes ride on this one
+                    while self._checkpoint_done is not None:
+                        await self._checkpoint_done.wait()
+                    self._gather = None
                     for queued in batch:
-                        queued.error = exc
+                        queued.taken = True
+                    try:
+                        if len(batch) == 1:
+                            slot.value = await self._on_loop(_run_one, job)
+                        else:
+                            await self._on_loop(_run_batch, batch)
+                    except Exception as exc:  # unavailable or closed: the batch failed
+                        for queued in batch:
+                            queued.error = exc
         finally:
             # While this batch committed, a later writer may have started gathering
             # the next one: that batch is not ours to close.
