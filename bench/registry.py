@@ -1,6 +1,6 @@
 """Registry throughput, each backend beside the raw library doing the same work.
 
-    python bench/registry.py [--seconds 0.25] [--etcd host:port]
+    python bench/registry.py [--seconds 0.25] [--etcd host:port] [--only sqlite]
 
 For SQLite the baseline is raw ``sqlite3`` statements writing the same rows (the
 key, its changelog row, the revision bump) in one transaction per write, on a
@@ -12,7 +12,9 @@ temporary one started here when ``etcd`` is on PATH (and stopped at the end).
 Figures: sequential puts/s, gets/s, guarded txns/s (compare mod revision, then
 put) and concurrent puts/s (16 tasks). Each pair is measured five times,
 alternating, and the best run of each side is kept (the machine is shared). The last line
-is one JSON object; its ``*_ratio`` keys are backend / baseline (target >= 0.7).
+is one JSON object; its ``*_ratio`` keys are backend / baseline (target >= 0.7), and
+``load_average`` is the 1-minute load when the run ended (the machine is shared: run
+it a few times and compare medians).
 """
 
 from __future__ import annotations
@@ -394,11 +396,16 @@ async def bench_memory(seconds: float) -> dict[str, float]:
     }
 
 
-async def main(seconds: float, etcd: str | None) -> dict[str, float]:
+async def main(seconds: float, etcd: str | None, only: str | None = None) -> dict[str, float]:
     figures: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="corral-bench-") as directory:
-        figures.update(await bench_memory(seconds / 2))
-        figures.update(await bench_sqlite(seconds, directory, "NORMAL"))
+        if only in (None, "memory"):
+            figures.update(await bench_memory(seconds / 2))
+        if only in (None, "sqlite"):
+            figures.update(await bench_sqlite(seconds, directory, "NORMAL"))
+        if only not in (None, "etcd"):
+            figures["load_average"] = round(os.getloadavg()[0], 2)
+            return figures
         started = None
         if etcd is None:
             started = start_etcd(directory)
@@ -412,6 +419,7 @@ async def main(seconds: float, etcd: str | None) -> dict[str, float]:
             if started is not None:
                 started[0].terminate()
                 started[0].wait()
+    figures["load_average"] = round(os.getloadavg()[0], 2)
     return figures
 
 
@@ -426,14 +434,19 @@ def table(figures: dict[str, float]) -> None:
                     f"{figures[f'{backend}_{name}_ratio']:>6}"
                 )
     for name in ("put", "get", "txn"):
-        print(f"{'memory':8} {name:16} {figures[f'memory_{name}_per_s']:>10} {'-':>10} {'-':>6}")
+        if f"memory_{name}_per_s" in figures:
+            print(
+                f"{'memory':8} {name:16} {figures[f'memory_{name}_per_s']:>10} {'-':>10} {'-':>6}"
+            )
+    print(f"load average (1 min): {figures['load_average']}")
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=0.25, help="per measurement window")
     parser.add_argument("--etcd", default=os.environ.get("CORRAL_TEST_ETCD"))
+    parser.add_argument("--only", choices=("memory", "sqlite", "etcd"), help="one backend")
     args = parser.parse_args()
-    results = trio.run(main, args.seconds, args.etcd)
+    results = trio.run(main, args.seconds, args.etcd, args.only)
     table(results)
     print(json.dumps(results), file=sys.stdout)

@@ -90,6 +90,7 @@ from corral.registry._memory import DEFAULT_HISTORY
 from corral.registry._records import parse_key
 
 T = TypeVar("T")
+W = TypeVar("W")
 _log = logging.getLogger(__name__)
 
 DEFAULT_POLL_INTERVAL: Final = 0.05
@@ -138,10 +139,12 @@ CREATE TABLE IF NOT EXISTS changes (
 """
 
 _KV_COLUMNS: Final = "key, value, create_revision, mod_revision, version, lease"
+_META: Final = "SELECT revision, compacted FROM meta"
 _META_PROBED: Final = "SELECT revision, compacted, (SELECT min(expires) FROM leases) FROM meta"
 _GET: Final = "SELECT * FROM kv WHERE key = ?"  # the columns are _KV_COLUMNS, in order
 _EARLIEST_EXPIRY: Final = "SELECT min(expires) FROM leases"
 _SCHEDULE_EVERY: Final = 16
+_cancel_point: Final = trio.lowlevel.checkpoint_if_cancelled
 
 PROBE_WINDOW: Final = 0.05
 """Seconds (lease clock) a probe for due leases stays valid; also the shortest TTL."""
@@ -197,6 +200,35 @@ def _kv(row: tuple[Any, ...]) -> KeyValue:
     return KeyValue(*row)
 
 
+_REUSE_ENTRIES: Final = 1024
+_REUSE_MAX_VALUE: Final = 16 * 1024
+
+
+class _Reuse:
+    """The KeyValue last built for each recently read key, with the row it came
+    from. A frozen KeyValue costs more to build than the SELECT that found it, and
+    most reads find the row unchanged: when the row read now equals the one
+    remembered, the same (immutable) object is returned. Every read still reads
+    its row, so this can never answer with a stale value. Bounded: at most
+    _REUSE_ENTRIES keys, values up to _REUSE_MAX_VALUE bytes."""
+
+    __slots__ = ("_seen",)
+
+    def __init__(self) -> None:
+        self._seen: dict[str, tuple[tuple[Any, ...], KeyValue]] = {}
+
+    def kv(self, row: tuple[Any, ...]) -> KeyValue:
+        seen = self._seen.get(row[0])
+        if seen is not None and seen[0] == row:
+            return seen[1]
+        kv = KeyValue(*row)
+        if len(row[1]) <= _REUSE_MAX_VALUE:
+            if len(self._seen) >= _REUSE_ENTRIES:
+                self._seen.clear()
+            self._seen[row[0]] = (row, kv)
+        return kv
+
+
 @dataclass(slots=True)
 class _Tx:
     """One write transaction: the revision as it stands inside it."""
@@ -206,6 +238,16 @@ class _Tx:
     revision: int
     compacted: int
     start_revision: int
+
+
+@dataclass(slots=True)
+class _When:
+    """What a write transaction is told: the lease clock, whether a lease may be
+    due (else it skips the probe), and how much history to keep."""
+
+    now: float
+    none_due: bool
+    history: int
 
 
 @dataclass(slots=True)
@@ -269,6 +311,8 @@ class SQLiteRegistry(Registry):
         self._ops = 0
         self._earliest_expiry = -math.inf  # cached probe: no lease expires before this
         self._probe_valid_until = -math.inf  # ... as long as the clock is before this
+        self._direct_until = -math.inf  # the smaller of the two: get reads directly before it
+        self._reuse = _Reuse()
         self._closed = False
 
     @classmethod
@@ -378,21 +422,24 @@ class SQLiteRegistry(Registry):
     # ------------------------------------------------------------------ reads
 
     async def get(self, key: str) -> KeyValue | None:
-        # _pass_checkpoint, inlined: get is the hottest call there is.
+        # _pass_checkpoint and the probe of _read, inlined: get is the hottest call.
         self._ops += 1
         if self._ops % _SCHEDULE_EVERY:
-            await trio.lowlevel.checkpoint_if_cancelled()
+            await _cancel_point()
         else:
             await trio.lowlevel.checkpoint()
-        now = self._clock()
-        if now < self._probe_valid_until and now < self._earliest_expiry and not self._closed:
+        if self._clock() < self._direct_until:
             try:  # the fast path: no lease can be due, read directly
                 row = self._conn.execute(_GET, (key,)).fetchone()
             except sqlite3.Error:
                 pass  # the slow path below retries and reports
             else:
-                return None if row is None else KeyValue(*row)
-        return await self._read(functools.partial(_get, key=key), checkpointed=True)
+                return None if row is None else self._reuse.kv(row)
+        return await self._read(functools.partial(self._get_row, key=key), checkpointed=True)
+
+    def _get_row(self, conn: sqlite3.Connection, key: str) -> KeyValue | None:
+        row = conn.execute(_GET, (key,)).fetchone()
+        return None if row is None else self._reuse.kv(row)
 
     async def range(self, prefix: str) -> list[KeyValue]:
         return await self._read(functools.partial(_range, prefix=prefix))
@@ -441,7 +488,7 @@ class SQLiteRegistry(Registry):
             known: dict[str, KeyValue | None] = {}
             succeeded = True
             for compare in compares:  # every key is read: a Put reuses what was read
-                kv = known[compare.key] = _get(conn, compare.key)
+                kv = known[compare.key] = self._get_row(conn, compare.key)
                 succeeded = succeeded and compare_holds(compare, kv)
             responses = _apply(tx, success if succeeded else failure, known)
             return TxnResult(succeeded, tx.revision, tuple(responses))
@@ -552,6 +599,7 @@ class SQLiteRegistry(Registry):
             await trio.lowlevel.checkpoint()
             return
         self._closed = True
+        self._direct_until = -math.inf
         self._changed.unpark_all()
         connections = [self._conn] if self._write_conn is None else [self._conn, self._write_conn]
 
@@ -567,6 +615,12 @@ class SQLiteRegistry(Registry):
 
     # ------------------------------------------------------------------ internals
 
+    def _when(self) -> _When:
+        """The lease clock now, and whether the cached probe says no lease is due
+        (then a write skips probing for one: exact for the reason _read gives)."""
+        now = self._clock()
+        return _When(now, now < self._direct_until, self._history)
+
     def _check_open(self) -> None:
         if self._closed:
             raise trio.ClosedResourceError("this SQLiteRegistry is closed")
@@ -581,7 +635,7 @@ class SQLiteRegistry(Registry):
             if found == self._identity:
                 return
             self._lost = found is None
-            self._probe_valid_until = -math.inf  # no more fast-path reads
+            self._probe_valid_until = self._direct_until = -math.inf  # no more fast reads
             _log.error("%s", RegistryReplaced(self._path, deleted=self._lost))
         raise RegistryReplaced(self._path, deleted=self._lost)
 
@@ -619,6 +673,7 @@ class SQLiteRegistry(Registry):
                     earliest = self._conn.execute(_EARLIEST_EXPIRY).fetchone()[0]
                     self._earliest_expiry = math.inf if earliest is None else float(earliest)
                     self._probe_valid_until = now + PROBE_WINDOW
+                    self._direct_until = min(self._probe_valid_until, self._earliest_expiry)
                 if now < self._earliest_expiry:
                     return read(self._conn)
             except sqlite3.Error as exc:
@@ -629,20 +684,22 @@ class SQLiteRegistry(Registry):
                     raise _unavailable(self._path, exc) from exc
                 continue
             await self._write(_nothing)  # every write expires due leases first
-            self._probe_valid_until = -math.inf
+            self._probe_valid_until = self._direct_until = -math.inf
 
     async def _write(self, job: Callable[[_Tx], T]) -> T:
-        self._check_open()
-        self._check_file()
+        if self._closed or self._lost is not None:
+            self._check_open()
+        if _file_identity(self._path) != self._identity:
+            self._check_file()  # raises RegistryReplaced
         if self._write_conn is not None:
             return await self._write_in_thread(job)
         self._ops += 1
         if self._gather is None and not self._grouping and self._ops % _SCHEDULE_EVERY:
             # The common case: nobody else is writing; commit at once.
-            await trio.lowlevel.checkpoint_if_cancelled()
+            await _cancel_point()
             while self._checkpoint_done is not None:
                 await self._checkpoint_done.wait()
-            return await self._on_loop(functools.partial(_run_one, job=job))
+            return await self._on_loop(_run_one, job)
         return await self._write_grouped(job)
 
     async def _write_grouped(self, job: Callable[[_Tx], T]) -> T:
@@ -669,18 +726,33 @@ class SQLiteRegistry(Registry):
             return slot.result()
         batch = self._gather = [slot]
         try:
-            with trio.CancelScope(shield=True):
-                await trio.lowlevel.checkpoint()  # let the other writers join
-                while self._checkpoint_done is not None:
-                    await self._checkpoint_done.wait()
+            # A schedule point but no cancel point (that was above): the writers
+            # runnable now join this batch meanwhile.
+            await trio.lowlevel.cancel_shielded_checkpoint()
+            if len(batch) == 1 and self._checkpoint_done is None:
+                # Alone after all: commit as the common case does, no shield (no
+                # other write is at stake) and no savepoint.
                 self._gather = None
-                for queued in batch:
-                    queued.taken = True
+                slot.taken = True
                 try:
-                    await self._on_loop(functools.partial(_run_batch, batch=batch))
-                except Exception as exc:  # unavailable or closed: the whole batch failed
+                    slot.value = await self._on_loop(_run_one, job)
+                except Exception as exc:  # unavailable or closed
+                    slot.error = exc
+            else:
+                with trio.CancelScope(shield=True):  # other writes ride on this one
+                    while self._checkpoint_done is not None:
+                        await self._checkpoint_done.wait()
+                    self._gather = None
                     for queued in batch:
-                        queued.error = exc
+                        queued.taken = True
+                    try:
+                        if len(batch) == 1:
+                            slot.value = await self._on_loop(_run_one, job)
+                        else:
+                            await self._on_loop(_run_batch, batch)
+                    except Exception as exc:  # unavailable or closed: the batch failed
+                        for queued in batch:
+                            queued.error = exc
         finally:
             # While this batch committed, a later writer may have started gathering
             # the next one: that batch is not ours to close.
@@ -714,8 +786,10 @@ class SQLiteRegistry(Registry):
             await slot.finished.wait()
         return slot.result()
 
-    async def _on_loop(self, transaction: Callable[..., T]) -> T:
-        """Run ``transaction(conn, now=, history=)`` on the loop's connection,
+    async def _on_loop(
+        self, transaction: Callable[[sqlite3.Connection, W, _When], T], work: W
+    ) -> T:
+        """Run ``transaction(conn, work, when)`` on the loop's connection,
         retrying while another process holds the write lock (up to busy_timeout).
         Once it has committed, nothing here is a cancel point: a write that
         raises Cancelled did not happen."""
@@ -723,7 +797,7 @@ class SQLiteRegistry(Registry):
         while True:
             self._check_open()
             try:
-                value = transaction(self._conn, now=self._clock(), history=self._history)
+                value = transaction(self._conn, work, self._when())
                 break
             except sqlite3.Error as exc:
                 patience = patience or _Patience(self._busy_timeout)
@@ -752,15 +826,7 @@ class SQLiteRegistry(Registry):
             with trio.CancelScope(shield=len(batch) > 1):
                 while True:
                     try:
-                        await trio.to_thread.run_sync(
-                            functools.partial(
-                                _run_batch,
-                                conn,
-                                batch=batch,
-                                now=self._clock(),
-                                history=self._history,
-                            )
-                        )
+                        await trio.to_thread.run_sync(_run_batch, conn, batch, self._when())
                         break
                     except sqlite3.Error as exc:
                         # SQLite's busy handler waited already; this catches what it
@@ -870,7 +936,7 @@ def _unavailable(path: str, exc: sqlite3.Error) -> RegistryUnavailable:
 
 
 def _meta(conn: sqlite3.Connection) -> tuple[int, int]:
-    revision, compacted = conn.execute("SELECT revision, compacted FROM meta").fetchone()
+    revision, compacted = conn.execute(_META).fetchone()
     return revision, compacted
 
 
@@ -941,10 +1007,16 @@ def _rebase_leases(conn: sqlite3.Connection, epoch: str, now: float) -> None:
     conn.execute("INSERT OR REPLACE INTO info (name, value) VALUES ('lease_epoch', ?)", (epoch,))
 
 
-def _begin(conn: sqlite3.Connection, now: float) -> _Tx:
-    """Open a write transaction and expire the leases whose time has come."""
+def _begin(conn: sqlite3.Connection, when: _When) -> _Tx:
+    """Open a write transaction and expire the leases whose time has come (none
+    when ``when.none_due``: the caller knows no lease is due yet)."""
+    now = when.now
     conn.execute("BEGIN IMMEDIATE")
-    revision, compacted, earliest = conn.execute(_META_PROBED).fetchone()
+    if when.none_due:
+        revision, compacted = conn.execute(_META).fetchone()
+        earliest = None
+    else:
+        revision, compacted, earliest = conn.execute(_META_PROBED).fetchone()
     tx = _Tx(conn, now, revision, compacted, revision)
     if earliest is not None and earliest <= now:
         for (lease_id,) in conn.execute(
@@ -966,12 +1038,12 @@ def _finish(tx: _Tx, history: int) -> None:
     conn.execute("COMMIT")
 
 
-def _run_one(conn: sqlite3.Connection, *, job: Callable[[_Tx], T], now: float, history: int) -> T:
+def _run_one(conn: sqlite3.Connection, job: Callable[[_Tx], T], when: _When) -> T:
     """One write in one transaction; if it raises, nothing of it stays."""
-    tx = _begin(conn, now)
+    tx = _begin(conn, when)
     try:
         value = job(tx)
-        _finish(tx, history)
+        _finish(tx, when.history)
     except BaseException:
         if conn.in_transaction:
             conn.execute("ROLLBACK")
@@ -979,12 +1051,10 @@ def _run_one(conn: sqlite3.Connection, *, job: Callable[[_Tx], T], now: float, h
     return value
 
 
-def _run_batch(
-    conn: sqlite3.Connection, *, batch: list[_Slot[Any]], now: float, history: int
-) -> None:
+def _run_batch(conn: sqlite3.Connection, batch: list[_Slot[Any]], when: _When) -> None:
     """A group commit: each write in its own savepoint (one that raises leaves no
     trace and fails alone), all in one transaction."""
-    tx = _begin(conn, now)
+    tx = _begin(conn, when)
     try:
         for slot in batch:
             conn.execute("SAVEPOINT job")
@@ -997,7 +1067,7 @@ def _run_batch(
                 tx.revision = before
                 slot.error = exc
             conn.execute("RELEASE job")
-        _finish(tx, history)
+        _finish(tx, when.history)
     except BaseException:
         if conn.in_transaction:
             conn.execute("ROLLBACK")
@@ -1083,17 +1153,41 @@ def _put(
         ).fetchone()
     else:
         row = None if previous is None else (previous.create_revision, previous.version)
-    create, version = (revision, 1) if row is None else (row[0], row[1] + 1)
-    conn.execute(
-        "INSERT OR REPLACE INTO kv (key, value, create_revision, mod_revision, version, lease) "
-        "VALUES (?, ?, ?, ?, ?, ?)",
-        (key, value, create, revision, version, lease),
-    )
-    conn.execute(
-        "INSERT INTO changes (revision, seq, deleted, key, value, create_revision, version, "
-        "lease) VALUES (?, ?, 0, ?, ?, ?, ?, ?)",
-        (revision, seq, key, value, create, version, lease),
-    )
+    # The key's state is known here, so an UPDATE or a plain INSERT does, and the
+    # common lease-less write spells NULL out (SQLite then skips the lease index).
+    if row is None:
+        create, version = revision, 1
+        conn.execute(_INSERT_KV, (key, value, create, revision, version, lease))
+    else:
+        create, version = row[0], row[1] + 1
+        if lease is None:
+            conn.execute(_UPDATE_KV_NO_LEASE, (value, revision, version, key))
+        else:
+            conn.execute(_UPDATE_KV, (value, revision, version, lease, key))
+    if lease is None:
+        conn.execute(_INSERT_CHANGE_NO_LEASE, (revision, seq, key, value, create, version))
+    else:
+        conn.execute(_INSERT_CHANGE, (revision, seq, key, value, create, version, lease))
+
+
+_INSERT_KV: Final = (
+    "INSERT INTO kv (key, value, create_revision, mod_revision, version, lease) "
+    "VALUES (?, ?, ?, ?, ?, ?)"
+)
+_UPDATE_KV: Final = (
+    "UPDATE kv SET value = ?, mod_revision = ?, version = ?, lease = ? WHERE key = ?"
+)
+_UPDATE_KV_NO_LEASE: Final = (
+    "UPDATE kv SET value = ?, mod_revision = ?, version = ?, lease = NULL WHERE key = ?"
+)
+_INSERT_CHANGE: Final = (
+    "INSERT INTO changes (revision, seq, deleted, key, value, create_revision, version, lease) "
+    "VALUES (?, ?, 0, ?, ?, ?, ?, ?)"
+)
+_INSERT_CHANGE_NO_LEASE: Final = (
+    "INSERT INTO changes (revision, seq, deleted, key, value, create_revision, version, lease) "
+    "VALUES (?, ?, 0, ?, ?, ?, ?, NULL)"
+)
 
 
 def _nothing(tx: _Tx) -> None:

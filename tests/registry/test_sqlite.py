@@ -270,3 +270,50 @@ async def test_closing_fails_every_write_of_a_gathering_batch(tmp_path: Path) ->
             nursery.start_soon(put, i)
         nursery.start_soon(registry.aclose)
     assert outcomes == ["closed"] * 4
+
+
+async def test_a_write_after_a_cached_probe_still_expires_a_due_lease_first(
+    tmp_path: Path,
+) -> None:
+    clock = ManualClock()
+    path = tmp_path / "due.db"
+    registry = await SQLiteRegistry.open(path, clock=clock)
+    try:
+        lease = await registry.grant(1)
+        await registry.put("nodes/n1", b"x", lease=lease.id)
+        assert await registry.get("nodes/n1") is not None  # probes: caches the expiry
+        before = await registry.revision()
+        clock.advance(1)
+        revision = await registry.put("nodes/n2", b"y")
+        assert revision == before + 2  # the expiry's DELETE came first, in its own revision
+        with sqlite3.connect(path) as raw:
+            keys = [key for (key,) in raw.execute("SELECT key FROM kv ORDER BY key")]
+        assert keys == ["nodes/n2"]
+    finally:
+        await registry.aclose()
+
+
+async def test_get_never_answers_with_a_stale_reused_value(tmp_path: Path) -> None:
+    path = tmp_path / "reuse.db"
+    a = await SQLiteRegistry.open(path)
+    b = await SQLiteRegistry.open(path)
+    try:
+        await a.put("nodes/n1", b"one")
+        first = await a.get("nodes/n1")
+        assert first is not None
+        assert first.value == b"one"
+        await b.put("nodes/n1", b"one")  # the same value again: a new version
+        again = await a.get("nodes/n1")
+        assert again is not None
+        assert again.value == b"one"
+        assert (again.version, again.mod_revision) == (first.version + 1, first.mod_revision + 1)
+        await b.put("nodes/n1", b"two" * 10_000)  # too big to be remembered
+        for _ in range(2):
+            big = await a.get("nodes/n1")
+            assert big is not None
+            assert big.value == b"two" * 10_000
+        await b.delete("nodes/n1")
+        assert await a.get("nodes/n1") is None
+    finally:
+        await a.aclose()
+        await b.aclose()

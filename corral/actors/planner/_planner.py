@@ -906,22 +906,37 @@ class _Pass:
     def rendezvous_all(
         self, result: _Result, view: _View, selector: Selector, holding: bool
     ) -> None:
-        app, hosts = result.app, result.hosts
+        hosts = result.hosts
         # Instances on nodes that are gone or no longer selected are simply removed:
         # with "all", each node stands on its own, so nothing is relocated.
         keepable, lost, _excluded = self.classify(hosts, selector)
         hosts_set = set(hosts)
-        result.adds = [n for n in view.plain(self.nodes) if n not in hosts_set]
+        adds = [n for n in view.plain(self.nodes) if n not in hosts_set]
+        self.place_all(result, view, adds, keepable, lost, holding)
+        if result.unplaced is None and not holding and result.entry is not None:
+            result.entry.settle(_RENDEZVOUS_ALL, result.keep + result.adds)
+
+    def place_all(
+        self,
+        result: _Result,
+        view: _View,
+        adds: list[str],
+        keepable: list[str],
+        lost: list[str],
+        holding: bool,
+    ) -> None:
+        """The "all" outcome: every node of ``adds`` takes the app; the
+        instances standing are held where they are (pinned, or relocations refused)
+        or, otherwise, the ``keepable`` ones kept; none at all is diagnosed."""
+        result.adds = adds
         if holding:
             restarted = self.hold(result, lost)
             if restarted:  # each is also a node that takes it, so already in adds
-                result.adds = sorted(set(result.adds).union(restarted))
+                result.adds = sorted(set(adds).union(restarted))
         else:
             result.keep = keepable
         if not result.keep and not result.adds and not result.stopped:
-            result.unplaced = self.diagnose(app, view, set(), 0)
-        elif not holding and result.entry is not None:
-            result.entry.settle(_RENDEZVOUS_ALL, result.keep + result.adds)
+            result.unplaced = self.diagnose(result.app, view, set(), 0)
 
     def rendezvous_n(
         self,
@@ -1054,16 +1069,8 @@ class _Pass:
         keepable, lost, excluded = self.classify(hosts, selector)
         hosts_set = set(hosts)
         if app.replicas == "all":
-            result.adds = [n for n in self.best_fit_order(app, view, hosts_set)]
-            result.adds.sort()
-            if holding:
-                back = self.hold(result, lost)
-                if back:  # each is also a node that takes it, so already in adds
-                    result.adds = sorted(set(result.adds).union(back))
-            else:
-                result.keep = keepable
-            if not result.keep and not result.adds and not result.stopped:
-                result.unplaced = self.diagnose(app, view, set(), 0)
+            adds = sorted(self.best_fit_order(app, view, hosts_set))
+            self.place_all(result, view, adds, keepable, lost, holding)
             self.reserve(app, result.adds)
             return result
 
