@@ -52,9 +52,12 @@ from corral.registry import (
     Compare,
     Deployment,
     EventType,
+    Get,
     InvalidKey,
     InvalidName,
     KeyKind,
+    KeyValue,
+    NodeAssignment,
     NodeRecord,
     PlacementRecord,
     PortClaim,
@@ -62,11 +65,15 @@ from corral.registry import (
     Registry,
     RegistryError,
     ServingEntry,
+    Undecodable,
     WatchEvent,
+    app_key,
+    assign_key,
     decode_record,
     node_key,
     node_ports_prefix,
     parse_key,
+    placement_key,
     read_records,
     validate_name,
 )
@@ -181,13 +188,37 @@ def _remove_in_batches(root: Path, batch: int) -> Iterator[None]:
     os.rmdir(root)
 
 
+#: Apps read again per transaction in a pass that reads only what changed (2 Gets each).
+_READS_PER_TXN = 32
+
+
+def _indexed_apps(kv: KeyValue | None) -> frozenset[str] | None:
+    """The apps this node's assignment index lists; None when it cannot be decoded."""
+    if kv is None:
+        return frozenset()
+    record = decode_record(kv.key, kv.value)
+    if not isinstance(record, NodeAssignment):
+        return None
+    return frozenset(record.apps)
+
+
 class Reconciler(Actor):
     """Makes this node run what the registry assigns it, and publishes what it serves.
 
     A pass runs every ``interval`` seconds and as soon as a watched change concerns this
     node (its placements, or an app it serves or keeps state for) or its process table
-    changed. A pass first reads the change token; with the token and the process table
-    unchanged and no timer due it stops there.
+    changed. A pass first reads the change token: the ``mod_revision`` of this node's
+    assignment index (``assign/<node>``, written by the coordinator with the placements
+    it follows), which moves only when this node's assignment does. With the token and
+    the process table unchanged, no watched change pending and no timer due, it stops
+    there: one read, whatever else the cluster writes.
+
+    Otherwise it reads only what concerns the node: the records of the apps a watched
+    change named, and of the apps that entered or left the index, kept with those of
+    every app the node serves or keeps state for from one pass to the next. A change
+    costs O(changed apps). A full pass (every app and placement) runs first, then at
+    least every ``full_pass_every`` seconds, when forced, and after a watch broke (it
+    may have missed changes).
 
     Args:
         node_id: this node's id.
@@ -256,6 +287,14 @@ class Reconciler(Actor):
         self._next_full = -float("inf")
         self._assigned: set[str] = set()
         self._local: set[str] = set()
+        # Apps a watched change named since the last pass, and whether a watch broke
+        # (so changes may have been missed and the next pass reads everything).
+        self._dirty: set[str] = set()
+        self._rescan = False
+        # The records of the apps this node serves or keeps state for, as last read.
+        self._records: dict[str, AppRecord] = {}
+        self._placed: dict[str, PlacementRecord] = {}
+        self._unknown: set[str] = set()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -325,6 +364,7 @@ class Reconciler(Actor):
                             self._request(f"{event.kv.key} changed")
             except RegistryError as exc:
                 log.warning("watch on %s failed (%s); retrying in %gs", prefix, exc, delay)
+                self._rescan = True
                 await trio.sleep(delay)
                 delay = min(delay * 2, 30.0)
 
@@ -334,12 +374,13 @@ class Reconciler(Actor):
         except InvalidKey:
             return False
         app = parts[0] if parts else ""
-        if app in self._assigned or app in self._local:
-            return True
-        if kind is KeyKind.PLACEMENT and event.type is EventType.PUT:
+        concerns = app in self._assigned or app in self._local
+        if not concerns and kind is KeyKind.PLACEMENT and event.type is EventType.PUT:
             record = decode_record(event.kv.key, event.kv.value)
-            return isinstance(record, PlacementRecord) and self._node_id in record.nodes
-        return False
+            concerns = isinstance(record, PlacementRecord) and self._node_id in record.nodes
+        if concerns and kind in (KeyKind.APP, KeyKind.PLACEMENT):
+            self._dirty.add(app)
+        return concerns
 
     # ------------------------------------------------------------------ one pass
 
@@ -347,14 +388,17 @@ class Reconciler(Actor):
         began, t0 = self._wall(), trio.current_time()
         summary = PassSummary(time=began, token=None, skipped=False, reasons=reasons)
         try:
-            token = await self._registry.revision()
+            index = await self._registry.get(assign_key(self._node_id))
+            token = 0 if index is None else index.mod_revision
             summary.token = token
+            indexed = _indexed_apps(index)
             generation = await self._processes.ask(ProcessGeneration(), self._ask_timeout)
             now = trio.current_time()
+            full = force or self._rescan or now >= self._next_full or indexed is None
             timer_due = (
-                force
+                full
                 or self._retry_due
-                or now >= self._next_full
+                or bool(self._dirty)
                 or any(f.retry_at <= now for f in self._failed.values())
             )
             if should_skip(
@@ -366,10 +410,17 @@ class Reconciler(Actor):
             ):
                 summary.skipped = True
                 return summary
+            dirty, self._dirty = self._dirty, set()
+            if full or self._last_token is None:
+                self._rescan = False
+                await self._read_everything()
+                self._next_full = t0 + self._full_pass_every
+            else:
+                await self._read_changed(dirty, indexed or frozenset())
             await self._full_pass(summary)
             self._last_token, self._last_generation = token, str(generation)
-            self._next_full = t0 + self._full_pass_every
         except (RegistryError, SupervisionError) as exc:
+            self._rescan = True  # what the failed pass had to read is read again in full
             summary.errors.append(f"pass failed: {exc}")
             self.ctx.emit("reconcile.failed", app=None, action="pass", error=str(exc))
             log.warning("reconcile pass failed: %s", exc)
@@ -381,19 +432,57 @@ class Reconciler(Actor):
         self._retry_due = bool(summary.errors)
         return summary
 
-    async def _full_pass(self, summary: PassSummary) -> None:
+    async def _read_everything(self) -> None:
+        """Read every app and placement record (the full pass's inputs)."""
         apps, bad_apps = await read_records(self._registry, APPS_PREFIX)
         placements, bad_placements = await read_records(self._registry, PLACEMENT_PREFIX)
-        claims, _ = await read_records(self._registry, node_ports_prefix(self._node_id))
-        rows = await self._processes.ask(ListProcesses(), self._ask_timeout)
-
-        records = {r.name: r for r in apps.values() if isinstance(r, AppRecord)}
-        by_app = {
+        self._records = {r.name: r for r in apps.values() if isinstance(r, AppRecord)}
+        self._placed = {
             key.split("/", 1)[1]: r
             for key, r in placements.items()
             if isinstance(r, PlacementRecord)
         }
-        unknown = {bad.key.split("/", 1)[1] for bad in (*bad_apps, *bad_placements)}
+        self._unknown = {bad.key.split("/", 1)[1] for bad in (*bad_apps, *bad_placements)}
+
+    async def _read_changed(self, dirty: set[str], indexed: frozenset[str]) -> None:
+        """Read again only the apps a watched change named, and those that entered or
+        left this node's assignment index since the records kept were read."""
+        node = self._node_id
+        kept = {app for app, placement in self._placed.items() if node in placement.nodes}
+        names = sorted(dirty | (indexed ^ kept))
+        # Two reads per app, in transactions well under etcd's 128 operations.
+        for start in range(0, len(names), _READS_PER_TXN):
+            chunk = names[start : start + _READS_PER_TXN]
+            ops: list[Get] = []
+            for name in chunk:
+                ops += [Get(app_key(name)), Get(placement_key(name))]
+            result = await self._registry.txn([], ops)
+            for i, name in enumerate(chunk):
+                self._update_cached(name, result.responses[2 * i], result.responses[2 * i + 1])
+
+    def _update_cached(self, name: str, app: object, placement: object) -> None:
+        self._unknown.discard(name)
+        self._records.pop(name, None)
+        self._placed.pop(name, None)
+        for kvs in (app, placement):
+            kv = kvs[0] if isinstance(kvs, list) and kvs else None
+            if not isinstance(kv, KeyValue):
+                continue
+            record = decode_record(kv.key, kv.value)
+            if isinstance(record, AppRecord):
+                self._records[name] = record
+            elif isinstance(record, PlacementRecord):
+                self._placed[name] = record
+            elif isinstance(record, Undecodable):
+                self._unknown.add(name)
+
+    async def _full_pass(self, summary: PassSummary) -> None:
+        claims, _ = await read_records(self._registry, node_ports_prefix(self._node_id))
+        rows = await self._processes.ask(ListProcesses(), self._ask_timeout)
+
+        records = self._records
+        by_app = self._placed
+        unknown = set(self._unknown)
         local = self._local_state() | {
             c.app for c in claims.values() if isinstance(c, PortClaim) and c.node == self._node_id
         }
@@ -437,6 +526,11 @@ class Reconciler(Actor):
         summary.published = await self._publish(serving, summary)
         self._assigned = {name for name, view in views.items() if view.assigned}
         self._local = local | {row["app"] for row in rows}
+        # Keep only the records of apps that concern this node: the next pass that is
+        # not a full one reads nothing else again.
+        keep = self._assigned | self._local
+        self._records = {name: r for name, r in records.items() if name in keep}
+        self._placed = {name: p for name, p in by_app.items() if name in keep}
 
     def _local_state(self) -> set[str]:
         root = AppPaths.apps_root(self._data_dir)
