@@ -36,6 +36,7 @@ class StartProcess:
     public_port: int
     internal_port: int
     env: dict[str, str] = field(default_factory=dict)
+    memory_mb: int = 0
 
 
 @message("process_supervisor.stop")
@@ -191,6 +192,7 @@ class ProcessSupervisor(Actor):
                         public_port=message.public_port,
                         internal_port=message.internal_port,
                         env=dict(message.env),
+                        memory_mb=message.memory_mb,
                     )
                 )
             case StopProcess():

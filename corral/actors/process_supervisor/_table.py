@@ -55,6 +55,7 @@ class StartRequest:
     """Run ``command`` of ``revision`` for ``app`` in ``cwd`` on the given ports.
 
     ``env`` is the deployment's environment; corral adds its own variables.
+    ``memory_mb`` is the app's declared memory, enforced as a limit (0: none).
     """
 
     app: str
@@ -64,6 +65,7 @@ class StartRequest:
     public_port: int
     internal_port: int
     env: Mapping[str, str] = field(default_factory=dict)
+    memory_mb: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -350,6 +352,7 @@ class ProcessTable:
             ),
             ready_host=host,
             ready_timeout=self.ready_timeout,
+            memory_mb=request.memory_mb,
         )
 
     async def _run(self, slot: _Slot) -> None:
@@ -468,6 +471,13 @@ class ProcessTable:
                     )
                 else:
                     code = await proc.finish()
+                    exceeded = proc.limit_exceeded
+                    if exceeded is not None:
+                        slot.last_error = exceeded
+                        log.warning("app %s: pid %d ended: %s", slot.app, proc.pid, exceeded)
+                        self._emit(
+                            "process.limit-exceeded", app=slot.app, pid=proc.pid, reason=exceeded
+                        )
                 slot.last_exit_code = code
                 slot.pid = None
                 slot.process = None

@@ -590,7 +590,7 @@ class Reconciler(Actor):
                 case Start() | Restart():
                     deployment = records[app].deployment
                     assert deployment is not None
-                    return await self._start(action, deployment)
+                    return await self._start(action, deployment, records[app].memory_mb)
                 case Stop():
                     log.info("stopping app %s: %s", app, action.reason)
                     await self._processes.ask(StopProcess(app, action.reason), self._ask_timeout)
@@ -602,7 +602,9 @@ class Reconciler(Actor):
             return f"app {app}: {type(action).__name__.lower()} failed: {exc}"
         raise AssertionError(f"unknown action {action!r}")
 
-    async def _start(self, action: Start | Restart, deployment: Deployment) -> str | None:
+    async def _start(
+        self, action: Start | Restart, deployment: Deployment, memory_mb: int
+    ) -> str | None:
         app = action.app
         try:
             with trio.fail_after(self._materialize_timeout):
@@ -637,6 +639,7 @@ class Reconciler(Actor):
                 public_port=reply["public"],
                 internal_port=reply["internal"],
                 env=dict(deployment.env),
+                memory_mb=memory_mb,
             ),
             self._ask_timeout,
         )
