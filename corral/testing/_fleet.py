@@ -54,6 +54,7 @@ from corral.registry import (
     Capacity,
     EventType,
     PlacementRecord,
+    Registry,
     decode_record,
 )
 from corral.testing._cluster import (
@@ -321,6 +322,7 @@ async def open_fleet(
     overlap_window: float | None = None,
     check_interval: float = 1.0,
     labels: Mapping[str, Mapping[str, str]] | None = None,
+    registry: Registry | None = None,
 ) -> AsyncIterator[Fleet]:
     """Run ``nodes`` full nodes (``n0``, ``n1``...; registration, coordinator, node agent
     on in-memory processes) spread over ``racks`` racks, with an
@@ -335,10 +337,17 @@ async def open_fleet(
         overlap_window: see :class:`InvariantChecker` (default ``lease_ttl`` + 10 s).
         check_interval: seconds between two instance checks.
         labels: node id -> labels.
+        registry: the shared registry (default a fresh MemoryRegistry; one passed
+            in, a CountingRegistry say, is left open).
     """
     window = lease_ttl + 10.0 if overlap_window is None else overlap_window
     async with open_cluster(
-        [], lease_ttl=lease_ttl, policy=policy, children=agent_node_children, capacity=capacity
+        [],
+        registry=registry,
+        lease_ttl=lease_ttl,
+        policy=policy,
+        children=agent_node_children,
+        capacity=capacity,
     ) as cluster:
         for node_id, rack in fleet_node_ids(nodes, racks).items():
             await cluster.add_node(

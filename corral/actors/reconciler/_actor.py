@@ -216,9 +216,10 @@ class Reconciler(Actor):
     Otherwise it reads only what concerns the node: the records of the apps a watched
     change named, and of the apps that entered or left the index, kept with those of
     every app the node serves or keeps state for from one pass to the next. A change
-    costs O(changed apps). A full pass (every app and placement) runs first, then at
-    least every ``full_pass_every`` seconds, when forced, and after a watch broke (it
-    may have missed changes).
+    costs O(changed apps). At least every ``full_pass_every`` seconds every app that
+    concerns the node is read again (by name: O(its apps), not O(all apps)). A full
+    pass (every app and placement) runs first, when forced, when the index cannot be
+    decoded, and after a watch or a pass broke (changes may have been missed).
 
     Args:
         node_id: this node's id.
@@ -226,7 +227,8 @@ class Reconciler(Actor):
         registry: the shared registry.
         materialize: gets a revision's files onto disk, returns its directory.
         interval: seconds between timer passes.
-        full_pass_every: a full pass at least this often, even when nothing moved.
+        full_pass_every: every app that concerns the node is read again at least this
+            often, even when nothing moved.
         port_allocator, process_supervisor: the names of the sibling actors.
         wall_clock: wall time for pass summaries.
         ask_timeout: seconds to wait for a sibling's reply.
@@ -394,9 +396,11 @@ class Reconciler(Actor):
             indexed = _indexed_apps(index)
             generation = await self._processes.ask(ProcessGeneration(), self._ask_timeout)
             now = trio.current_time()
-            full = force or self._rescan or now >= self._next_full or indexed is None
+            full = force or self._rescan or indexed is None or self._last_token is None
+            refresh = now >= self._next_full
             timer_due = (
                 full
+                or refresh
                 or self._retry_due
                 or bool(self._dirty)
                 or any(f.retry_at <= now for f in self._failed.values())
@@ -411,12 +415,15 @@ class Reconciler(Actor):
                 summary.skipped = True
                 return summary
             dirty, self._dirty = self._dirty, set()
-            if full or self._last_token is None:
+            if full:
                 self._rescan = False
                 await self._read_everything()
-                self._next_full = t0 + self._full_pass_every
             else:
+                if refresh:  # every app that concerns this node, read again by name
+                    dirty |= self._records.keys() | self._placed.keys() | self._unknown
                 await self._read_changed(dirty, indexed or frozenset())
+            if full or refresh:
+                self._next_full = t0 + self._full_pass_every
             await self._full_pass(summary)
             self._last_token, self._last_generation = token, str(generation)
         except (RegistryError, SupervisionError) as exc:
