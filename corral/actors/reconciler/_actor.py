@@ -192,6 +192,13 @@ def _remove_in_batches(root: Path, batch: int) -> Iterator[None]:
 _READS_PER_TXN = 32
 
 
+def _first(response: object) -> KeyValue | None:
+    """The key a txn Get found, or None."""
+    if isinstance(response, list) and response and isinstance(response[0], KeyValue):
+        return response[0]
+    return None
+
+
 def _indexed_apps(kv: KeyValue | None) -> frozenset[str] | None:
     """The apps this node's assignment index lists; None when it cannot be decoded."""
     if kv is None:
@@ -209,9 +216,11 @@ class Reconciler(Actor):
     node (its placements, or an app it serves or keeps state for) or its process table
     changed. A pass first reads the change token: the ``mod_revision`` of this node's
     assignment index (``assign/<node>``, written by the coordinator with the placements
-    it follows), which moves only when this node's assignment does. With the token and
-    the process table unchanged, no watched change pending and no timer due, it stops
-    there: one read, whatever else the cluster writes.
+    it follows), which moves only when this node's assignment does, together with this
+    node's own record (in one transaction: the record is re-created without the serving
+    set when its lease lapsed). With both as the last pass left them, the process table
+    unchanged, no watched change pending and no timer due, it stops there: one read,
+    whatever else the cluster writes.
 
     Otherwise it reads only what concerns the node: the records of the apps a watched
     change named, and of the apps that entered or left the index, kept with those of
@@ -297,6 +306,8 @@ class Reconciler(Actor):
         self._records: dict[str, AppRecord] = {}
         self._placed: dict[str, PlacementRecord] = {}
         self._unknown: set[str] = set()
+        # The mod revision of this node's record as the last pass left it.
+        self._own_revision = -1
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -390,8 +401,14 @@ class Reconciler(Actor):
         began, t0 = self._wall(), trio.current_time()
         summary = PassSummary(time=began, token=None, skipped=False, reasons=reasons)
         try:
-            index = await self._registry.get(assign_key(self._node_id))
+            # One read: the assignment index, and this node's own record (re-created
+            # after its lease lapsed, it no longer carries the serving set).
+            heads = await self._registry.txn(
+                [], [Get(assign_key(self._node_id)), Get(node_key(self._node_id))]
+            )
+            index, own = (_first(response) for response in heads.responses)
             token = 0 if index is None else index.mod_revision
+            own_revision = 0 if own is None else own.mod_revision
             summary.token = token
             indexed = _indexed_apps(index)
             generation = await self._processes.ask(ProcessGeneration(), self._ask_timeout)
@@ -403,6 +420,7 @@ class Reconciler(Actor):
                 or refresh
                 or self._retry_due
                 or bool(self._dirty)
+                or own_revision != self._own_revision
                 or any(f.retry_at <= now for f in self._failed.values())
             )
             if should_skip(
@@ -707,12 +725,14 @@ class Reconciler(Actor):
                 return False
             updated = with_serving(record, serving)
             if updated is None:
+                self._own_revision = current.mod_revision
                 return False
             result = await self._registry.txn(
                 [Compare.mod_revision_is(key, current.mod_revision)],
                 [Put(key, updated.encode(), lease=current.lease)],
             )
             if result.succeeded:
+                self._own_revision = result.revision
                 self.ctx.emit(
                     "reconcile.published", serving=len(serving), change_token=updated.change_token
                 )

@@ -223,7 +223,7 @@ async def test_an_idle_pass_reads_only_the_change_token(
             summary = await agent.reconciler.ask(RunPass())
             assert summary["skipped"]
             assert summary["actions"] == []
-        assert dict(agent.registry.calls) == {"get": 3}  # the node's assignment index
+        assert dict(agent.registry.calls) == {"txn": 3}  # assignment index + own record
         # a forced pass reads everything and, with nothing to do, writes nothing
         summary = await agent.reconciler.ask(RunPass(force=True))
         assert not summary["skipped"]
@@ -252,7 +252,24 @@ async def test_another_nodes_capacity_write_costs_this_nodes_pass_one_read(
         agent.registry.reset()
         summary = await agent.reconciler.ask(RunPass())
         assert summary["skipped"]
-        assert dict(agent.registry.calls) == {"get": 1}
+        assert dict(agent.registry.calls) == {"txn": 1}
+
+
+async def test_a_re_created_node_record_gets_its_serving_set_again(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    # The record lapsed (the node was paused past its TTL) and registration wrote it
+    # anew, without the serving set; nothing else changed.
+    async with running_agent(tmp_path, interval=5.0) as agent:
+        await deploy(agent.registry, "hello")
+        await place(agent.registry, "hello", NODE)
+        await agent.settle()
+        kv = await agent.registry.get(node_key(NODE))
+        assert kv is not None
+        await agent.registry.put(node_key(NODE), NodeRecord(NODE).encode(), lease=kv.lease)
+        assert (await agent.node_record()).serving == {}
+        await trio.sleep(6.0)  # one timer pass
+        assert set((await agent.node_record()).serving) == {"hello"}
 
 
 async def test_a_change_reads_only_the_apps_it_names(
