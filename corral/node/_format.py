@@ -374,7 +374,7 @@ def nodes_table(answer: Mapping[str, Any]) -> str:
     raw_now = answer.get("now")
     now = float(raw_now) if isinstance(raw_now, int | float) else time.time()
     text = table(
-        ("NODE", "STATE", "FOR", "INC", "APPS", "LABELS", "RACK", "API"),
+        ("NODE", "STATE", "FOR", "INC", "APPS", "LABELS", "RACK", "API", "ALLOC MEM/DISK"),
         [
             (
                 n["node"] + (" *" if n.get("coordinator") else ""),
@@ -385,6 +385,7 @@ def nodes_table(answer: Mapping[str, Any]) -> str:
                 _pairs(n.get("labels")) if n.get("labels") else "-",
                 n.get("rack"),
                 n.get("api_address"),
+                _allocatable_cell(n.get("allocatable")),
             )
             for n in nodes
         ],
@@ -402,6 +403,13 @@ def nodes_table(answer: Mapping[str, Any]) -> str:
             f"({states['error']})"
         )
     return f"{text}\n{footer}"
+
+
+def _allocatable_cell(value: object) -> str:
+    """``7680/90000 MiB``: what the planner can still promise a node (memory/disk)."""
+    if not isinstance(value, Mapping):
+        return "-"
+    return f"{value.get('memory_mb')}/{value.get('disk_mb')} MiB"
 
 
 def _short(value: object) -> object:
