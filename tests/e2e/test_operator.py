@@ -90,11 +90,14 @@ def test_nodes_joining_and_leaving_move_work_without_waiting_for_a_tick(tmp_path
         lines: list[Any] = [line.split() for line in listed.stdout.splitlines()]
         # The coordinator's states: the survivor cordoned (for some seconds, no membership
         # incarnation yet); the victim, stopped, is down in its grace or already forgotten.
-        assert lines[0] == ["NODE", "STATE", "FOR", "INC", "APPS", "LABELS", "RACK", "API"]
+        assert lines[0] == [
+            "NODE", "STATE", "FOR", "INC", "APPS", "LABELS", "RACK", "API", "ALLOC", "MEM/DISK"
+        ]
         row = next(line for line in lines if line[0] == survivor.node_id)
         assert row[:3] == [survivor.node_id, "*", "cordoned"]
-        assert row[-5:] == [
+        assert row[-7:-2] == [
             "-", "2", "-", "r2" if survivor is second else "-", f"127.0.0.1:{survivor.api_port}"
         ]
+        assert row[-1] == "MiB"  # allocatable memory/disk: the node reports its capacity
         assert ["*", "coordinator", "(fence"] == lines[-1][:3]
         assert "states from the node records" not in listed.stdout
