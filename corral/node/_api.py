@@ -377,6 +377,8 @@ def build_api(services: ApiServices) -> ASGIApp:
             await read_by_name("intent/", NodeIntent),
             holder,
             states,
+            apps=await read_by_name("apps/", AppRecord),
+            placements=await read_by_name("placement/", PlacementRecord),
         )
         return JSONResponse(
             {

@@ -400,7 +400,7 @@ def nodes_table(answer: Mapping[str, Any]) -> str:
     raw_now = answer.get("now")
     now = float(raw_now) if isinstance(raw_now, int | float) else time.time()
     text = table(
-        ("NODE", "STATE", "FOR", "INC", "APPS", "LABELS", "RACK", "API"),
+        ("NODE", "STATE", "FOR", "INC", "APPS", "LABELS", "RACK", "API", "ALLOC MEM/DISK"),
         [
             (
                 n["node"] + (" *" if n.get("coordinator") else ""),
@@ -411,6 +411,7 @@ def nodes_table(answer: Mapping[str, Any]) -> str:
                 _pairs(n.get("labels")) if n.get("labels") else "-",
                 n.get("rack"),
                 n.get("api_address"),
+                _allocatable_cell(n.get("allocatable")),
             )
             for n in nodes
         ],
@@ -485,6 +486,13 @@ def routes_text(answer: Mapping[str, Any]) -> str:
     else:
         lines.append("no proxy has reported; start one with: corral proxy run --kind haproxy ...")
     return "\n".join(lines)
+
+
+def _allocatable_cell(value: object) -> str:
+    """``7680/90000 MiB``: what the planner can still promise a node (memory/disk)."""
+    if not isinstance(value, Mapping):
+        return "-"
+    return f"{value.get('memory_mb')}/{value.get('disk_mb')} MiB"
 
 
 def _short(value: object) -> object:

@@ -37,6 +37,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from corral.actors.planner import AppSpec, Placement, allocatable, reserved_by_placements
+from corral.actors.planner import Capacity as PlannerCapacity
 from corral.node._format import duration
 from corral.registry import AppRecord, NodeIntent, NodeRecord, PlacementRecord
 
@@ -295,6 +297,9 @@ class NodeRow:
     grace_until: float | None = None
     #: memory and disk in MiB, total and free (the record's ``capacity``), when it says.
     capacity: dict[str, int] | None = None
+    #: what the planner can still promise there: the totals minus the declared
+    #: ``memory_mb`` / ``disk_mb`` of every instance placed on it (disk: minus the floor).
+    allocatable: dict[str, int] | None = None
 
     def to_json(self) -> dict[str, object]:
         return asdict(self)
@@ -381,14 +386,31 @@ def node_rows(
     intents: Mapping[str, NodeIntent],
     coordinator: str | None,
     states: NodeStatesView | None = None,
+    *,
+    apps: Mapping[str, AppRecord] | None = None,
+    placements: Mapping[str, PlacementRecord] | None = None,
 ) -> list[NodeRow]:
     """Every node with a live record, an operator intent or a state the coordinator
     keeps (a down node whose record lapsed), sorted by id.
 
     ``states``: the coordinator's node states; without them (or when they could not
     be had) each state is the record's with the intent on top (:func:`node_state`).
+    ``apps`` and ``placements`` (by name) give each node's allocatable memory and disk.
     """
     known = {} if states is None or states.states is None else states.states
+    reserved_mem, reserved_disk = reserved_by_placements(
+        [
+            AppSpec(
+                a.name,
+                memory_mb=a.memory_mb,
+                disk_mb=a.disk_mb,
+                retired=a.retired,
+                blocked=a.blocked,
+            )
+            for a in (apps or {}).values()
+        ],
+        {name: Placement(nodes=tuple(p.nodes)) for name, p in (placements or {}).items()},
+    )
     rows: list[NodeRow] = []
     for node_id in sorted(set(nodes) | set(intents) | set(known)):
         record = nodes.get(node_id)
@@ -412,6 +434,19 @@ def node_rows(
                 down_since=None if status is None else _number(status.get("down_since")),
                 grace_until=None if status is None else _number(status.get("grace_until")),
                 capacity=record.capacity.to_json() if record and record.capacity else None,
+                allocatable=_allocatable(
+                    record, reserved_mem.get(node_id, 0), reserved_disk.get(node_id, 0)
+                ),
             )
         )
     return rows
+
+
+def _allocatable(record: NodeRecord | None, memory: int, disk: int) -> dict[str, int] | None:
+    if record is None or record.capacity is None:
+        return None
+    c = record.capacity
+    mem, disk10 = allocatable(
+        PlannerCapacity(c.memory_mb, c.memory_free_mb, c.disk_mb, c.disk_free_mb), memory, disk
+    )
+    return {"memory_mb": mem, "disk_mb": disk10 // 10}

@@ -60,6 +60,7 @@ DOWN_PREFIX: Final = "down/"
 PROXIES_PREFIX: Final = "proxies/"
 COPIES_PREFIX: Final = "copies/"
 HELD_PREFIX: Final = "held/"
+ASSIGN_PREFIX: Final = "assign/"
 
 
 class KeyKind(enum.StrEnum):
@@ -82,6 +83,7 @@ class KeyKind(enum.StrEnum):
     PROXY = "proxies"
     COPIES = "copies"
     HELD = "held"
+    ASSIGNMENT = "assign"
 
 
 # --------------------------------------------------------------------------- names
@@ -229,6 +231,11 @@ def down_key(node_id: str) -> str:
     return f"down/{validate_name('node', node_id)}"
 
 
+def assign_key(node_id: str) -> str:
+    """``assign/<node>``: the apps placed on one node (see :class:`NodeAssignment`)."""
+    return f"assign/{validate_name('node', node_id)}"
+
+
 def port_key(node_id: str, port: int) -> str:
     return f"ports/{validate_name('node', node_id)}/{_validate_port(port)}"
 
@@ -289,7 +296,7 @@ _KEY_SHAPES = (
     "accepted: apps/<app>, nodes/<node>, intent/<node>, placement/<app>, lease/coordinator, "
     "ports/<node>/<port>, alias/<domain>, alias/<domain>/previous, domain/<domain>, routing, "
     "artifacts/<sha256>, cluster/secret-fingerprint, down/<node>, proxies/<id>, "
-    "copies/<sha256>, held/<node>"
+    "copies/<sha256>, held/<node>, assign/<node>"
 )
 
 
@@ -312,6 +319,8 @@ def _parse_key(key: str) -> tuple[KeyKind, tuple[str, ...]]:
         return KeyKind.INTENT, (validate_name("node", parts[0]),)
     if head == "down" and len(parts) == 1:
         return KeyKind.DOWN, (validate_name("node", parts[0]),)
+    if head == "assign" and len(parts) == 1:
+        return KeyKind.ASSIGNMENT, (validate_name("node", parts[0]),)
     if head == "placement" and len(parts) == 1:
         return KeyKind.PLACEMENT, (validate_name("app", parts[0]),)
     if head == "ports" and len(parts) == 2:
@@ -1135,6 +1144,41 @@ class RolloutRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class NodeAssignment:
+    """``assign/<node>`` (written by the coordinator, in the same fenced transaction as
+    the placement records it follows): the apps whose placement names the node.
+
+    A node's reconciler reads this one key first on every pass: its ``mod_revision``
+    moves only when the node's own assignment does, so writes elsewhere in the cluster
+    cost the node's idle pass nothing more. ``apps`` is kept sorted and free of
+    duplicates.
+    """
+
+    node: str
+    apps: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        validate_name("node", self.node)
+        for app in self.apps:
+            validate_name("app", app)
+        object.__setattr__(self, "apps", sorted(set(self.apps)))
+
+    @property
+    def key(self) -> str:
+        return assign_key(self.node)
+
+    def encode(self) -> bytes:
+        return _dump({"node": self.node, "apps": list(self.apps)})
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> NodeAssignment:
+        return cls(
+            node=_str(_field(obj, "node"), "node"),
+            apps=_str_list(_field(obj, "apps"), "apps"),
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class CoordinatorLease:
     """``lease/coordinator`` (leased): who coordinates. The fence is the key's
     ``create_revision``, not stored in the value."""
@@ -1449,6 +1493,7 @@ Record: TypeAlias = (
     | ProxyRecord
     | CopyAssignment
     | HeldCopies
+    | NodeAssignment
 )
 
 
@@ -1476,6 +1521,7 @@ _JSON_DECODERS: Final[dict[KeyKind, Callable[[dict[str, Any]], Record]]] = {
     KeyKind.PROXY: ProxyRecord.from_json,
     KeyKind.COPIES: CopyAssignment.from_json,
     KeyKind.HELD: HeldCopies.from_json,
+    KeyKind.ASSIGNMENT: NodeAssignment.from_json,
 }
 
 
@@ -1538,7 +1584,7 @@ def _name_mismatch(kind: KeyKind, parts: tuple[str, ...], record: Record) -> str
         return f"record names artifact {record.digest} but the key names {parts[0]}"
     if isinstance(record, HeldCopies) and record.node != parts[0]:
         return f"record names node {record.node!r} but the key names {parts[0]!r}"
-    if isinstance(record, NodeDown) and record.node != parts[0]:
+    if isinstance(record, NodeDown | NodeAssignment) and record.node != parts[0]:
         return f"record names node {record.node!r} but the key names {parts[0]!r}"
     if isinstance(record, PortClaim) and (record.node, str(record.port)) != parts:
         return (

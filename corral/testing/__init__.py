@@ -49,6 +49,15 @@ from corral.testing._etcd import (
     open_test_etcd_registry,
     run_secure_etcd,
 )
+from corral.testing._fleet import (
+    Fault,
+    FaultKind,
+    Fleet,
+    InvariantChecker,
+    Violation,
+    open_fleet,
+    random_faults,
+)
 from corral.testing._registry import CountingRegistry, GateMode, RegistryGate
 
 __all__ = [
@@ -60,20 +69,27 @@ __all__ = [
     "ClusterNode",
     "CoordinatorInterval",
     "CountingRegistry",
+    "Fault",
+    "FaultKind",
+    "Fleet",
     "GateMode",
+    "InvariantChecker",
     "ManualClock",
     "NodeContext",
     "RegistryGate",
     "RegistryHarness",
     "SecureEtcd",
     "TransportPair",
+    "Violation",
     "agent_node_children",
     "check_registry",
     "check_transport",
     "default_node_children",
     "etcd_endpoint_from_env",
     "open_cluster",
+    "open_fleet",
     "open_test_etcd_registry",
+    "random_faults",
     "run_secure_etcd",
     "take_events",
     "virtual_wall_clock",

@@ -15,9 +15,10 @@ test can put them in front of the memory twin, SQLite or etcd alike.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 from collections import Counter
-from collections.abc import AsyncIterator, Collection, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Collection, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
 import trio
@@ -185,9 +186,12 @@ class RegistryGate(Registry):
     ) -> AsyncIterator[AsyncIterator[WatchEvent]]:
         await self._pass("watch")
         async with self._inner.watch(prefix, start_revision) as events:
-            yield self._gated(events)
+            gated = self._gated(events)
+            # Closed with the watch, also when the watcher stops mid-stream.
+            async with contextlib.aclosing(gated):
+                yield gated
 
-    async def _gated(self, events: AsyncIterator[WatchEvent]) -> AsyncIterator[WatchEvent]:
+    async def _gated(self, events: AsyncIterator[WatchEvent]) -> AsyncGenerator[WatchEvent, None]:
         async for event in events:
             # An event that arrives while cut off is held (hang) or ends the
             # watch (fail), as a broken connection would.

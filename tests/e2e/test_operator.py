@@ -90,12 +90,15 @@ def test_nodes_joining_and_leaving_move_work_without_waiting_for_a_tick(tmp_path
         lines: list[Any] = [line.split() for line in listed.stdout.splitlines()]
         # The coordinator's states: the survivor cordoned (for some seconds, with its SWIM
         # incarnation); the victim, stopped, left (its work moved at once) or is forgotten.
-        assert lines[0] == ["NODE", "STATE", "FOR", "INC", "APPS", "LABELS", "RACK", "API"]
+        assert lines[0] == [
+            "NODE", "STATE", "FOR", "INC", "APPS", "LABELS", "RACK", "API", "ALLOC", "MEM/DISK"
+        ]
         row = next(line for line in lines if line[0] == survivor.node_id)
         assert row[:3] == [survivor.node_id, "*", "cordoned"]
-        assert row[-5].isdigit()
-        assert row[-4:] == [
+        assert row[-7].isdigit()
+        assert row[-6:-2] == [
             "2", "-", "r2" if survivor is second else "-", f"127.0.0.1:{survivor.api_port}"
         ]
+        assert row[-1] == "MiB"  # allocatable memory/disk: the node reports its capacity
         assert ["*", "coordinator", "(fence"] == lines[-1][:3]
         assert "states from the node records" not in listed.stdout

@@ -280,6 +280,7 @@ def test_node_ls_and_inspect_json(
                     "datacenter": None,
                     "api_address": "127.0.0.1:7400",
                     "coordinator": True,
+                    "allocatable": {"memory_mb": 7680, "disk_mb": 80000},
                 },
                 {
                     "node": "n2",
@@ -322,10 +323,12 @@ def test_node_ls_and_inspect_json(
     code, out, _ = run(["node", "ls", *AUTH], capsys)
     assert code == 0
     assert out.splitlines() == [
-        "NODE  STATE                   FOR     INC  APPS  LABELS  RACK  API",
-        "n1 *  alive                   -       -    2     zone=a  -     127.0.0.1:7400",
-        "n2    cordoned                1m 30s  3    0     -       r2    127.0.0.1:7410",
-        "n3    down (moves in 4m 30s)  30s     -    0     -       -     -",
+        "NODE  STATE                   FOR     INC  APPS  LABELS  RACK  API             "
+        "ALLOC MEM/DISK",
+        "n1 *  alive                   -       -    2     zone=a  -     127.0.0.1:7400  "
+        "7680/80000 MiB",
+        "n2    cordoned                1m 30s  3    0     -       r2    127.0.0.1:7410  -",
+        "n3    down (moves in 4m 30s)  30s     -    0     -       -     -               -",
         "* coordinator (fence 7)",
     ]
     code, out, _ = run(["node", "ls", "--json", *AUTH], capsys)

@@ -16,6 +16,7 @@ from corral.node._views import (
 )
 from corral.registry import (
     AppRecord,
+    Capacity,
     Deployment,
     NodeIntent,
     NodeRecord,
@@ -275,3 +276,22 @@ def test_node_rows_take_the_coordinator_s_states_and_fall_back_to_records() -> N
         assert [(r.node, r.state, r.incarnation) for r in rows] == [
             ("a", "alive", None), ("b", "draining, forced", None),
         ]
+
+
+def test_node_rows_show_what_placements_leave_allocatable() -> None:
+    capacity = Capacity(8192, 1000, 100_000, 50_000)
+    nodes = {"a": NodeRecord("a", capacity=capacity), "b": NodeRecord("b")}
+    apps = {
+        "db": AppRecord("db", memory_mb=512, disk_mb=1000),
+        "web": AppRecord("web"),
+        "old": AppRecord("old", memory_mb=4096, retired=True),
+    }
+    placements = {
+        "db": PlacementRecord(["a"], 0.0, 1),
+        "web": PlacementRecord(["a", "b"], 0.0, 1),
+        "old": PlacementRecord(["a"], 0.0, 1),
+    }
+    rows = node_rows(nodes, {}, coordinator="a", apps=apps, placements=placements)
+    # 100 000 - 1 000 reserved - the 10 000 floor; measured free memory is not counted.
+    assert rows[0].allocatable == {"memory_mb": 8192 - 512, "disk_mb": 89_000}
+    assert rows[1].allocatable is None  # no capacity reported

@@ -58,10 +58,13 @@ from corral.actors.coordinator._membership import (
 from corral.actors.coordinator._writes import CurrentPlacement
 from corral.actors.planner import (
     AppSpec,
+    Capacity,
     Decisions,
     Placement,
     PlanInput,
     Policy,
+    allocatable,
+    reserved_by_placements,
 )
 from corral.registry import (
     APPS_PREFIX,
@@ -285,15 +288,50 @@ def inputs_digest(inputs: PlanInput) -> str:
     Covers the apps, nodes, placements and undecodable keys of ``inputs`` —
     not the policy and not ``now`` — in a canonical form (sorted mappings),
     so equal inputs always give equal digests.
+
+    Of a node's capacity only what can change a decision counts, so the
+    refresh every node writes every 30 s does not make every pass run:
+
+    * always, whether it reported capacity, whether its disk is readable,
+      and whether its free disk is above the floor (apps declaring nothing
+      still keep the floor);
+    * when some live app declares resources, its allocatable memory and disk
+      (:func:`~corral.actors.planner.allocatable`), which move only when
+      placements or the node's totals do.
+
+    Measured free memory and disk above the floor are not covered: the
+    planner reads them as a second check whenever a pass runs for another
+    reason, but their drift alone decides nothing new.
     """
+    sized = [a for a in inputs.apps if a.declares_resources and not (a.retired or a.blocked)]
+    if sized:
+        reserved = reserved_by_placements(sized, inputs.placements)
+    nodes = []
+    for node in sorted(inputs.nodes, key=lambda n: n.id):
+        canonical = _canonical(dataclasses.replace(node, capacity=None))
+        cap = node.capacity
+        canonical["capacity"] = None if cap is None else _capacity_input(cap)
+        if cap is not None and sized:
+            mem, disk10 = allocatable(cap, reserved[0].get(node.id, 0), reserved[1].get(node.id, 0))
+            canonical["capacity"]["allocatable"] = [mem, disk10]
+        nodes.append(canonical)
     document = {
         "apps": [_canonical(app) for app in sorted(inputs.apps, key=lambda a: a.name)],
-        "nodes": [_canonical(node) for node in sorted(inputs.nodes, key=lambda n: n.id)],
+        "nodes": nodes,
         "placements": {app: _canonical(p) for app, p in sorted(inputs.placements.items())},
         "undecodable": sorted(inputs.undecodable),
     }
     encoded = json.dumps(document, sort_keys=True, separators=(",", ":"), allow_nan=False)
     return hashlib.sha256(encoded.encode()).hexdigest()
+
+
+def _capacity_input(cap: Capacity) -> dict[str, Any]:
+    """The part of a node's capacity that decides even when no app declares resources:
+    whether its disk is readable, and whether its free disk is above the floor."""
+    return {
+        "readable": cap.disk_mb > 0,
+        "above_floor": 10 * cap.disk_free_mb >= cap.disk_floor_x10,
+    }
 
 
 def _canonical(value: Any) -> Any:

@@ -39,15 +39,27 @@ coordinator sends one after the other.
   node was decided down, see :mod:`._membership`) go in their own batches,
   sent before the placement batches, each guarded by the fence and by the
   entry's ``mod_revision`` as read (:func:`plan_down_writes`).
-* **Batches stay small.** At most ``max_writes`` writes per transaction, well
-  under etcd's default limit of 128 operations per txn.
+* **Each node's assignment index moves with its placements.** A batch that
+  adds a node to, or takes it from, a placement also writes ``assign/<node>``
+  (:class:`~corral.registry.NodeAssignment`: every app whose placement names
+  the node, as it stands once the batch lands; deleted when none does), in the
+  same fenced transaction. A node's reconciler reads that one key as its
+  change token, so a write that does not concern the node costs it nothing.
+  The index is guarded by the fence alone: only the coordinator writes it,
+  and it is derived from the placements the batch's own guards pin.
+* **Batches stay small.** At most ``max_writes`` placement writes, and at most
+  ``max_writes`` index writes, per transaction, under etcd's default limit of
+  128 operations per txn. A placement touching more nodes than that (a new
+  ``replicas: "all"`` app on a large fleet) carries the first ``max_writes``
+  index writes; the rest follow in fence-guarded batches of their own right
+  after it.
 
 Everything here is a function of its arguments: no clock, no I/O.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from corral.registry import (
@@ -56,9 +68,11 @@ from corral.registry import (
     CompareOp,
     CompareTarget,
     Delete,
+    NodeAssignment,
     NodeDown,
     PlacementRecord,
     Put,
+    assign_key,
     down_key,
     placement_key,
 )
@@ -220,10 +234,7 @@ def plan_writes(
             placements.append(write)
 
     ordered = removals + placements
-    batches = tuple(
-        _batch(ordered[start : start + max_writes], fence)
-        for start in range(0, len(ordered), max_writes)
-    )
+    batches = _batches(ordered, current, fence, max_writes)
     return WritePlan(
         batches=batches,
         superseded=tuple(superseded),
@@ -274,12 +285,64 @@ def _write_for(
     return PlacementWrite(app, record, previous, existing.mod_revision)
 
 
-def _batch(writes: list[PlacementWrite], fence: int) -> WriteBatch:
-    return WriteBatch(
-        compares=(fence_guard(fence), *(write.guard() for write in writes)),
-        operations=tuple(write.operation() for write in writes),
-        writes=tuple(writes),
-    )
+def _batches(
+    ordered: Sequence[PlacementWrite],
+    current: Mapping[str, CurrentPlacement],
+    fence: int,
+    max_writes: int,
+) -> tuple[WriteBatch, ...]:
+    """Group the writes into transactions, each carrying the assignment index of every
+    node its writes touch (see the module docstring)."""
+    if not ordered:
+        return ()
+    assigned: dict[str, set[str]] = {}
+    for app, existing in current.items():
+        for node in existing.record.nodes:
+            assigned.setdefault(node, set()).add(app)
+    batches: list[WriteBatch] = []
+    chunk: list[PlacementWrite] = []
+    touched: set[str] = set()
+
+    def close() -> None:
+        index = [_index_write(node, assigned.get(node, ())) for node in sorted(touched)]
+        first, rest = index[:max_writes], index[max_writes:]
+        batches.append(
+            WriteBatch(
+                compares=(fence_guard(fence), *(write.guard() for write in chunk)),
+                operations=(*(write.operation() for write in chunk), *first),
+                writes=tuple(chunk),
+            )
+        )
+        for start in range(0, len(rest), max_writes):
+            batches.append(
+                WriteBatch((fence_guard(fence),), tuple(rest[start : start + max_writes]), ())
+            )
+        chunk.clear()
+        touched.clear()
+
+    for write in ordered:
+        before = set(write.previous or ())
+        after = set(write.nodes or ())
+        moved = before ^ after
+        if chunk and (len(chunk) >= max_writes or len(touched | moved) > max_writes):
+            close()
+        for node in before - after:
+            apps = assigned.get(node)
+            if apps is not None:
+                apps.discard(write.app)
+        for node in after - before:
+            assigned.setdefault(node, set()).add(write.app)
+        chunk.append(write)
+        touched |= moved
+    close()
+    return tuple(batches)
+
+
+def _index_write(node: str, apps: Iterable[str]) -> Put | Delete:
+    names = sorted(apps)
+    if not names:
+        return Delete(assign_key(node))
+    return Put(assign_key(node), NodeAssignment(node, names).encode())
 
 
 @dataclass(frozen=True, slots=True)

@@ -48,7 +48,13 @@ stopped, report them stranded, and start them on their node again when it takes 
 
 from corral.actors.planner._document import decisions_to_json, parse_plan_document
 from corral.actors.planner._errors import InvalidPlanInput, PlacementUnavailable, PlannerError
-from corral.actors.planner._planner import ScoreCache, plan, plan_input
+from corral.actors.planner._planner import (
+    ScoreCache,
+    allocatable,
+    plan,
+    plan_input,
+    reserved_by_placements,
+)
 from corral.actors.planner._rank import rendezvous_score
 from corral.actors.planner._types import (
     NODE_STATES,
@@ -93,10 +99,12 @@ __all__ = [
     "ScoreCache",
     "Stranded",
     "Unplaced",
+    "allocatable",
     "decisions_to_json",
     "next_placements",
     "parse_plan_document",
     "plan",
     "plan_input",
     "rendezvous_score",
+    "reserved_by_placements",
 ]

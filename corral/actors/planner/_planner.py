@@ -30,10 +30,14 @@ instance stays where it is (those on gone nodes are reported stranded) and only 
 **Eligibility to take an app.** The node is alive; its labels carry every selector entry
 with the same value; it has no instance of the app yet; and it has room. A node that
 reports capacity keeps a free-disk floor of 10 % of its disk, at most 10 GiB, for every
-app: the app fits when free disk, minus what this pass already reserved there, minus the
-app's ``disk_mb`` stays at or above the floor, and its ``memory_mb`` fits in free memory
-minus this pass's reservations. A node reporting a zero-sized disk takes nothing; one that
-has not reported capacity takes only apps declaring no resources.
+app. Room is counted the way Kubernetes counts requests: a node's *allocatable* memory is
+its total minus the declared ``memory_mb`` of every instance placed on it (running or not
+yet started), and its allocatable disk is its total minus the declared ``disk_mb`` of those
+instances minus the floor; this pass's reservations come off as it goes. Measured free
+memory and free disk above the floor are a second check, so a node under outside pressure
+takes nothing: the app fits when its ``memory_mb`` and ``disk_mb`` fit in both. A node
+reporting a zero-sized disk takes nothing; one that has not reported capacity takes only
+apps declaring no resources.
 
 **Ranking.** Spread first (fewest instances of this app already in the node's rack, then
 datacenter), then best fit (least room left; memory first, then disk) for apps declaring
@@ -59,8 +63,7 @@ keeps the instance where it is and drops its replacement; it is reported, not fa
 **Order within a pass.** Apps declaring no resources are planned first, by name: they
 reserve nothing, so each is independent of the others. Then apps declaring resources,
 largest memory first (then disk, then name), each reserving what its new instances take so
-that later apps see it. Instances already placed reserve nothing: the node's reported free
-memory and disk already account for them.
+that later apps see it.
 
 **Pinned, retired, blocked, deleted.** A pinned app never loses an instance to the planner;
 its instances on gone nodes are reported stranded. The one exception is the operator's: a
@@ -118,7 +121,7 @@ from corral.actors.planner._types import (
     Unplaced,
 )
 
-__all__ = ["ScoreCache", "plan", "plan_input"]
+__all__ = ["ScoreCache", "allocatable", "plan", "plan_input", "reserved_by_placements"]
 
 _sha256 = hashlib.sha256
 _USABLE: Final = frozenset({"alive", "suspect", "cordoned"})
@@ -455,9 +458,7 @@ def _paused(placements: Mapping[str, Placement], keys: tuple[str, ...]) -> Decis
         f"paused: {len(keys)} registry key(s) could not be decoded ({', '.join(keys)}); "
         "nothing is decided until every key can be read (upgrade this node or fix the records)"
     )
-    return Decisions(
-        placements=echoed, stopped=stopped, paused=Pause(keys=keys, message=message)
-    )
+    return Decisions(placements=echoed, stopped=stopped, paused=Pause(keys=keys, message=message))
 
 
 def _fmt(value: float) -> str:
@@ -517,21 +518,23 @@ class _Pass:
                     gone = f"node {info.id} is being drained with --force"
                 else:
                     gone = f"node {info.id} has left the cluster"
-            elif (
-                state == "down"
-                and info.down_since is not None
-                and now >= info.down_since + grace
-            ):
+            elif state == "down" and info.down_since is not None and now >= info.down_since + grace:
                 gone = (
                     f"node {info.id} has been down since {_fmt(info.down_since)}, "
                     f"past the {_fmt(grace)} s grace period"
                 )
             self.nodes[info.id] = _Node(info, state, gone)
+        reserved_mem, reserved_disk = reserved_by_placements(apps, placements)
         for node_id, node in self.nodes.items():
             cap = node.cap
             if node.takes and cap is not None and cap.disk_mb > 0:
-                self.avail_mem[node_id] = cap.memory_free_mb
-                self.avail_disk10[node_id] = 10 * cap.disk_free_mb - min(cap.disk_mb, 102400)
+                mem, disk10 = allocatable(
+                    cap, reserved_mem.get(node_id, 0), reserved_disk.get(node_id, 0)
+                )
+                # Measured free room is the second check: outside pressure takes work away.
+                floor10 = cap.disk_floor_x10
+                self.avail_mem[node_id] = min(mem, cap.memory_free_mb)
+                self.avail_disk10[node_id] = min(disk10, 10 * cap.disk_free_mb - floor10)
         self.group_of: dict[str, Group] = {i: n.group for i, n in self.nodes.items()}
         self.plain_set: set[str] = {i for i, n in self.nodes.items() if n.plain}
         self.all_ids: list[str] = list(self.nodes)
@@ -804,9 +807,7 @@ class _Pass:
 
     # ---------------------------------------------------------------- the memo
 
-    def memo_entry(
-        self, app: AppSpec, hosts: tuple[str, ...]
-    ) -> tuple[_Entry, list[str] | None]:
+    def memo_entry(self, app: AppSpec, hosts: tuple[str, ...]) -> tuple[_Entry, list[str] | None]:
         """This pass's memo entry for a rendezvous app, brought up to date with the delta.
 
         Returns the entry and, when the last outcome provably still holds, the nodes to add
@@ -969,9 +970,7 @@ class _Pass:
             return
 
         keep_set = set(keepable)
-        chosen, keys = self.ranked_select(
-            entry, view, extra=keep_set, preselected=(), want=want
-        )
+        chosen, keys = self.ranked_select(entry, view, extra=keep_set, preselected=(), want=want)
         chosen_set = set(chosen)
         hosts_set = set(hosts)
         result.adds = [n for n in chosen if n not in hosts_set]
@@ -1327,6 +1326,48 @@ class _Pass:
         if drains:
             return Refusal(reason="drain-would-interrupt-pinned", message=drain_text, drains=drains)
         return None
+
+
+def reserved_by_placements(
+    apps: Iterable[AppSpec], placements: Mapping[str, Placement]
+) -> tuple[dict[str, int], dict[str, int]]:
+    """Declared memory and disk (MiB) of every placed instance, per node.
+
+    Every instance a placement names counts, running or not yet started, the way
+    Kubernetes counts requests; stopped instances (a forced drain's) and those of retired,
+    blocked or deleted apps (the pass removes them) count nothing.
+
+    Returns:
+        ``(memory_mb, disk_mb)``: two maps from node id to the MiB reserved there.
+    """
+    memory: dict[str, int] = {}
+    disk: dict[str, int] = {}
+    for app in apps:
+        if not (app.memory_mb or app.disk_mb) or app.retired or app.blocked:
+            continue
+        placement = placements.get(app.name)
+        if placement is None:
+            continue
+        for node in placement.nodes:
+            if app.memory_mb:
+                memory[node] = memory.get(node, 0) + app.memory_mb
+            if app.disk_mb:
+                disk[node] = disk.get(node, 0) + app.disk_mb
+    return memory, disk
+
+
+def allocatable(cap: Capacity, reserved_mem: int, reserved_disk: int) -> tuple[int, int]:
+    """What a node can still promise: total minus reservations (minus the disk floor).
+
+    Returns:
+        ``(memory_mb, disk_x10)``: allocatable memory in MiB, and ten times the allocatable
+        disk above the free-disk floor (kept exact in integers). Either may be negative
+        when placements already over-commit the node.
+    """
+    return (
+        cap.memory_mb - reserved_mem,
+        10 * (cap.disk_mb - reserved_disk) - cap.disk_floor_x10,
+    )
 
 
 def _score(app: str, node: str) -> bytes:

@@ -73,9 +73,7 @@ def _frozen_str_map(value: Mapping[str, str], where: str) -> Mapping[str, str]:
         raise InvalidPlanInput(where, f"must be a mapping of strings to strings, got {value!r}")
     for key, item in value.items():
         if not isinstance(key, str) or not isinstance(item, str):
-            raise InvalidPlanInput(
-                where, f"must map strings to strings, got {key!r}: {item!r}"
-            )
+            raise InvalidPlanInput(where, f"must map strings to strings, got {key!r}: {item!r}")
     return MappingProxyType(dict(sorted(value.items())))
 
 

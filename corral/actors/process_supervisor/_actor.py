@@ -38,6 +38,7 @@ class StartProcess:
     internal_port: int
     env: dict[str, str] = field(default_factory=dict)
     health: HealthSpec | None = None
+    memory_mb: int = 0
 
 
 @message("process_supervisor.stop")
@@ -194,6 +195,7 @@ class ProcessSupervisor(Actor):
                         internal_port=message.internal_port,
                         env=dict(message.env),
                         health=message.health,
+                        memory_mb=message.memory_mb,
                     )
                 )
             case StopProcess():

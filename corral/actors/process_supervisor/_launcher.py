@@ -29,6 +29,7 @@ class LaunchSpec:
     ``health`` is the app's readiness check (None: TCP on the public port);
     ``instance`` is this start's ``CORRAL_APP_INSTANCE`` marker (also in ``env``), by
     which its descendants are found even after they left its process group.
+    ``memory_mb`` is the app's memory limit in MiB (0: none; see ``_limits``).
     """
 
     app: str
@@ -44,6 +45,7 @@ class LaunchSpec:
     ready_host: str = "127.0.0.1"
     ready_timeout: float = 30.0
     health: HealthSpec | None = None
+    memory_mb: int = 0
 
 
 class LaunchedProcess(Protocol):
@@ -54,6 +56,12 @@ class LaunchedProcess(Protocol):
 
     @property
     def reaped(self) -> bool: ...
+
+    @property
+    def limit_exceeded(self) -> str | None:
+        """Why the launcher ended the process for passing a limit (``memory limit 512
+        MiB exceeded``), or None."""
+        ...
 
     async def wait_exited(self) -> None:
         """Return once the process has exited (it is not reaped yet)."""

@@ -93,6 +93,10 @@ class MemoryProcess:
         return self._reaped
 
     @property
+    def limit_exceeded(self) -> str | None:
+        return None  # simulated processes use no memory
+
+    @property
     def alive(self) -> bool:
         return not self._exited.is_set()
 

@@ -35,6 +35,14 @@ import trio
 from corral.actors.process_supervisor._errors import SpawnFailed
 from corral.actors.process_supervisor._launcher import LaunchSpec
 from corral.actors.process_supervisor._layout import AppPaths
+from corral.actors.process_supervisor._limits import (
+    WATCHDOG_INTERVAL,
+    CgroupParent,
+    cgroup_oom_killed,
+    memory_limit_reason,
+    remove_cgroup,
+    rss_exceeds,
+)
 from corral.actors.process_supervisor._logs import RotatingLog
 from corral.actors.process_supervisor._policy import (
     INSTANCE_VAR,
@@ -327,7 +335,51 @@ class OsProcess:
         self._reaped = False
         self._returncode: int | None = None
         self._tree: list[psutil.Process] = []
+        self._limit_exceeded: str | None = None
+        self._cgroup: Path | None = None
         nursery.start_soon(self._pump_logs)
+
+    def limit_memory(
+        self, nursery: trio.Nursery, cgroups: CgroupParent | None, interval: float
+    ) -> str:
+        """Hold the process to ``spec.memory_mb``: its own cgroup when ``cgroups`` is
+        given and that works, else the RSS watchdog. Returns which ("cgroup" or
+        "watchdog")."""
+        if cgroups is not None:
+            name = f"corral-{self._spec.app}-{self.pid}"
+            self._cgroup = cgroups.limit(name, self.pid, self._spec.memory_mb)
+            if self._cgroup is not None:
+                return "cgroup"
+        nursery.start_soon(self._watch_memory, interval)
+        return "watchdog"
+
+    async def _watch_memory(self, interval: float) -> None:
+        memory_mb = self._spec.memory_mb
+        try:
+            leader = psutil.Process(self.pid)
+        except psutil.Error:
+            return
+        while not self._exited():
+            sizes: list[int] = []
+            for proc in [leader, *_descendants(self.pid)]:
+                with contextlib.suppress(psutil.Error):
+                    sizes.append(proc.memory_info().rss)
+            if rss_exceeds(sizes, memory_mb):
+                self._limit_exceeded = memory_limit_reason(memory_mb)
+                log.warning(
+                    "app %s: pid %d uses %d MiB, past its limit of %d MiB; killing it",
+                    self._spec.app,
+                    self.pid,
+                    sum(sizes) // (1024 * 1024),
+                    memory_mb,
+                )
+                self.kill()
+                return
+            await trio.sleep(interval)
+
+    @property
+    def limit_exceeded(self) -> str | None:
+        return self._limit_exceeded
 
     @property
     def pid(self) -> int:
@@ -488,6 +540,11 @@ class OsProcess:
         self._reaped = True
         self._returncode = code
         _launched.pop(self.pid, None)
+        if self._cgroup is not None:
+            if cgroup_oom_killed(self._cgroup):
+                self._limit_exceeded = memory_limit_reason(self._spec.memory_mb)
+            remove_cgroup(self._cgroup)
+            self._cgroup = None
         self._forget_pid_file()
         # Let the pumps write what the pipes still hold, then end them (a descendant
         # that escaped the group could keep a pipe open forever).
@@ -534,11 +591,35 @@ class OsLauncher:
     Args:
         log_max_bytes: size at which stdout.log / stderr.log rotate.
         log_backups: rotated files kept per stream.
+        memory_cgroups: whether an app's ``memory_mb`` is enforced with a cgroup v2
+            ``memory.max`` where this node can create one (``None``: detect once, at
+            the first limited start); ``False`` always uses the RSS watchdog.
+        watchdog_interval: seconds between two RSS checks of the watchdog.
     """
 
-    def __init__(self, *, log_max_bytes: int = 10 * 1024 * 1024, log_backups: int = 5) -> None:
+    def __init__(
+        self,
+        *,
+        log_max_bytes: int = 10 * 1024 * 1024,
+        log_backups: int = 5,
+        memory_cgroups: bool | None = None,
+        watchdog_interval: float = WATCHDOG_INTERVAL,
+    ) -> None:
         self.log_max_bytes = log_max_bytes
         self.log_backups = log_backups
+        self.watchdog_interval = watchdog_interval
+        self._cgroups: CgroupParent | None = None
+        self._cgroups_detected = memory_cgroups is False
+
+    def _cgroup_parent(self) -> CgroupParent | None:
+        if not self._cgroups_detected:
+            self._cgroups_detected = True
+            self._cgroups = CgroupParent.detect()
+            log.info(
+                "memory limits are enforced with %s",
+                f"cgroup v2 under {self._cgroups.path}" if self._cgroups else "the RSS watchdog",
+            )
+        return self._cgroups
 
     async def spawn(self, spec: LaunchSpec, nursery: trio.Nursery) -> OsProcess:
         global _spawning
@@ -591,6 +672,8 @@ class OsLauncher:
             _banner(f"{spec.app} revision {spec.revision[:12]} started as pid {process.pid}")
         )
         launched = OsProcess(process, spec, nursery, logs)
+        if spec.memory_mb > 0:
+            launched.limit_memory(nursery, self._cgroup_parent(), self.watchdog_interval)
         # The pid file lets a later life of the node find this process if this one dies.
         observed = _observe(process.pid)
         if observed is not None:

@@ -57,6 +57,7 @@ class StartRequest:
     """Run ``command`` of ``revision`` for ``app`` in ``cwd`` on the given ports.
 
     ``env`` is the deployment's environment; corral adds its own variables.
+    ``memory_mb`` is the app's declared memory, enforced as a limit (0: none).
     """
 
     app: str
@@ -67,6 +68,7 @@ class StartRequest:
     internal_port: int
     env: Mapping[str, str] = field(default_factory=dict)
     health: HealthSpec | None = None
+    memory_mb: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -363,6 +365,7 @@ class ProcessTable:
             ready_host=host,
             ready_timeout=self.ready_timeout,
             health=request.health,
+            memory_mb=request.memory_mb,
         )
 
     async def _run(self, slot: _Slot) -> None:
@@ -482,6 +485,13 @@ class ProcessTable:
                     )
                 else:
                     code = await proc.finish()
+                    exceeded = proc.limit_exceeded
+                    if exceeded is not None:
+                        slot.last_error = exceeded
+                        log.warning("app %s: pid %d ended: %s", slot.app, proc.pid, exceeded)
+                        self._emit(
+                            "process.limit-exceeded", app=slot.app, pid=proc.pid, reason=exceeded
+                        )
                 slot.last_exit_code = code
                 slot.pid = None
                 slot.process = None

@@ -52,9 +52,12 @@ from corral.registry import (
     Compare,
     Deployment,
     EventType,
+    Get,
     InvalidKey,
     InvalidName,
     KeyKind,
+    KeyValue,
+    NodeAssignment,
     NodeRecord,
     PlacementRecord,
     PortClaim,
@@ -62,11 +65,15 @@ from corral.registry import (
     Registry,
     RegistryError,
     ServingEntry,
+    Undecodable,
     WatchEvent,
+    app_key,
+    assign_key,
     decode_record,
     node_key,
     node_ports_prefix,
     parse_key,
+    placement_key,
     read_records,
     validate_name,
 )
@@ -181,13 +188,47 @@ def _remove_in_batches(root: Path, batch: int) -> Iterator[None]:
     os.rmdir(root)
 
 
+#: Apps read again per transaction in a pass that reads only what changed (2 Gets each).
+_READS_PER_TXN = 32
+
+
+def _first(response: object) -> KeyValue | None:
+    """The key a txn Get found, or None."""
+    if isinstance(response, list) and response and isinstance(response[0], KeyValue):
+        return response[0]
+    return None
+
+
+def _indexed_apps(kv: KeyValue | None) -> frozenset[str] | None:
+    """The apps this node's assignment index lists; None when it cannot be decoded."""
+    if kv is None:
+        return frozenset()
+    record = decode_record(kv.key, kv.value)
+    if not isinstance(record, NodeAssignment):
+        return None
+    return frozenset(record.apps)
+
+
 class Reconciler(Actor):
     """Makes this node run what the registry assigns it, and publishes what it serves.
 
     A pass runs every ``interval`` seconds and as soon as a watched change concerns this
     node (its placements, or an app it serves or keeps state for) or its process table
-    changed. A pass first reads the change token; with the token and the process table
-    unchanged and no timer due it stops there.
+    changed. A pass first reads the change token: the ``mod_revision`` of this node's
+    assignment index (``assign/<node>``, written by the coordinator with the placements
+    it follows), which moves only when this node's assignment does, together with this
+    node's own record (in one transaction: the record is re-created without the serving
+    set when its lease lapsed). With both as the last pass left them, the process table
+    unchanged, no watched change pending and no timer due, it stops there: one read,
+    whatever else the cluster writes.
+
+    Otherwise it reads only what concerns the node: the records of the apps a watched
+    change named, and of the apps that entered or left the index, kept with those of
+    every app the node serves or keeps state for from one pass to the next. A change
+    costs O(changed apps). At least every ``full_pass_every`` seconds every app that
+    concerns the node is read again (by name: O(its apps), not O(all apps)). A full
+    pass (every app and placement) runs first, when forced, when the index cannot be
+    decoded, and after a watch or a pass broke (changes may have been missed).
 
     Args:
         node_id: this node's id.
@@ -195,7 +236,8 @@ class Reconciler(Actor):
         registry: the shared registry.
         materialize: gets a revision's files onto disk, returns its directory.
         interval: seconds between timer passes.
-        full_pass_every: a full pass at least this often, even when nothing moved.
+        full_pass_every: every app that concerns the node is read again at least this
+            often, even when nothing moved.
         port_allocator, process_supervisor: the names of the sibling actors.
         wall_clock: wall time for pass summaries.
         ask_timeout: seconds to wait for a sibling's reply.
@@ -256,6 +298,16 @@ class Reconciler(Actor):
         self._next_full = -float("inf")
         self._assigned: set[str] = set()
         self._local: set[str] = set()
+        # Apps a watched change named since the last pass, and whether a watch broke
+        # (so changes may have been missed and the next pass reads everything).
+        self._dirty: set[str] = set()
+        self._rescan = False
+        # The records of the apps this node serves or keeps state for, as last read.
+        self._records: dict[str, AppRecord] = {}
+        self._placed: dict[str, PlacementRecord] = {}
+        self._unknown: set[str] = set()
+        # The mod revision of this node's record as the last pass left it.
+        self._own_revision = -1
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -325,6 +377,7 @@ class Reconciler(Actor):
                             self._request(f"{event.kv.key} changed")
             except RegistryError as exc:
                 log.warning("watch on %s failed (%s); retrying in %gs", prefix, exc, delay)
+                self._rescan = True
                 await trio.sleep(delay)
                 delay = min(delay * 2, 30.0)
 
@@ -334,12 +387,13 @@ class Reconciler(Actor):
         except InvalidKey:
             return False
         app = parts[0] if parts else ""
-        if app in self._assigned or app in self._local:
-            return True
-        if kind is KeyKind.PLACEMENT and event.type is EventType.PUT:
+        concerns = app in self._assigned or app in self._local
+        if not concerns and kind is KeyKind.PLACEMENT and event.type is EventType.PUT:
             record = decode_record(event.kv.key, event.kv.value)
-            return isinstance(record, PlacementRecord) and self._node_id in record.nodes
-        return False
+            concerns = isinstance(record, PlacementRecord) and self._node_id in record.nodes
+        if concerns and kind in (KeyKind.APP, KeyKind.PLACEMENT):
+            self._dirty.add(app)
+        return concerns
 
     # ------------------------------------------------------------------ one pass
 
@@ -347,14 +401,26 @@ class Reconciler(Actor):
         began, t0 = self._wall(), trio.current_time()
         summary = PassSummary(time=began, token=None, skipped=False, reasons=reasons)
         try:
-            token = await self._registry.revision()
+            # One read: the assignment index, and this node's own record (re-created
+            # after its lease lapsed, it no longer carries the serving set).
+            heads = await self._registry.txn(
+                [], [Get(assign_key(self._node_id)), Get(node_key(self._node_id))]
+            )
+            index, own = (_first(response) for response in heads.responses)
+            token = 0 if index is None else index.mod_revision
+            own_revision = 0 if own is None else own.mod_revision
             summary.token = token
+            indexed = _indexed_apps(index)
             generation = await self._processes.ask(ProcessGeneration(), self._ask_timeout)
             now = trio.current_time()
+            full = force or self._rescan or indexed is None or self._last_token is None
+            refresh = now >= self._next_full
             timer_due = (
-                force
+                full
+                or refresh
                 or self._retry_due
-                or now >= self._next_full
+                or bool(self._dirty)
+                or own_revision != self._own_revision
                 or any(f.retry_at <= now for f in self._failed.values())
             )
             if should_skip(
@@ -366,10 +432,20 @@ class Reconciler(Actor):
             ):
                 summary.skipped = True
                 return summary
+            dirty, self._dirty = self._dirty, set()
+            if full:
+                self._rescan = False
+                await self._read_everything()
+            else:
+                if refresh:  # every app that concerns this node, read again by name
+                    dirty |= self._records.keys() | self._placed.keys() | self._unknown
+                await self._read_changed(dirty, indexed or frozenset())
+            if full or refresh:
+                self._next_full = t0 + self._full_pass_every
             await self._full_pass(summary)
             self._last_token, self._last_generation = token, str(generation)
-            self._next_full = t0 + self._full_pass_every
         except (RegistryError, SupervisionError) as exc:
+            self._rescan = True  # what the failed pass had to read is read again in full
             summary.errors.append(f"pass failed: {exc}")
             self.ctx.emit("reconcile.failed", app=None, action="pass", error=str(exc))
             log.warning("reconcile pass failed: %s", exc)
@@ -381,19 +457,57 @@ class Reconciler(Actor):
         self._retry_due = bool(summary.errors)
         return summary
 
-    async def _full_pass(self, summary: PassSummary) -> None:
+    async def _read_everything(self) -> None:
+        """Read every app and placement record (the full pass's inputs)."""
         apps, bad_apps = await read_records(self._registry, APPS_PREFIX)
         placements, bad_placements = await read_records(self._registry, PLACEMENT_PREFIX)
-        claims, _ = await read_records(self._registry, node_ports_prefix(self._node_id))
-        rows = await self._processes.ask(ListProcesses(), self._ask_timeout)
-
-        records = {r.name: r for r in apps.values() if isinstance(r, AppRecord)}
-        by_app = {
+        self._records = {r.name: r for r in apps.values() if isinstance(r, AppRecord)}
+        self._placed = {
             key.split("/", 1)[1]: r
             for key, r in placements.items()
             if isinstance(r, PlacementRecord)
         }
-        unknown = {bad.key.split("/", 1)[1] for bad in (*bad_apps, *bad_placements)}
+        self._unknown = {bad.key.split("/", 1)[1] for bad in (*bad_apps, *bad_placements)}
+
+    async def _read_changed(self, dirty: set[str], indexed: frozenset[str]) -> None:
+        """Read again only the apps a watched change named, and those that entered or
+        left this node's assignment index since the records kept were read."""
+        node = self._node_id
+        kept = {app for app, placement in self._placed.items() if node in placement.nodes}
+        names = sorted(dirty | (indexed ^ kept))
+        # Two reads per app, in transactions well under etcd's 128 operations.
+        for start in range(0, len(names), _READS_PER_TXN):
+            chunk = names[start : start + _READS_PER_TXN]
+            ops: list[Get] = []
+            for name in chunk:
+                ops += [Get(app_key(name)), Get(placement_key(name))]
+            result = await self._registry.txn([], ops)
+            for i, name in enumerate(chunk):
+                self._update_cached(name, result.responses[2 * i], result.responses[2 * i + 1])
+
+    def _update_cached(self, name: str, app: object, placement: object) -> None:
+        self._unknown.discard(name)
+        self._records.pop(name, None)
+        self._placed.pop(name, None)
+        for kvs in (app, placement):
+            kv = kvs[0] if isinstance(kvs, list) and kvs else None
+            if not isinstance(kv, KeyValue):
+                continue
+            record = decode_record(kv.key, kv.value)
+            if isinstance(record, AppRecord):
+                self._records[name] = record
+            elif isinstance(record, PlacementRecord):
+                self._placed[name] = record
+            elif isinstance(record, Undecodable):
+                self._unknown.add(name)
+
+    async def _full_pass(self, summary: PassSummary) -> None:
+        claims, _ = await read_records(self._registry, node_ports_prefix(self._node_id))
+        rows = await self._processes.ask(ListProcesses(), self._ask_timeout)
+
+        records = self._records
+        by_app = self._placed
+        unknown = set(self._unknown)
         local = self._local_state() | {
             c.app for c in claims.values() if isinstance(c, PortClaim) and c.node == self._node_id
         }
@@ -437,6 +551,11 @@ class Reconciler(Actor):
         summary.published = await self._publish(serving, summary)
         self._assigned = {name for name, view in views.items() if view.assigned}
         self._local = local | {row["app"] for row in rows}
+        # Keep only the records of apps that concern this node: the next pass that is
+        # not a full one reads nothing else again.
+        keep = self._assigned | self._local
+        self._records = {name: r for name, r in records.items() if name in keep}
+        self._placed = {name: p for name, p in by_app.items() if name in keep}
 
     def _local_state(self) -> set[str]:
         root = AppPaths.apps_root(self._data_dir)
@@ -505,7 +624,7 @@ class Reconciler(Actor):
                 case Start() | Restart():
                     deployment = records[app].deployment
                     assert deployment is not None
-                    return await self._start(action, deployment)
+                    return await self._start(action, deployment, records[app].memory_mb)
                 case Stop():
                     log.info("stopping app %s: %s", app, action.reason)
                     await self._processes.ask(StopProcess(app, action.reason), self._ask_timeout)
@@ -517,7 +636,9 @@ class Reconciler(Actor):
             return f"app {app}: {type(action).__name__.lower()} failed: {exc}"
         raise AssertionError(f"unknown action {action!r}")
 
-    async def _start(self, action: Start | Restart, deployment: Deployment) -> str | None:
+    async def _start(
+        self, action: Start | Restart, deployment: Deployment, memory_mb: int
+    ) -> str | None:
         app = action.app
         try:
             with trio.fail_after(self._materialize_timeout):
@@ -556,6 +677,7 @@ class Reconciler(Actor):
                 internal_port=reply["internal"],
                 env=dict(deployment.env),
                 health=deployment.health,
+                memory_mb=memory_mb,
             ),
             self._ask_timeout,
         )
@@ -616,12 +738,14 @@ class Reconciler(Actor):
                 return False
             updated = with_serving(record, serving)
             if updated is None:
+                self._own_revision = current.mod_revision
                 return False
             result = await self._registry.txn(
                 [Compare.mod_revision_is(key, current.mod_revision)],
                 [Put(key, updated.encode(), lease=current.lease)],
             )
             if result.succeeded:
+                self._own_revision = result.revision
                 self.ctx.emit(
                     "reconcile.published", serving=len(serving), change_token=updated.change_token
                 )

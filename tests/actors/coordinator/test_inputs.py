@@ -330,7 +330,10 @@ def test_digest_moves_with_every_planner_input(
     other_state: NodeState = "alive" if node.state != "alive" else "suspect"
     mutated = {
         "state": dataclasses.replace(node, state=other_state),
-        "capacity": dataclasses.replace(node, capacity=Capacity(99, 99, 99, 99)),
+        # Reported or not always counts (see the capacity tests below for the figures).
+        "capacity": dataclasses.replace(
+            node, capacity=None if node.capacity else Capacity(99, 99, 99, 99)
+        ),
         "labels": dataclasses.replace(node, labels={**node.labels, "extra": "z"}),
         "rack": dataclasses.replace(node, rack="r-other"),
     }
@@ -399,3 +402,36 @@ def test_a_forced_drain_reaches_the_planner_and_stopped_instances_come_back() ->
     assert inputs_digest(plan_input_from_view(forced, policy=POLICY, now=5.0)) != inputs_digest(
         plan_input_from_view(plain, policy=POLICY, now=5.0)
     )
+
+
+# ------------------------------------------------------- capacity in the digest
+
+
+def capacity_digest(apps: list[AppRecord], capacity: Capacity, placed: bool = True) -> str:
+    nodes = [NodeRecord("n1", capacity=capacity), NodeRecord("n2", capacity=capacity)]
+    view = (
+        view_of(apps, nodes)
+        if placed
+        else RegistryView(apps={a.name: a for a in apps}, nodes={n.id: n for n in nodes})
+    )
+    return inputs_digest(plan_input_from_view(view, policy=POLICY, now=1.0))
+
+
+def test_measured_drift_is_no_input_when_no_app_declares_resources() -> None:
+    apps = [AppRecord("web", replicas=2), AppRecord("big", memory_mb=512, retired=True)]
+    before = capacity_digest(apps, Capacity(8192, 4000, 100_000, 50_000))
+    assert capacity_digest(apps, Capacity(8192, 1000, 100_000, 40_000)) == before
+    assert capacity_digest(apps, Capacity(16384, 1000, 200_000, 40_000)) == before
+    # Falling below the free-disk floor decides, even for apps declaring nothing.
+    assert capacity_digest(apps, Capacity(8192, 4000, 100_000, 9_999)) != before
+    assert capacity_digest(apps, Capacity(8192, 4000, 0, 0)) != before
+
+
+def test_with_resources_only_allocatable_figures_count() -> None:
+    apps = [AppRecord("web", replicas=2), AppRecord("db", memory_mb=512)]
+    before = capacity_digest(apps, Capacity(8192, 4000, 100_000, 50_000))
+    # Free memory and disk move all the time: the allocatable figures do not.
+    assert capacity_digest(apps, Capacity(8192, 1000, 100_000, 40_000)) == before
+    # Totals change allocatable; so do the placements that reserve it.
+    assert capacity_digest(apps, Capacity(16384, 4000, 100_000, 50_000)) != before
+    assert capacity_digest(apps, Capacity(8192, 4000, 100_000, 50_000), placed=False) != before

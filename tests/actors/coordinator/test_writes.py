@@ -18,6 +18,7 @@ from corral.registry import (
     Compare,
     CompareTarget,
     Delete,
+    NodeAssignment,
     PlacementRecord,
     Put,
     decode_record,
@@ -46,9 +47,7 @@ def currents(draw: st.DrawFn) -> dict[str, CurrentPlacement]:
     return out
 
 
-def apply(
-    plan: WritePlan, current: dict[str, CurrentPlacement]
-) -> dict[str, CurrentPlacement]:
+def apply(plan: WritePlan, current: dict[str, CurrentPlacement]) -> dict[str, CurrentPlacement]:
     after = dict(current)
     for write in plan.writes:
         if write.record is None:
@@ -90,12 +89,31 @@ def test_plan_properties(
         else:
             assert after[app].record.nodes == sorted(wanted)
 
-    # Batches: bounded, each guarded by the fence and by every key it writes.
+    # Batches: bounded, each guarded by the fence and by every placement it writes; the
+    # index writes of the nodes they touch ride along (or follow, fence-guarded).
+    index: dict[str, list[str]] = {}
     for batch in plan.batches:
-        assert 1 <= len(batch.writes) <= max_writes
+        assert len(batch.writes) <= max_writes
         assert batch.compares[0] == fence_guard(fence)
         assert list(batch.compares[1:]) == [w.guard() for w in batch.writes]
-        assert [op.key for op in batch.operations] == [w.key for w in batch.writes]
+        placement_ops = batch.operations[: len(batch.writes)]
+        assert [op.key for op in placement_ops] == [w.key for w in batch.writes]
+        index_ops = batch.operations[len(batch.writes) :]
+        assert 1 <= len(batch.writes) + len(index_ops)
+        assert len(index_ops) <= max_writes
+        for op in index_ops:
+            node = op.key.removeprefix("assign/")
+            if isinstance(op, Delete):
+                index[node] = []
+            else:
+                decoded = decode_record(op.key, op.value)
+                assert isinstance(decoded, NodeAssignment)
+                index[node] = decoded.apps
+    # Once every batch landed, each node touched is indexed with exactly its apps.
+    touched = {n for w in plan.writes for n in set(w.previous or ()) ^ set(w.nodes or ())}
+    assert set(index) == touched
+    for node in touched:
+        assert index[node] == sorted(a for a, c in after.items() if node in c.record.nodes)
 
     # Removals strictly before anything that adds a node.
     kinds = [w.is_removal for w in plan.writes]
@@ -142,17 +160,23 @@ def test_new_placement_is_guarded_on_absence_and_fence() -> None:
         Compare(COORDINATOR_LEASE_KEY, CompareTarget.CREATE_REVISION, fence_guard(5).op, 5),
         Compare.absent(placement_key("a")),
     )
-    (op,) = batch.operations
+    op, *index = batch.operations
     assert isinstance(op, Put)
     assert decode_record(op.key, op.value) == PlacementRecord(
         nodes=["n1", "n2"], decided_at=9.0, fence=5, placed_at={"n1": 9.0, "n2": 9.0}
     )
+    # In the same fenced transaction: each node's assignment index.
+    assert [decode_record(i.key, i.value) for i in index if isinstance(i, Put)] == [
+        NodeAssignment("n1", ["a"]),
+        NodeAssignment("n2", ["a"]),
+    ]
 
 
 def test_larger_fence_is_superseded_not_overwritten() -> None:
     newer = PlacementRecord(nodes=["n1"], decided_at=1.0, fence=9, placed_at={"n1": 1.0})
-    plan = plan_writes({"a": ("n2",), "b": None}, {"a": CurrentPlacement(newer, 4)}, fence=5,
-                       decided_at=2.0)
+    plan = plan_writes(
+        {"a": ("n2",), "b": None}, {"a": CurrentPlacement(newer, 4)}, fence=5, decided_at=2.0
+    )
     assert plan.superseded == ("a",)
     assert plan.batches == ()
     assert plan.unchanged == ("b",)
@@ -171,7 +195,9 @@ def test_removals_come_before_placements_across_batches() -> None:
     }
     plan = plan_writes(targets, current, fence=2, decided_at=5.0, max_writes=1)
     assert [w.app for w in plan.writes] == ["b", "z", "a", "c"]
-    assert [len(b.writes) for b in plan.batches] == [1, 1, 1, 1]
+    # The move touches two nodes: its second index write follows in a batch of its own.
+    assert [len(b.writes) for b in plan.batches] == [1, 1, 1, 0, 1]
+    assert [op.key for op in plan.batches[3].operations] == ["assign/n2"]
     moved = plan.writes[2]
     assert isinstance(moved, PlacementWrite)
     assert moved.previous == ("n1",)

@@ -149,9 +149,9 @@ def test_public_names_are_exported_sorted() -> None:
         "NODE_STATES", "PLACEMENT_UNAVAILABLE", "AppSpec", "Capacity", "Decisions",
         "Deferred", "InvalidPlanInput", "NodeInfo", "NodeState", "Pause", "Placement",
         "PlacementUnavailable", "PlanInput", "PlannerError", "Policy", "Refusal",
-        "RefusedDrain", "Replicas", "ScoreCache", "Stranded", "Unplaced",
+        "RefusedDrain", "Replicas", "ScoreCache", "Stranded", "Unplaced", "allocatable",
         "decisions_to_json", "next_placements", "parse_plan_document", "plan", "plan_input",
-        "rendezvous_score",
+        "rendezvous_score", "reserved_by_placements",
     }  # fmt: skip
     assert set(planner.__all__) == expected
     assert all(hasattr(planner, name) for name in planner.__all__)

@@ -37,7 +37,9 @@ from corral.node._operations import deploy as deploy_app
 from corral.node._requests import DeployRequest
 from corral.registry import (
     AppRecord,
+    Capacity,
     Deployment,
+    KeyValue,
     MemoryRegistry,
     NodeRecord,
     PlacementRecord,
@@ -225,12 +227,83 @@ async def test_an_idle_pass_reads_only_the_change_token(
             summary = await agent.reconciler.ask(RunPass())
             assert summary["skipped"]
             assert summary["actions"] == []
-        assert dict(agent.registry.calls) == {"revision": 3}
+        assert dict(agent.registry.calls) == {"txn": 3}  # assignment index + own record
         # a forced pass reads everything and, with nothing to do, writes nothing
         summary = await agent.reconciler.ask(RunPass(force=True))
         assert not summary["skipped"]
         assert summary["actions"] == []
         assert agent.registry.writes == 0
+
+
+async def test_another_nodes_capacity_write_costs_this_nodes_pass_one_read(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    async with running_agent(tmp_path) as agent:
+        for i in range(5):
+            await deploy(agent.registry, f"app-{i}")
+            await place(agent.registry, f"app-{i}", NODE)
+        await deploy(agent.registry, "elsewhere")
+        await place(agent.registry, "elsewhere", "node-b")
+        await agent.settle()
+        agent.registry.reset()
+        # Another node refreshes its capacity, other apps deploy and move: the global
+        # revision moves, this node's assignment does not.
+        other = NodeRecord("node-b", capacity=Capacity(8192, 4000, 100_000, 50_000))
+        await agent.registry.put(node_key("node-b"), other.encode())
+        await deploy(agent.registry, "elsewhere", revision=R2)
+        await place(agent.registry, "elsewhere", "node-b", "node-c")
+        await trio.sleep(1.0)
+        agent.registry.reset()
+        summary = await agent.reconciler.ask(RunPass())
+        assert summary["skipped"]
+        assert dict(agent.registry.calls) == {"txn": 1}
+
+
+async def test_a_re_created_node_record_gets_its_serving_set_again(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    # The record lapsed (the node was paused past its TTL) and registration wrote it
+    # anew, without the serving set; nothing else changed.
+    async with running_agent(tmp_path, interval=5.0) as agent:
+        await deploy(agent.registry, "hello")
+        await place(agent.registry, "hello", NODE)
+        await agent.settle()
+        kv = await agent.registry.get(node_key(NODE))
+        assert kv is not None
+        await agent.registry.put(node_key(NODE), NodeRecord(NODE).encode(), lease=kv.lease)
+        assert (await agent.node_record()).serving == {}
+        await trio.sleep(6.0)  # one timer pass
+        assert set((await agent.node_record()).serving) == {"hello"}
+
+
+async def test_a_change_reads_only_the_apps_it_names(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    registry = RangeLog(MemoryRegistry())
+    async with running_agent(tmp_path, registry=registry) as agent:
+        for i in range(40):
+            await deploy(agent.registry, f"app-{i}")
+            await place(agent.registry, f"app-{i}", NODE if i < 5 else "node-b")
+        await agent.settle()
+        registry.prefixes.clear()
+        await deploy(agent.registry, "app-1", revision=R2)
+        await until(lambda: any(p.spec.revision == R2 for p in agent.launcher.alive()))
+        await agent.settle()
+        # Nothing ranges over every app or placement: only this node's own port claims.
+        assert registry.prefixes
+        assert set(registry.prefixes) == {f"ports/{NODE}/"}
+
+
+class RangeLog(CountingRegistry):
+    """A CountingRegistry that also remembers the prefix of every range read."""
+
+    def __init__(self, inner: MemoryRegistry) -> None:
+        super().__init__(inner)
+        self.prefixes: list[str] = []
+
+    async def range(self, prefix: str) -> list[KeyValue]:
+        self.prefixes.append(prefix)
+        return await super().range(prefix)
 
 
 async def test_an_unassigned_app_is_stopped_and_keeps_its_directory_and_ports(

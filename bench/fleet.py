@@ -1,0 +1,203 @@
+"""What a fleet costs the registry and each node, on virtual time.
+
+    python bench/fleet.py                    # 50 nodes x 500 apps, and 5 x 50 (~1 min)
+    python bench/fleet.py --nodes 100 --apps 1000   # ~3.5 min on 2 shared cores
+
+N full nodes (registration, coordinator, reconciler, ports, in-memory processes) run
+in this process on one memory registry under trio's MockClock, in 10 racks; apps
+have replicas 3 (most), 1 (a fifth) and 1 % declare 64 MiB of memory. Scenarios:
+
+* idle for 10 virtual minutes: registry writes (lease renewals included) and reads
+  per node per minute,
+  full reads (a range over every app or placement), applied coordinator passes;
+* deploy 100 apps: virtual seconds until every instance runs, registry
+  operations per deployed app;
+* lose 10 % of the nodes (killed): virtual seconds after the grace until their
+  apps run elsewhere, and instances moved beyond the lost ones;
+* a randomized fault schedule (seeded): invariant violations.
+
+The baseline is the same fleet at a tenth of the size, run first:
+``idle_flat_ratio`` is the per-node idle cost at full size over that at a tenth
+(flat = 1.0). The last line is one JSON object of the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import sys
+import time
+from collections import Counter
+from typing import Any
+
+import trio
+import trio.testing
+
+from corral.actors.planner import Policy
+from corral.registry import AppRecord, Deployment, KeyValue, MemoryRegistry
+from corral.testing import CountingRegistry, open_fleet, random_faults
+
+REVISION = "f" * 64
+GRACE = 60.0
+LEASE_TTL = 45.0
+
+
+class Recording(CountingRegistry):
+    """Counts calls, and ranges by prefix (a range over apps/ or placement/ is a full
+    read)."""
+
+    def __init__(self) -> None:
+        super().__init__(MemoryRegistry())
+        self.ranges: Counter[str] = Counter()
+
+    async def range(self, prefix: str) -> list[KeyValue]:
+        self.ranges[prefix] += 1
+        return await super().range(prefix)
+
+    def clear(self) -> None:
+        self.reset()
+        self.ranges.clear()
+
+    @property
+    def full_reads(self) -> int:
+        return self.ranges["apps/"] + self.ranges["placement/"]
+
+    @property
+    def reads(self) -> int:
+        return sum(self.calls[op] for op in ("get", "range", "revision")) + self.calls["txn"]
+
+
+def app_record(i: int) -> AppRecord:
+    replicas = 1 if i % 5 == 0 else 3
+    memory = 64 if i % 100 == 7 else 0
+    return AppRecord(
+        f"app-{i}",
+        replicas=replicas,
+        memory_mb=memory,
+        deployment=Deployment(REVISION, ["python3", "app.py"]),
+    )
+
+
+def wanted(apps: list[AppRecord], live: int) -> int:
+    return sum(min(int(a.replicas), live) for a in apps)
+
+
+async def until_running(fleet: Any, apps: list[AppRecord], step: float = 1.0) -> float:
+    t0 = trio.current_time()
+    names = {a.name for a in apps}
+    need = wanted(apps, len(fleet.cluster.running))
+    while True:
+        running = fleet.cluster.instances()
+        if sum(len(running.get(n, ())) for n in names) >= need:
+            return trio.current_time() - t0
+        await trio.sleep(step)
+
+
+async def applied_passes(fleet: Any) -> int:
+    holder = await fleet.cluster.wait_for_coordinator()
+    state = await fleet.cluster.coordinator_state(holder)
+    return int(state["passes"]["applied"]) if state else 0
+
+
+async def scenario(nodes: int, apps: int, seed: int, out: dict[str, Any]) -> None:
+    registry = Recording()
+    policy = Policy(grace_period_s=GRACE)
+    async with open_fleet(
+        nodes, racks=10, lease_ttl=LEASE_TTL, policy=policy, registry=registry
+    ) as fleet:
+        await fleet.cluster.wait_for_coordinator()
+        records = [app_record(i) for i in range(apps)]
+        for record in records:
+            await fleet.put_app(record)
+        out["initial_converge_s"] = await until_running(fleet, records, step=5.0)
+        await trio.sleep(60)
+
+        # Idle.
+        before = await applied_passes(fleet)
+        registry.clear()
+        await trio.sleep(600)
+        # Lease renewals are writes too (etcd applies each through raft).
+        writes = registry.writes + registry.calls["keepalive"]
+        out["idle_writes_per_node_min"] = round(writes / nodes / 10, 2)
+        out["idle_reads_per_node_min"] = round(registry.reads / nodes / 10, 2)
+        out["idle_full_reads"] = registry.full_reads
+        out["idle_applied_passes"] = await applied_passes(fleet) - before
+
+        # Deploy 100 apps.
+        extra = [app_record(apps + i) for i in range(100)]
+        registry.clear()
+        for record in extra:
+            await fleet.put_app(record)
+        out["deploy_converge_s"] = await until_running(fleet, extra, step=0.5)
+        out["deploy_ops_per_app"] = round(sum(registry.calls.values()) / len(extra), 1)
+        records += extra
+        await trio.sleep(60)
+
+        # Lose a tenth of the nodes.
+        lost = sorted(fleet.cluster.running)[: max(1, nodes // 10)]
+        before_map = fleet.cluster.instances()
+        on_lost = sum(1 for hosts in before_map.values() for h in hosts if h in lost)
+        for node in lost:
+            await fleet.cluster.kill(node)
+        await trio.sleep(GRACE + LEASE_TTL)
+        out["loss_converge_s"] = await until_running(fleet, records, step=1.0)
+        after_map = fleet.cluster.instances()
+        moved = sum(
+            len(set(before_map.get(app, ())) - set(hosts) - set(lost))
+            for app, hosts in after_map.items()
+        )
+        out["instances_on_lost_nodes"] = on_lost
+        out["extra_moves"] = moved
+
+        # A randomized fault schedule over the survivors.
+        faults = random_faults(
+            seed,
+            fleet.cluster.running,
+            count=10,
+            span=120,
+            max_duration=30,
+            kinds=("stall", "partition", "registry-outage"),
+        )
+        await fleet.run_faults(faults)
+        await trio.sleep(180)
+        fleet.checker.check_converged()
+        out["fault_seed"] = seed
+        out["invariant_violations"] = len(fleet.violations)
+        for violation in fleet.violations[:5]:
+            print(f"  violation (seed {seed}): {violation}", file=sys.stderr)
+
+
+def run(nodes: int, apps: int, seed: int) -> dict[str, Any]:
+    out: dict[str, Any] = {"nodes": nodes, "apps": apps}
+    wall = time.perf_counter()
+    trio.run(scenario, nodes, apps, seed, out, clock=trio.testing.MockClock(autojump_threshold=0))
+    out["wall_s"] = round(time.perf_counter() - wall, 1)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=50)
+    parser.add_argument("--apps", type=int, default=500)
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args()
+
+    small = run(max(1, args.nodes // 10), max(1, args.apps // 10), args.seed)
+    full = run(args.nodes, args.apps, args.seed)
+    small_cost = small["idle_reads_per_node_min"] + small["idle_writes_per_node_min"]
+    full_cost = full["idle_reads_per_node_min"] + full["idle_writes_per_node_min"]
+    figures = {key: full[key] for key in full}
+    figures["idle_flat_ratio"] = round(full_cost / small_cost, 2) if small_cost else None
+    figures["peak_mib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+
+    print(f"{'figure':<28} {small['nodes']:>6} nodes {full['nodes']:>6} nodes")
+    for key in full:
+        print(f"{key:<28} {small[key]!s:>12} {full[key]!s:>12}")
+    print(f"{'idle_flat_ratio':<28} {figures['idle_flat_ratio']!s:>25}")
+    print(f"{'peak_mib':<28} {figures['peak_mib']!s:>25}")
+    print(json.dumps(figures))
+
+
+if __name__ == "__main__":
+    main()
