@@ -416,10 +416,19 @@ class NodeMetrics:
         )
         self.reconcile_duration = Histogram(
             "corral_reconcile_pass_duration_seconds",
-            "Reconcile pass duration (each pass a scrape sees)",
+            "Reconcile pass duration (every pass that did work, from its reconcile.pass "
+            "event; each pass a scrape sees without those events)",
             buckets=PASS_BUCKETS,
             registry=r,
         )
+        self.reconcile_passes = Counter(
+            "corral_reconcile_passes",
+            "Reconcile passes, full or skipped (nothing changed; counted at the next full pass)",
+            ["outcome"],
+            registry=r,
+        )
+        for outcome in ("full", "skipped"):
+            self.reconcile_passes.labels(outcome=outcome)
         self.registry_latency = Histogram(
             "corral_registry_operation_seconds",
             "Registry operation latency, by operation and backend",
@@ -465,6 +474,8 @@ class NodeMetrics:
             peer = str(fields.get("peer") or "?")[:100]
             if self._bounded(kind, (peer,)):
                 self.peers_lost.labels(peer=peer).inc()
+        elif kind == "reconcile.pass":
+            self._reconcile_pass(fields)
         elif kind.startswith("reconcile.") and kind != "reconcile.published":
             failed = kind == "reconcile.failed"
             action = str(fields.get("action") or "?")[:50] if failed else kind[len("reconcile.") :]
@@ -476,6 +487,16 @@ class NodeMetrics:
             if duration is not None:
                 self._exact_passes.add("coordinator")
                 self.pass_duration.observe(duration)
+
+    def _reconcile_pass(self, fields: Mapping[str, Any]) -> None:
+        duration = _number(fields.get("duration"))
+        if duration is not None:
+            self._exact_passes.add("reconcile")
+            self.reconcile_duration.observe(max(0.0, duration))
+            self.reconcile_passes.labels(outcome="full").inc()
+        skipped = _number(fields.get("skipped_since"))
+        if skipped is not None and 0 < skipped <= 1e9:
+            self.reconcile_passes.labels(outcome="skipped").inc(skipped)
 
     def observe(self, event: Event) -> None:
         """Count one event of the actor system (a listener of the node's event log)."""

@@ -353,3 +353,18 @@ async def test_routing_version_and_each_proxys_applied_version_and_lag() -> None
     got = samples(await metrics.scrape())
     assert ("corral_routing_table_fence", ()) not in got
     assert got[("corral_proxy_lag_seconds", (("proxy", "old"),))] == 0
+
+
+async def test_reconcile_pass_events_make_the_histogram_exact() -> None:
+    metrics = NodeMetrics("n1", sources())
+    metrics.observe_event("reconcile.pass", {"duration": 0.02, "skipped_since": 0, "errors": 0})
+    metrics.observe_event("reconcile.pass", {"duration": 0.3, "skipped_since": 4, "errors": 1})
+    metrics.observe_event("reconcile.pass", {"duration": "junk", "skipped_since": -2})
+    got = samples(await metrics.scrape())
+    # Exact from events: the scrape's sample of the last pass (RECONCILE) is not added.
+    assert got[("corral_reconcile_pass_duration_seconds_count", ())] == 2
+    assert got[("corral_reconcile_pass_duration_seconds_bucket", (("le", "0.025"),))] == 1
+    assert got[("corral_reconcile_passes_total", (("outcome", "full"),))] == 2
+    assert got[("corral_reconcile_passes_total", (("outcome", "skipped"),))] == 4
+    # A pass is not a reconciler action.
+    assert not [k for k in got if k[0] == "corral_reconcile_actions_total"]
