@@ -2,20 +2,23 @@
 
 Theory of operation: most of what an operator graphs the node already knows and
 already shows — the actor tree, the coordinator's state, the process table, the
-port ledger, the last reconcile pass. So the metrics are read at scrape time from
+port ledger, the last reconcile pass, the SWIM view, the routing table and the
+proxies' records (as ``GET /v1/routes`` reads them), the transport's frame counts
+(:meth:`Transport.stats`, plain ints). So the metrics are read at scrape time from
 those same views (:class:`MetricsSources`), not counted inside the actors:
 a scrape asks the actors (as ``GET /v1/state`` does), hands the answers to a
 custom collector, and renders the text. Three kinds of series need more:
 
 * counts of things that happen between scrapes (process starts, exits, crash
-  loops; reconciler actions; refused transport frames; lost peers) come from the
-  actor system's event
-  stream: the node's event log hands each event to :meth:`NodeMetrics.observe`;
+  loops; reconciler actions and passes; refused transport frames; lost peers)
+  come from the actor system's event stream: the node's event log hands each
+  event to :meth:`NodeMetrics.observe`;
 * registry latency comes from :class:`InstrumentedRegistry`, a thin wrapper the
   node assembly puts around its registry;
 * pass durations are histograms of the passes scrapes see: each scrape adds the
   coordinator's and the reconciler's last pass when it is new. A pass event that
-  carries its ``duration`` is counted exactly instead.
+  carries its ``duration`` (``coordinator.pass``, ``reconcile.pass``) is counted
+  exactly instead.
 
 Rendering (``generate_latest``) is synchronous; it runs on the event loop while
 the series are few and in a worker thread once there are many.
