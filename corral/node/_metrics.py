@@ -2,20 +2,23 @@
 
 Theory of operation: most of what an operator graphs the node already knows and
 already shows — the actor tree, the coordinator's state, the process table, the
-port ledger, the last reconcile pass. So the metrics are read at scrape time from
+port ledger, the last reconcile pass, the SWIM view, the routing table and the
+proxies' records (as ``GET /v1/routes`` reads them), the transport's frame counts
+(:meth:`Transport.stats`, plain ints). So the metrics are read at scrape time from
 those same views (:class:`MetricsSources`), not counted inside the actors:
 a scrape asks the actors (as ``GET /v1/state`` does), hands the answers to a
 custom collector, and renders the text. Three kinds of series need more:
 
 * counts of things that happen between scrapes (process starts, exits, crash
-  loops; reconciler actions; refused transport frames; lost peers) come from the
-  actor system's event
-  stream: the node's event log hands each event to :meth:`NodeMetrics.observe`;
+  loops; reconciler actions and passes; refused transport frames; lost peers)
+  come from the actor system's event stream: the node's event log hands each
+  event to :meth:`NodeMetrics.observe`;
 * registry latency comes from :class:`InstrumentedRegistry`, a thin wrapper the
   node assembly puts around its registry;
 * pass durations are histograms of the passes scrapes see: each scrape adds the
   coordinator's and the reconciler's last pass when it is new. A pass event that
-  carries its ``duration`` is counted exactly instead.
+  carries its ``duration`` (``coordinator.pass``, ``reconcile.pass``) is counted
+  exactly instead.
 
 Rendering (``generate_latest``) is synchronous; it runs on the event loop while
 the series are few and in a worker thread once there are many.
@@ -34,16 +37,25 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from corral.actors.coordinator import MEMBER_STATES
+from corral.actors.planner import NODE_STATES
+from corral.actors.routing import decode_table_json, routes_answer
 from corral.registry import (
+    PROXIES_PREFIX,
+    ROUTING_KEY,
     Compare,
     KeyValue,
     Lease,
+    ProxyRecord,
     Registry,
+    RegistryError,
     TxnOp,
     TxnResult,
     WatchEvent,
+    read_records,
 )
 from corral.supervision import Event
+from corral.transport import FrameCounts, SchemaError
 
 #: Past this many actors plus apps, the text is rendered in a worker thread.
 RENDER_INLINE_LIMIT = 200
@@ -70,6 +82,12 @@ class MetricsSources:
     processes: Callable[[], Awaitable[Any]]
     ports: Callable[[], Awaitable[Any]]
     reconcile: Callable[[], Awaitable[Any]]
+    #: frames sent and received by peer (:meth:`Transport.stats`), a plain read.
+    transport: Callable[[], Mapping[str, FrameCounts]] | None = None
+    #: this node's SWIM view (the membership actor's ``MembershipView``).
+    membership: Callable[[], Awaitable[Any]] | None = None
+    #: the routing table's version and each proxy's (``GET /v1/routes``'s answer).
+    routes: Callable[[], Awaitable[Any]] | None = None
 
 
 @dataclass
@@ -79,6 +97,9 @@ class _Snapshot:
     processes: Any = None
     ports: Any = None
     reconcile: Any = None
+    transport: Any = None
+    membership: Any = None
+    routes: Any = None
 
 
 def _number(value: object) -> float | None:
@@ -126,6 +147,9 @@ class _ViewCollector(Collector):
         yield from self._processes(snap.processes)
         yield from self._ports(snap.ports)
         yield from self._reconcile(snap.reconcile)
+        yield from self._transport(snap.transport)
+        yield from self._membership(snap.membership)
+        yield from self._routes(snap.routes)
 
     def _actors(self, tree: Any) -> Iterable[Metric]:
         depth = GaugeMetricFamily(
@@ -193,6 +217,14 @@ class _ViewCollector(Collector):
             family = GaugeMetricFamily(f"corral_coordinator_{name}", help_text)
             family.add_metric([], float(len(items)) if isinstance(items, list) else 0.0)
             yield family
+        items = state.get("node_states")
+        if state.get("coordinating") and isinstance(items, list):
+            yield _by_state(
+                "corral_coordinator_node_states",
+                "Nodes per state, as the lease holder's last pass decided them",
+                (item.get("state") for item in items if isinstance(item, Mapping)),
+                NODE_STATES,
+            )
 
     def _processes(self, table: Any) -> Iterable[Metric]:
         if not isinstance(table, list):
@@ -243,6 +275,93 @@ class _ViewCollector(Collector):
             family = GaugeMetricFamily("corral_reconcile_serving", "Apps this node serves")
             family.add_metric([], serving)
             yield family
+
+    def _transport(self, stats: Any) -> Iterable[Metric]:
+        if not isinstance(stats, Mapping):
+            return
+        sent = CounterMetricFamily(
+            "corral_transport_frames_sent", "Frames sent to the peer", labels=["peer"]
+        )
+        received = CounterMetricFamily(
+            "corral_transport_frames_received", "Frames received from the peer", labels=["peer"]
+        )
+        for peer in sorted(str(p) for p in stats)[:MAX_LABEL_VALUES]:
+            counts = stats[peer]
+            if isinstance(counts, tuple) and len(counts) == 2:
+                for family, value in zip((sent, received), counts, strict=True):
+                    number = _number(value)
+                    if number is not None:
+                        family.add_metric([peer[:100]], number)
+        yield from (sent, received)
+
+    def _membership(self, view: Any) -> Iterable[Metric]:
+        members = getattr(view, "members", None)
+        if not isinstance(members, tuple | list):
+            return
+        yield _by_state(
+            "corral_membership_members",
+            "Members per SWIM state in this node's view (itself included)",
+            (getattr(member, "state", None) for member in members),
+            MEMBER_STATES,
+        )
+
+    def _routes(self, answer: Any) -> Iterable[Metric]:
+        if not isinstance(answer, Mapping) or "error" in answer:
+            return
+        version = answer.get("version")
+        if isinstance(version, Mapping):
+            for part in ("fence", "revision"):
+                value = _number(version.get(part))
+                if value is not None:
+                    family = GaugeMetricFamily(
+                        f"corral_routing_table_{part}",
+                        f"The {part} of the routing table in the registry",
+                    )
+                    family.add_metric([], value)
+                    yield family
+        fence = GaugeMetricFamily(
+            "corral_proxy_applied_fence",
+            "The fence of the table the proxy applied",
+            labels=["proxy"],
+        )
+        revision = GaugeMetricFamily(
+            "corral_proxy_applied_revision",
+            "The revision of the table the proxy applied",
+            labels=["proxy"],
+        )
+        lag = GaugeMetricFamily(
+            "corral_proxy_lag_seconds",
+            "Seconds since the proxy applied a table, while it serves an older one (0 current)",
+            labels=["proxy"],
+        )
+        rows = answer.get("proxies")
+        for row in (rows if isinstance(rows, list) else [])[:MAX_LABEL_VALUES]:
+            if not isinstance(row, Mapping) or not isinstance(row.get("id"), str):
+                continue
+            proxy = row["id"][:100]
+            applied = row.get("applied")
+            if isinstance(applied, Mapping):
+                for family, part in ((fence, "fence"), (revision, "revision")):
+                    value = _number(applied.get(part))
+                    if value is not None:
+                        family.add_metric([proxy], value)
+            seconds = _number(row.get("lag_s"))
+            if seconds is not None:
+                lag.add_metric([proxy], seconds)
+        yield from (fence, revision, lag)
+
+
+def _by_state(name: str, help_text: str, states: Iterable[object], known: Iterable[str]) -> Metric:
+    """A gauge of how many of ``states`` are each of ``known`` (every one present, 0 or
+    more; a state not known is left out)."""
+    counts = dict.fromkeys(known, 0)
+    for state in states:
+        if isinstance(state, str) and state in counts:
+            counts[state] += 1
+    family = GaugeMetricFamily(name, help_text, labels=["state"])
+    for state, count in counts.items():
+        family.add_metric([state], float(count))
+    return family
 
 
 class NodeMetrics:
@@ -300,10 +419,19 @@ class NodeMetrics:
         )
         self.reconcile_duration = Histogram(
             "corral_reconcile_pass_duration_seconds",
-            "Reconcile pass duration (each pass a scrape sees)",
+            "Reconcile pass duration (every pass that did work, from its reconcile.pass "
+            "event; each pass a scrape sees without those events)",
             buckets=PASS_BUCKETS,
             registry=r,
         )
+        self.reconcile_passes = Counter(
+            "corral_reconcile_passes",
+            "Reconcile passes, full or skipped (nothing changed; counted at the next full pass)",
+            ["outcome"],
+            registry=r,
+        )
+        for outcome in ("full", "skipped"):
+            self.reconcile_passes.labels(outcome=outcome)
         self.registry_latency = Histogram(
             "corral_registry_operation_seconds",
             "Registry operation latency, by operation and backend",
@@ -349,6 +477,8 @@ class NodeMetrics:
             peer = str(fields.get("peer") or "?")[:100]
             if self._bounded(kind, (peer,)):
                 self.peers_lost.labels(peer=peer).inc()
+        elif kind == "reconcile.pass":
+            self._reconcile_pass(fields)
         elif kind.startswith("reconcile.") and kind != "reconcile.published":
             failed = kind == "reconcile.failed"
             action = str(fields.get("action") or "?")[:50] if failed else kind[len("reconcile.") :]
@@ -360,6 +490,16 @@ class NodeMetrics:
             if duration is not None:
                 self._exact_passes.add("coordinator")
                 self.pass_duration.observe(duration)
+
+    def _reconcile_pass(self, fields: Mapping[str, Any]) -> None:
+        duration = _number(fields.get("duration"))
+        if duration is not None:
+            self._exact_passes.add("reconcile")
+            self.reconcile_duration.observe(max(0.0, duration))
+            self.reconcile_passes.labels(outcome="full").inc()
+        skipped = _number(fields.get("skipped_since"))
+        if skipped is not None and 0 < skipped <= 1e9:
+            self.reconcile_passes.labels(outcome="skipped").inc(skipped)
 
     def observe(self, event: Event) -> None:
         """Count one event of the actor system (a listener of the node's event log)."""
@@ -387,6 +527,12 @@ class NodeMetrics:
                 snap.processes = await self.sources.processes()
                 snap.ports = await self.sources.ports()
                 snap.reconcile = await self.sources.reconcile()
+                if self.sources.transport is not None:
+                    snap.transport = self.sources.transport()
+                if self.sources.membership is not None:
+                    snap.membership = await self.sources.membership()
+                if self.sources.routes is not None:
+                    snap.routes = await self.sources.routes()
             coordinator = snap.coordinator if isinstance(snap.coordinator, Mapping) else {}
             self._sample_pass("coordinator", coordinator.get("last_pass"), self.pass_duration)
             self._sample_pass("reconcile", snap.reconcile, self.reconcile_duration)
@@ -397,6 +543,22 @@ class NodeMetrics:
             if size <= RENDER_INLINE_LIMIT:
                 return generate_latest(self.registry)
             return await trio.to_thread.run_sync(generate_latest, self.registry)
+
+
+async def read_routes(registry: Registry, now: float) -> Any:
+    """The routing table's version and each proxy's, as ``GET /v1/routes`` has them
+    (a range of ``proxies/`` and one get). Never raises: ``{"error": ...}`` says why."""
+    try:
+        kv = await registry.get(ROUTING_KEY)
+        records, _ = await read_records(registry, PROXIES_PREFIX)
+    except RegistryError as exc:
+        return {"error": f"the registry is unavailable: {exc}"}
+    try:
+        table = None if kv is None else decode_table_json(kv.value)
+    except SchemaError:
+        table = None  # GET /v1/routes says why; the proxies are still worth a series
+    proxies = [r for r in records.values() if isinstance(r, ProxyRecord)]
+    return routes_answer(table, proxies, now=now)
 
 
 # ---------------------------------------------------------------------- registry

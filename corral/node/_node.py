@@ -61,6 +61,7 @@ from corral.actors.coordinator import (
     coordinator_child_spec,
 )
 from corral.actors.membership import (
+    GetMembership,
     MembershipFeed,
     SwimConfig,
     membership_child_spec,
@@ -99,6 +100,7 @@ from corral.node._metrics import (
     InstrumentedRegistry,
     MetricsSources,
     NodeMetrics,
+    read_routes,
     registry_observer,
 )
 from corral.node._peers import PeerDirectory
@@ -133,7 +135,7 @@ from corral.supervision import (
     SupervisorSpec,
     open_actor_system,
 )
-from corral.transport import TransportError, open_websocket_transport
+from corral.transport import Transport, TransportError, open_websocket_transport
 
 log = logging.getLogger("corral.node")
 
@@ -249,6 +251,7 @@ class NodeServices:
         self.registry = registry
         self.events = events
         self.system: ActorSystem | None = None
+        self.transport: Transport | None = None  # set once it is open
         self.metrics = metrics
         if metrics is not None:
             metrics.sources = MetricsSources(
@@ -259,6 +262,9 @@ class NodeServices:
                 ),
                 ports=lambda: self.ask(f"/{AGENT}/{AgentSpec.PORT_ALLOCATOR}", ListPorts()),
                 reconcile=lambda: self.ask(f"/{AGENT}/{AgentSpec.RECONCILER}", LastPass()),
+                transport=lambda: {} if self.transport is None else self.transport.stats(),
+                membership=lambda: self.ask(f"/{MEMBERSHIP}", GetMembership()),
+                routes=lambda: read_routes(registry, time.time()),
             )
 
     async def ask(
@@ -775,6 +781,7 @@ async def run_node(
             (config.listen.host, config.listen.port),
             secret=runtime.secret,
         ) as transport:
+            services.transport = transport
             children = root_spec(
                 runtime, registry, services, transport, on_taken=on_taken, replaces=replaces
             )

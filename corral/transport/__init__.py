@@ -2,6 +2,7 @@
 
 from corral.transport._base import (
     Frame,
+    FrameCounts,
     FrameHandler,
     PeerLossListeners,
     PeerLost,
@@ -55,6 +56,7 @@ __all__ = [
     "Envelope",
     "ErrorCode",
     "Frame",
+    "FrameCounts",
     "FrameError",
     "FrameHandler",
     "FrameTooLarge",

@@ -12,7 +12,10 @@ Guarantees every implementation keeps (the contract suite checks them):
   (it never blocks forever); a full outbound queue raises :class:`PeerBusy`;
 * after ``aclose`` every call raises ``trio.ClosedResourceError``.
 
-Two optional abilities, with defaults for transports that lack them:
+Three optional abilities, with defaults for transports that lack them:
+
+* :meth:`Transport.stats`: frames sent and received so far, by peer (read by the
+  node's ``/metrics``). The default knows none.
 
 * :meth:`Transport.on_peer_lost`: the transport reports a peer it can no longer
   reach (connection closed, heartbeat missed, dial or handshake refused, node
@@ -28,8 +31,9 @@ from __future__ import annotations
 
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import NamedTuple
 
 logger = logging.getLogger("corral.transport")
@@ -99,6 +103,16 @@ class PeerLossListeners:
                 logger.exception("a peer-lost handler failed on %r", event)
 
 
+class FrameCounts(NamedTuple):
+    """Frames one transport exchanged with one peer since it started."""
+
+    sent: int
+    received: int
+
+
+_NO_STATS: Mapping[str, FrameCounts] = MappingProxyType({})
+
+
 class Transport(ABC):
     """Point-to-point frame delivery between named nodes."""
 
@@ -160,3 +174,12 @@ class Transport(ABC):
             does not support it: keep calling :meth:`receive`.
         """
         return False
+
+    def stats(self) -> Mapping[str, FrameCounts]:
+        """Frames sent to and received from each peer so far (a read-only snapshot).
+
+        A frame counts as sent once ``send`` accepted it (written or queued) and as
+        received once it was handed on; refused frames are not counted. The
+        default (a transport that does not count) is an empty mapping.
+        """
+        return _NO_STATS

@@ -20,11 +20,18 @@ from __future__ import annotations
 
 import math
 import random as _random
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
+from types import MappingProxyType
 
 import trio
 
-from corral.transport._base import Frame, PeerLossListeners, PeerLostHandler, Transport
+from corral.transport._base import (
+    Frame,
+    FrameCounts,
+    PeerLossListeners,
+    PeerLostHandler,
+    Transport,
+)
 from corral.transport._errors import PeerBusy, PeerUnavailable
 
 __all__ = ["MemoryNetwork", "MemoryTransport"]
@@ -205,10 +212,18 @@ class MemoryTransport(Transport):
         self._held: tuple[float, Frame] | None = None
         self._closed = False
         self._loss_listeners = PeerLossListeners()
+        self._sent: dict[str, int] = {}
+        self._received: dict[str, int] = {}
 
     @property
     def node_id(self) -> str:
         return self._node_id
+
+    def stats(self) -> Mapping[str, FrameCounts]:
+        peers = sorted(self._sent.keys() | self._received.keys())
+        return MappingProxyType(
+            {p: FrameCounts(self._sent.get(p, 0), self._received.get(p, 0)) for p in peers}
+        )
 
     async def send(self, peer: str, data: bytes) -> None:
         if self._closed:
@@ -217,6 +232,7 @@ class MemoryTransport(Transport):
         if self._closed:
             raise trio.ClosedResourceError("this MemoryTransport was closed")
         self._network._send(self._node_id, peer, data)
+        self._sent[peer] = self._sent.get(peer, 0) + 1
 
     async def receive(self) -> Frame:
         while True:
@@ -235,6 +251,7 @@ class MemoryTransport(Transport):
                     continue  # discarded (link cut, node killed) while we waited
             self._held = None
             if self._network.reachable(frame.sender, self._node_id):
+                self._received[frame.sender] = self._received.get(frame.sender, 0) + 1
                 return frame
             self._network.stats["lost_in_flight"] += 1
 

@@ -40,12 +40,14 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from enum import Enum
+from types import MappingProxyType
 
 import trio
 import trio_websocket
 
 from corral.transport._base import (
     Frame,
+    FrameCounts,
     FrameHandler,
     PeerLossListeners,
     PeerLostHandler,
@@ -230,6 +232,8 @@ class _Link:
         self.frames_dropped = 0
         self.frames_refused_by_peer = 0
         self.frames_refused_from_peer = 0
+        self.frames_sent = 0
+        self.frames_received = 0
 
     def live(self) -> _Connection | None:
         conn = self.conn
@@ -370,6 +374,14 @@ class WebSocketTransport(Transport):
             link.address = None
             link.notify()
 
+    def stats(self) -> Mapping[str, FrameCounts]:
+        return MappingProxyType(
+            {
+                peer: FrameCounts(link.frames_sent, link.frames_received)
+                for peer, link in sorted(self._links.items())
+            }
+        )
+
     def peer_status(self, node_id: str) -> PeerStatus | None:
         """The state of the link to ``node_id``, or None if it was never used."""
         link = self._links.get(node_id)
@@ -436,6 +448,7 @@ class WebSocketTransport(Transport):
             # that follow without an answer in between go through the queue and
             # are written many per message by the writer task.
             await self._write_through(link, conn, data)
+            link.frames_sent += 1
             return
         try:
             link.queue_send.send_nowait(data)
@@ -445,6 +458,7 @@ class WebSocketTransport(Transport):
                 f"({self._config.outbound_queue_size} frames); the peer is slow or stalled"
             ) from None
         link.unwritten += 1
+        link.frames_sent += 1
         await trio.lowlevel.cancel_shielded_checkpoint()
 
     async def _write_through(self, link: _Link, conn: _Connection, data: bytes) -> None:
@@ -982,6 +996,7 @@ class WebSocketTransport(Transport):
         if link.conn is not conn:
             return  # superseded; frames on the losing connection are dropped
         link.answered = True
+        link.frames_received += 1
         frame = Frame(link.peer, data)
         handler = self._handler
         if handler is not None and not self._closed:

@@ -10,6 +10,8 @@ import trio
 import trio.testing
 from prometheus_client.parser import text_string_to_metric_families
 
+from corral.actors.membership import MemberInfo, MembershipView
+from corral.actors.routing import RouteTable, encode_table_json
 from corral.node._api import ApiServices, build_api, build_metrics_app
 from corral.node._artifact_store import ArtifactStore
 from corral.node._metrics import (
@@ -18,9 +20,11 @@ from corral.node._metrics import (
     MetricsSources,
     NodeMetrics,
     free_ports,
+    read_routes,
     registry_observer,
 )
-from corral.registry import MemoryRegistry
+from corral.registry import ROUTING_KEY, MemoryRegistry, ProxyRecord
+from corral.transport import FrameCounts, MemoryNetwork
 
 TREE: dict[str, Any] = {
     "path": "/",
@@ -91,6 +95,9 @@ def sources(**overrides: Any) -> MetricsSources:
         processes=answer("processes"),
         ports=answer("ports"),
         reconcile=answer("reconcile"),
+        transport=views.get("transport"),
+        membership=views.get("membership"),
+        routes=views.get("routes"),
     )
 
 
@@ -255,3 +262,109 @@ async def test_metrics_route_takes_the_token_and_the_loopback_listener_none(
         assert (await c.get("/v1/state")).status_code == 404  # nothing else is served there
     assert answer.status_code == 200
     assert ("corral_coordinator_unplaced", ()) in samples(answer.content)
+
+
+async def test_frames_sent_and_received_by_peer_come_from_the_transport() -> None:
+    network = MemoryNetwork()
+    a, b = network.connect("n1"), network.connect("n2")
+    for _ in range(3):
+        await a.send("n2", b"x")
+    for _ in range(3):
+        await b.receive()
+    await b.send("n1", b"y")
+    await a.receive()
+    metrics = NodeMetrics("n1", sources(transport=a.stats))
+    got = samples(await metrics.scrape())
+    assert got[("corral_transport_frames_sent_total", (("peer", "n2"),))] == 3
+    assert got[("corral_transport_frames_received_total", (("peer", "n2"),))] == 1
+    # Many peers: at most MAX_LABEL_VALUES of them, and a malformed entry is left out.
+    crowd = {f"p{i:04}": FrameCounts(i, 0) for i in range(MAX_LABEL_VALUES + 20)}
+    got = samples(await NodeMetrics("n1", sources(transport=lambda: crowd)).scrape())
+    sent = [k for k in got if k[0] == "corral_transport_frames_sent_total"]
+    assert len(sent) == MAX_LABEL_VALUES
+    junk = {"n2": "many"}
+    got = samples(await NodeMetrics("n1", sources(transport=lambda: junk)).scrape())
+    assert not [k for k in got if k[0] == "corral_transport_frames_sent_total"]
+    await a.aclose()
+    await b.aclose()
+
+
+def member(node: str, state: Any) -> MemberInfo:
+    return MemberInfo(node=node, state=state, incarnation=1, since=0.0, reporter="n1")
+
+
+async def test_members_per_swim_state_and_the_lease_holders_node_states() -> None:
+    view = MembershipView(
+        node="n1",
+        incarnation=3,
+        health=0,
+        members=(member("n1", "alive"), member("n2", "alive"), member("n3", "suspect")),
+    )
+    coordinator = {
+        **COORDINATOR,
+        "node_states": [
+            {"node": "n1", "state": "alive"},
+            {"node": "n2", "state": "down"},
+            {"node": "n3", "state": "cordoned"},
+            {"node": "n4", "state": "bogus"},
+            "junk",
+        ],
+    }
+    metrics = NodeMetrics("n1", sources(membership=answer_with(view), coordinator=coordinator))
+    got = samples(await metrics.scrape())
+    members = {k[1][0][1]: v for k, v in got.items() if k[0] == "corral_membership_members"}
+    assert members == {"alive": 2, "suspect": 1, "dead": 0, "left": 0}
+    nodes = {k[1][0][1]: v for k, v in got.items() if k[0] == "corral_coordinator_node_states"}
+    assert nodes == {"alive": 1, "suspect": 0, "down": 1, "cordoned": 1, "left": 0}
+    # Not the lease holder (or no view yet): neither series, never a failed scrape.
+    idle = {**coordinator, "coordinating": False}
+    busy = answer_with({"error": "no reply from /membership within 2.0 s"})
+    got = samples(await NodeMetrics("n1", sources(membership=busy, coordinator=idle)).scrape())
+    assert not [k for k in got if k[0].endswith(("_members", "_node_states"))]
+
+
+def answer_with(value: Any) -> Any:
+    async def read() -> Any:
+        return value
+
+    return read
+
+
+async def test_routing_version_and_each_proxys_applied_version_and_lag() -> None:
+    registry = MemoryRegistry()
+    await registry.put(ROUTING_KEY, encode_table_json(RouteTable(9, 40)))
+    current = ProxyRecord("edge", "caddy", "127.0.0.1:80", 9, 40, applied_at=100.0)
+    behind = ProxyRecord("old", "haproxy", "127.0.0.1:81", 9, 31, applied_at=90.0)
+    fresh = ProxyRecord("new", "caddy", "127.0.0.1:82")
+    for proxy in (current, behind, fresh):
+        await registry.put(proxy.key, proxy.encode())
+    await registry.put("proxies/bad", b"not json")
+    metrics = NodeMetrics("n1", sources(routes=lambda: read_routes(registry, 105.0)))
+    got = samples(await metrics.scrape())
+    assert got[("corral_routing_table_fence", ())] == 9
+    assert got[("corral_routing_table_revision", ())] == 40
+    assert got[("corral_proxy_applied_revision", (("proxy", "old"),))] == 31
+    assert got[("corral_proxy_applied_fence", (("proxy", "edge"),))] == 9
+    assert got[("corral_proxy_lag_seconds", (("proxy", "edge"),))] == 0
+    assert got[("corral_proxy_lag_seconds", (("proxy", "old"),))] == 15
+    # A proxy that never applied a table has no applied version and no lag yet.
+    assert not [k for k in got if ("proxy", "new") in k[1]]
+    await registry.delete(ROUTING_KEY)
+    got = samples(await metrics.scrape())
+    assert ("corral_routing_table_fence", ()) not in got
+    assert got[("corral_proxy_lag_seconds", (("proxy", "old"),))] == 0
+
+
+async def test_reconcile_pass_events_make_the_histogram_exact() -> None:
+    metrics = NodeMetrics("n1", sources())
+    metrics.observe_event("reconcile.pass", {"duration": 0.02, "skipped_since": 0, "errors": 0})
+    metrics.observe_event("reconcile.pass", {"duration": 0.3, "skipped_since": 4, "errors": 1})
+    metrics.observe_event("reconcile.pass", {"duration": "junk", "skipped_since": -2})
+    got = samples(await metrics.scrape())
+    # Exact from events: the scrape's sample of the last pass (RECONCILE) is not added.
+    assert got[("corral_reconcile_pass_duration_seconds_count", ())] == 2
+    assert got[("corral_reconcile_pass_duration_seconds_bucket", (("le", "0.025"),))] == 1
+    assert got[("corral_reconcile_passes_total", (("outcome", "full"),))] == 2
+    assert got[("corral_reconcile_passes_total", (("outcome", "skipped"),))] == 4
+    # A pass is not a reconciler action.
+    assert not [k for k in got if k[0] == "corral_reconcile_actions_total"]

@@ -53,6 +53,11 @@ def test_a_real_node_serves_metrics_and_json_logs(tmp_path: Path) -> None:
             assert {
                 labels["backend"] for labels, _ in got["corral_registry_operation_seconds_count"]
             } == {"sqlite"}
+            members = {labels["state"]: v for labels, v in got["corral_membership_members"]}
+            assert members == {"alive": 1.0, "suspect": 0.0, "dead": 0.0, "left": 0.0}
+            states = {labels["state"]: v for labels, v in got["corral_coordinator_node_states"]}
+            assert states["alive"] == 1.0
+            assert sum(states.values()) == 1.0
         cluster.stop(node)
     lines = [json.loads(line) for line in node.log_path.read_text().splitlines() if line.strip()]
     up = [line for line in lines if line["message"].startswith("node solo up")]

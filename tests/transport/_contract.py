@@ -406,6 +406,19 @@ async def check_an_ask_fails_fast_when_its_peer_is_lost(open_transports: Transpo
         assert [(e.fields["peer"], e.fields["asks"]) for e in lost] == [("node-1", 1)]
 
 
+async def check_stats_count_frames_by_peer(open_transports: TransportsFactory) -> None:
+    async with open_transports(2) as (a, b):
+        assert "node-1" not in a.stats() or a.stats()["node-1"] == (0, 0)
+        for index in range(3):
+            await a.send("node-1", b"frame %d" % index)
+        assert [(await b.receive()).data for _ in range(3)] == [b"frame 0", b"frame 1", b"frame 2"]
+        await b.send("node-0", b"back")
+        assert (await a.receive()).data == b"back"
+        assert a.stats()["node-1"] == (3, 1)
+        assert b.stats()["node-0"] == (1, 3)
+        assert (a.stats()["node-1"].sent, b.stats()["node-0"].received) == (3, 3)
+
+
 CONTRACT_CHECKS: list[Check] = [
     check_tell_and_ask_across_systems,
     check_order_per_sender_receiver_pair,
@@ -417,4 +430,5 @@ CONTRACT_CHECKS: list[Check] = [
     check_ask_timeout,
     check_remote_crash_and_unhandled_are_error_replies,
     check_an_ask_fails_fast_when_its_peer_is_lost,
+    check_stats_count_frames_by_peer,
 ]

@@ -292,6 +292,7 @@ class Reconciler(Actor):
         self._reasons: list[str] = []
         self._waiters: list[trio.Event] = []
         self._last: PassSummary | None = None
+        self._skipped_since = 0  # skipped passes since the last reconcile.pass event
         self._last_token: int | None = None
         self._last_generation: str | None = None
         self._retry_due = False
@@ -359,7 +360,19 @@ class Reconciler(Actor):
             force, self._force = self._force, False
             reasons, self._reasons = self._reasons, []
             waiters, self._waiters = self._waiters, []
-            self._last = await self._pass(force, reasons)
+            self._last = summary = await self._pass(force, reasons)
+            # One event per pass that did work, with the skipped ones since (a skipped
+            # pass is frequent and cheap: an event each would flood the log).
+            if summary.skipped:
+                self._skipped_since += 1
+            else:
+                self.ctx.emit(
+                    "reconcile.pass",
+                    duration=summary.duration,
+                    skipped_since=self._skipped_since,
+                    errors=len(summary.errors),
+                )
+                self._skipped_since = 0
             for waiter in waiters:
                 waiter.set()
 
