@@ -58,6 +58,7 @@ Time comes from trio, so the whole harness runs under
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import random
@@ -159,6 +160,8 @@ class NodeContext:
     launcher: MemoryLauncher
     #: the membership view the coordinator combines with the records (None: not wired).
     membership: Callable[[], Mapping[str, MemberStatus]] | None = None
+    #: the instance token of the node's previous life, whose record this life may take.
+    replaces: str = ""
     #: SWIM settings when the node runs membership (None: it does not).
     swim: SwimConfig | None = None
     #: where that node's SWIM view goes (set with ``swim``).
@@ -179,6 +182,7 @@ def default_node_children(ctx: NodeContext) -> list[ChildSpec | SupervisorSpec]:
             capacity_probe=lambda: capacity,
             wall_clock=ctx.wall_clock,
             lease_ttl=ctx.node_lease_ttl,
+            replaces=ctx.replaces,
         ),
     ]
     if ctx.swim is not None and ctx.feed is not None:
@@ -432,10 +436,15 @@ class Cluster:
         if self.swim is not None:
             feed = self.feeds[node.node_id] = MembershipFeed()
             membership = feed.statuses
+        # Each life is its own instance; it may take over the record of the life before
+        # (the harness ended that one), as a real node takes over its dead predecessor's.
+        identity = dataclasses.replace(node.identity, instance=f"{node.node_id}.life{node.life}")
+        replaces = f"{node.node_id}.life{node.life - 1}" if node.life > 1 else ""
         ctx = NodeContext(
             node_id=node.node_id,
             registry=gate,
-            identity=node.identity,
+            identity=identity,
+            replaces=replaces,
             capacity=node.capacity,
             wall_clock=self.wall_clock,
             lease_ttl=self.lease_ttl,

@@ -15,9 +15,7 @@ from corral.registry import AppRecord, Deployment, PlacementRecord, placement_ke
 from corral.testing import Fault, FaultKind, open_fleet, random_faults
 
 R1 = "1" * 64
-# "kill" is left out until a node killed and restarted within its lease TTL comes back in
-# the harness (see the xfail below).
-SURVIVABLE: tuple[FaultKind, ...] = ("stall", "partition", "registry-outage")
+SURVIVABLE: tuple[FaultKind, ...] = ("kill", "stall", "partition", "registry-outage")
 SEEDS = [int(s) for s in os.environ.get("CORRAL_FLEET_SEEDS", "1,2").split(",")]
 
 
@@ -97,12 +95,6 @@ async def test_the_checker_reports_an_app_on_too_many_nodes_too_long(
         assert [v.invariant for v in fleet.violations] == ["overlap"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="found by the simulator: Cluster.restart starts each life with a new instance "
-    "token and no `replaces` (the real node passes claim_on_start's), so within the lease "
-    "TTL the new life's NodeRegistration finds the killed life's record and gives up",
-)
 async def test_a_node_killed_and_restarted_within_its_lease_runs_its_apps_again(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
