@@ -467,3 +467,5 @@ async def test_a_node_runs_on_the_secure_etcd_from_its_settings(
                 while await registry.get(node_key("n1")) is None:
                     await trio.sleep(0.05)
                 stop.set()
+        # A clean stop revokes the node's lease: its record is gone at once.
+        assert await registry.get(node_key("n1")) is None

@@ -35,7 +35,8 @@ from corral.registry import (
     ],
 )
 def test_labels_kubernetes_allows_are_allowed(key: str, value: str) -> None:
-    validate_label(key, value)
+    validate_label(key, value)  # raises InvalidName when refused
+    assert validate_labels({key: value}) == {key: value}
 
 
 @pytest.mark.parametrize(
