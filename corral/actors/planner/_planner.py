@@ -488,6 +488,13 @@ class _Pass:
         # Reservations made during the pass are taken off as it goes.
         self.avail_mem: dict[str, int] = {}
         self.avail_disk10: dict[str, int] = {}
+        # The two figures avail_* is the smaller of: allocatable (total less what
+        # placements reserve) and measured free room. A removal gives back allocatable
+        # only: its process still runs while the pass decides.
+        self.alloc_mem: dict[str, int] = {}
+        self.alloc_disk10: dict[str, int] = {}
+        self.free_mem: dict[str, int] = {}
+        self.free_disk10: dict[str, int] = {}
         self.views: dict[Selector, _View] = {}
 
         # Drains that would interrupt pinned work are refused: the node keeps its work.
@@ -533,6 +540,9 @@ class _Pass:
                 )
                 # Measured free room is the second check: outside pressure takes work away.
                 floor10 = cap.disk_floor_x10
+                self.alloc_mem[node_id], self.alloc_disk10[node_id] = mem, disk10
+                self.free_mem[node_id] = cap.memory_free_mb
+                self.free_disk10[node_id] = 10 * cap.disk_free_mb - floor10
                 self.avail_mem[node_id] = min(mem, cap.memory_free_mb)
                 self.avail_disk10[node_id] = min(disk10, 10 * cap.disk_free_mb - floor10)
         self.group_of: dict[str, Group] = {i: n.group for i, n in self.nodes.items()}
@@ -1017,12 +1027,27 @@ class _Pass:
 
     def reserve(self, app: AppSpec, nodes: Iterable[str]) -> None:
         """Count what new instances of ``app`` take, so later apps in the pass see it."""
-        if app.memory_mb:
-            for node in nodes:
-                self.avail_mem[node] -= app.memory_mb
-        if app.disk_mb:
-            for node in nodes:
-                self.avail_disk10[node] -= 10 * app.disk_mb
+        self._adjust(app, nodes, taken=1, freed=1)
+
+    def release(self, app: AppSpec, result: _Result) -> None:
+        """Give back the allocatable room of the instances of ``app`` this pass removes,
+        so later apps in the pass see what the next pass would (idempotence)."""
+        final = set(result.target if result.target is not None else (*result.keep, *result.adds))
+        self._adjust(app, [h for h in result.hosts if h not in final], taken=-1, freed=0)
+
+    def _adjust(self, app: AppSpec, nodes: Iterable[str], *, taken: int, freed: int) -> None:
+        mem, disk10 = app.memory_mb, 10 * app.disk_mb
+        if not (mem or disk10):
+            return
+        for node in nodes:
+            if node not in self.avail_mem:
+                continue
+            self.alloc_mem[node] -= taken * mem
+            self.alloc_disk10[node] -= taken * disk10
+            self.free_mem[node] -= freed * mem
+            self.free_disk10[node] -= freed * disk10
+            self.avail_mem[node] = min(self.alloc_mem[node], self.free_mem[node])
+            self.avail_disk10[node] = min(self.alloc_disk10[node], self.free_disk10[node])
 
     def best_fit_order(self, app: AppSpec, view: _View, hosts: set[str]) -> list[str]:
         """Nodes that can take ``app`` now, least room left first, then node id."""
@@ -1071,6 +1096,7 @@ class _Pass:
             adds = sorted(self.best_fit_order(app, view, hosts_set))
             self.place_all(result, view, adds, keepable, lost, holding)
             self.reserve(app, result.adds)
+            self.release(app, result)
             return result
 
         want = app.replicas
@@ -1121,6 +1147,7 @@ class _Pass:
         if placed < want:
             result.unplaced = self.diagnose(app, view, set(result.keep), want - placed)
         self.reserve(app, result.adds)
+        self.release(app, result)
         if not holding and placed == want and not lost_and_excluded and not result.deferred:
             entry = _Entry(app, selector)
             entry.settle(_RESOURCE_N, result.keep + result.adds)
