@@ -56,7 +56,7 @@ from starlette.responses import FileResponse, JSONResponse, Response, StreamingR
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from corral.actors.routing import decode_table_json, routes_answer
+from corral.actors.routing import read_routes_answer
 from corral.node import _operations as ops
 from corral.node._artifact_store import ArtifactStore, artifact_capability
 from corral.node._artifacts import MAX_ARTIFACT_BYTES
@@ -80,21 +80,17 @@ from corral.node._requests import (
 from corral.node._views import CoordinatorView, NodeStatesView, node_rows, ps_rows
 from corral.registry import (
     COORDINATOR_LEASE_KEY,
-    PROXIES_PREFIX,
-    ROUTING_KEY,
     AppRecord,
     CoordinatorLease,
     NodeIntent,
     NodeRecord,
     PlacementRecord,
-    ProxyRecord,
     Registry,
     RegistryUnavailable,
     decode_record,
     read_records,
     validate_digest,
 )
-from corral.transport import SchemaError
 
 # base64 of the largest artifact plus room for the other fields.
 MAX_BODY_BYTES = MAX_ARTIFACT_BYTES * 4 // 3 + 64 * 1024
@@ -391,15 +387,7 @@ def build_api(services: ApiServices) -> ASGIApp:
         )
 
     async def routes(request: Request) -> Response:
-        kv = await registry.get(ROUTING_KEY)
-        table = None
-        if kv is not None:
-            try:
-                table = decode_table_json(kv.value)
-            except SchemaError as exc:
-                log.warning("the routing key does not decode: %s", exc)
-        proxies = await read_by_name(PROXIES_PREFIX, ProxyRecord)
-        return JSONResponse(routes_answer(table, proxies.values(), now=services.wall_clock()))
+        return JSONResponse(await read_routes_answer(registry, services.wall_clock()))
 
     async def list_apps(request: Request) -> Response:
         apps, undecodable = await read_records(registry, "apps/")

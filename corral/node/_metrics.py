@@ -39,23 +39,19 @@ from prometheus_client.registry import Collector
 
 from corral.actors.coordinator import MEMBER_STATES
 from corral.actors.planner import NODE_STATES
-from corral.actors.routing import decode_table_json, routes_answer
+from corral.actors.routing import read_routes_answer
 from corral.registry import (
-    PROXIES_PREFIX,
-    ROUTING_KEY,
     Compare,
     KeyValue,
     Lease,
-    ProxyRecord,
     Registry,
     RegistryError,
     TxnOp,
     TxnResult,
     WatchEvent,
-    read_records,
 )
 from corral.supervision import Event
-from corral.transport import FrameCounts, SchemaError
+from corral.transport import FrameCounts
 
 #: Past this many actors plus apps, the text is rendered in a worker thread.
 RENDER_INLINE_LIMIT = 200
@@ -546,19 +542,12 @@ class NodeMetrics:
 
 
 async def read_routes(registry: Registry, now: float) -> Any:
-    """The routing table's version and each proxy's, as ``GET /v1/routes`` has them
-    (a range of ``proxies/`` and one get). Never raises: ``{"error": ...}`` says why."""
+    """The routing table's version and each proxy's, as ``GET /v1/routes`` has them.
+    Never raises: ``{"error": ...}`` says why."""
     try:
-        kv = await registry.get(ROUTING_KEY)
-        records, _ = await read_records(registry, PROXIES_PREFIX)
+        return await read_routes_answer(registry, now)
     except RegistryError as exc:
         return {"error": f"the registry is unavailable: {exc}"}
-    try:
-        table = None if kv is None else decode_table_json(kv.value)
-    except SchemaError:
-        table = None  # GET /v1/routes says why; the proxies are still worth a series
-    proxies = [r for r in records.values() if isinstance(r, ProxyRecord)]
-    return routes_answer(table, proxies, now=now)
 
 
 # ---------------------------------------------------------------------- registry

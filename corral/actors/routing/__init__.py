@@ -27,7 +27,12 @@ from corral.actors.routing._actor import (
     changed_event_fields,
     routing_renderer_child_spec,
 )
-from corral.actors.routing._publish import Published, inputs_from_records, publish_routes
+from corral.actors.routing._publish import (
+    Published,
+    inputs_from_records,
+    publish_routes,
+    read_routes_answer,
+)
 from corral.actors.routing._render import (
     MAX_BACKENDS_PER_DOMAIN,
     MAX_DOMAINS,
@@ -86,6 +91,7 @@ __all__ = [
     "normalize_domain",
     "proxy_lag",
     "publish_routes",
+    "read_routes_answer",
     "render_routes",
     "routes_answer",
     "routing_renderer_child_spec",

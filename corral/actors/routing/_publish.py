@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from corral.actors.routing._render import (
     NodeRoutes,
@@ -28,11 +29,13 @@ from corral.actors.routing._render import (
     node_routes_from_record,
     render_routes,
 )
+from corral.actors.routing._view import routes_answer
 from corral.registry import (
     ALIAS_PREFIX,
     APPS_PREFIX,
     NODES_PREFIX,
     PLACEMENT_PREFIX,
+    PROXIES_PREFIX,
     ROUTING_KEY,
     AliasRecord,
     AppRecord,
@@ -43,14 +46,16 @@ from corral.registry import (
     KeyValue,
     NodeRecord,
     PlacementRecord,
+    ProxyRecord,
     Put,
     Registry,
     decode_record,
     parse_key,
+    read_records,
 )
 from corral.transport import SchemaError
 
-__all__ = ["Published", "inputs_from_records", "publish_routes"]
+__all__ = ["Published", "inputs_from_records", "publish_routes", "read_routes_answer"]
 
 log = logging.getLogger("corral.actors.routing")
 
@@ -197,3 +202,23 @@ async def publish_routes(
     return Published(
         rendered, written=table, diff=changed(old, table), undecodable=tuple(undecodable)
     )
+
+
+async def read_routes_answer(registry: Registry, now: float) -> dict[str, Any]:
+    """What ``corral routes`` shows (:func:`routes_answer`), read from the registry: the
+    ``routing`` key and every ``proxies/<id>`` record. A table that does not decode is
+    logged and shown as none; the proxies are still listed.
+
+    Raises:
+        RegistryError: the registry cannot be read.
+    """
+    kv = await registry.get(ROUTING_KEY)
+    table = None
+    if kv is not None:
+        try:
+            table = decode_table_json(kv.value)
+        except SchemaError as exc:
+            log.warning("the routing key does not decode: %s", exc)
+    records, _ = await read_records(registry, PROXIES_PREFIX)
+    proxies = [r for _, r in sorted(records.items()) if isinstance(r, ProxyRecord)]
+    return routes_answer(table, proxies, now=now)
