@@ -946,9 +946,11 @@ class NodeDown:
     ``down``, or whose leased record lapsed, as the coordinator last knew it.
 
     ``down_since`` is when the coordinator decided the node was down (None: its
-    record lapsed but membership still reaches it, a registry blip); the rest is
-    the node's last known record, so a successor coordinator knows the node's
-    labels, place and capacity after its record is gone.
+    record lapsed but membership still reaches it, a registry blip);
+    ``incarnation`` is the incarnation membership declared dead, when it did, so a
+    later death (the node refuted, then died again) is told from the same one; the
+    rest is the node's last known record, so a successor coordinator knows the
+    node's labels, place and capacity after its record is gone.
     """
 
     node: str
@@ -957,6 +959,7 @@ class NodeDown:
     rack: str | None = None
     datacenter: str | None = None
     capacity: Capacity | None = None
+    incarnation: int | None = None
 
     def __post_init__(self) -> None:
         validate_name("node", self.node)
@@ -974,6 +977,7 @@ class NodeDown:
                 "rack": self.rack,
                 "datacenter": self.datacenter,
                 "capacity": None if self.capacity is None else self.capacity.to_json(),
+                "incarnation": self.incarnation,
             }
         )
 
@@ -987,6 +991,7 @@ class NodeDown:
             rack=_opt_str(_field(obj, "rack", None), "rack"),
             datacenter=_opt_str(_field(obj, "datacenter", None), "datacenter"),
             capacity=None if capacity is None else Capacity.from_json(_obj(capacity, "capacity")),
+            incarnation=_opt_int(_field(obj, "incarnation", None), "incarnation"),
         )
 
 

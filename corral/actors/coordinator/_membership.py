@@ -34,11 +34,13 @@ is the time of the pass that first decided the node was down, and is recorded
 in the registry as ``down/<node>`` (:class:`~corral.registry.NodeDown`, written
 under the coordinator's fence) so that a successor coordinator neither restarts
 the grace clock nor forgets it: an entry's ``down_since`` is reused for as long
-as the node stays down. The entry also carries the node's last known labels,
-rack, datacenter and capacity, so a successor knows a node whose record had
-already lapsed when it took over. A node whose record lapsed while membership
-still reaches it gets an entry too, with no ``down_since``, for the same
-reason.
+as the node stays down. The entry records the incarnation membership declared
+dead; a death of another incarnation (the node refuted, ran, and died again
+before a pass deleted the entry) starts a new grace clock. The entry also
+carries the node's last known labels, rack, datacenter and capacity, so a
+successor knows a node whose record had already lapsed when it took over. A
+node whose record lapsed while membership still reaches it gets an entry too,
+with no ``down_since``, for the same reason.
 
 **Memory.** The coordinator also keeps the last record it saw of every node
 (``remembered``), so a record that lapses between two passes is still known
@@ -228,6 +230,18 @@ def _from_entry(entry: NodeDown) -> NodeRecord:
     )
 
 
+def _another_death(entry: NodeDown | None, death: int | None) -> bool:
+    """Whether membership now declares dead an incarnation other than the one the
+    entry's clock started for: the node refuted its earlier death, then died again,
+    before any pass deleted the entry. That death starts a new grace."""
+    return (
+        entry is not None
+        and entry.incarnation is not None
+        and death is not None
+        and death != entry.incarnation
+    )
+
+
 def _base_state(
     record: NodeRecord | None, member: MemberStatus | None
 ) -> tuple[NodeState, str]:
@@ -301,6 +315,7 @@ def node_states(
             last = NodeRecord(id=node_id)
         member = members.get(node_id)
         base, reason = _base_state(record, member)
+        death = member.incarnation if member is not None and member.state == "dead" else None
         down_since: float | None = None
         # A live record that itself says "down" (no node writes one today) is its
         # own source: its down_since is used as it is, and no entry is kept.
@@ -310,6 +325,8 @@ def node_states(
             down_since = record.down_since
         elif base == "down":
             kept = None if entry is None else entry.down_since
+            if _another_death(entry, death):
+                kept = None
             down_since = now if kept is None else kept
         wanted: NodeDown | None = None
         if not self_declared and (base == "down" or (record is None and base != "left")):
@@ -320,13 +337,22 @@ def node_states(
                 rack=last.rack,
                 datacenter=last.datacenter,
                 capacity=last.capacity,
+                incarnation=death
+                if entry is None or entry.down_since is None or _another_death(entry, death)
+                else entry.incarnation,
             )
         if wanted is None:
             if entry is not None:
                 writes[node_id] = None
         elif entry is None or (
-            (entry.down_since, entry.labels, entry.rack, entry.datacenter)
-            != (wanted.down_since, wanted.labels, wanted.rack, wanted.datacenter)
+            (entry.down_since, entry.incarnation, entry.labels, entry.rack, entry.datacenter)
+            != (
+                wanted.down_since,
+                wanted.incarnation,
+                wanted.labels,
+                wanted.rack,
+                wanted.datacenter,
+            )
         ):
             writes[node_id] = wanted
         memory[node_id] = last

@@ -96,6 +96,7 @@ def test_the_state_table(
     write: str,
 ) -> None:
     decided = decide(record=record, member=member, entry=entry, placed=placed)
+    death = member.incarnation if member is not None and member.state == "dead" else None
     (info,) = decided.nodes
     assert (info.state, info.down_since) == (state, down_since)
     # Capacity and labels come from the record, or the last known one.
@@ -105,7 +106,7 @@ def test_the_state_table(
     expected = {
         "none": {},
         "delete": {"n1": None},
-        "entry": {"n1": NodeDown("n1", down_since, {"zone": "a"}, "r1", "d1", CAP)},
+        "entry": {"n1": NodeDown("n1", down_since, {"zone": "a"}, "r1", "d1", CAP, death)},
         "lapsed-entry": {"n1": LAPSED_ENTRY},
     }[write]
     assert dict(decided.down_writes) == expected
@@ -332,3 +333,26 @@ def test_the_rules_hold_for_every_node(world: World) -> None:
             node in down and decided.down_writes.get(node, "kept") is not None
         ) or decided.down_writes.get(node) is not None
         assert has_entry == (info.state == "down" or (node not in records and info.state != "left"))
+
+
+def test_a_death_of_a_later_incarnation_starts_a_new_grace() -> None:
+    # Declared dead at incarnation 3: the entry's clock starts then.
+    first = decide(member=MemberStatus("dead", 3))
+    written = first.down_writes["n1"]
+    assert written is not None
+    assert (written.down_since, written.incarnation) == (NOW, 3)
+    # It refuted (alive at 4), ran, and died again at 4 before any pass deleted the
+    # entry: the old clock would move its work at once; a new grace starts instead.
+    later = decide(member=MemberStatus("dead", 4), entry=NodeDown(
+        "n1", NOW - GRACE - 1, {"zone": "a"}, "r1", "d1", CAP, incarnation=3))
+    (status,) = later.statuses
+    assert status.down_since == NOW
+    assert status.grace_until == NOW + GRACE
+    again = later.down_writes["n1"]
+    assert again is not None
+    assert (again.down_since, again.incarnation) == (NOW, 4)
+    # The same death seen again (a successor, or the next pass) keeps its clock.
+    same = decide(member=MemberStatus("dead", 3), entry=NodeDown(
+        "n1", 900.0, {"zone": "a"}, "r1", "d1", CAP, incarnation=3))
+    assert same.statuses[0].down_since == 900.0
+    assert "n1" not in same.down_writes
