@@ -63,6 +63,7 @@ from corral.actors.coordinator._rollout import (
     TakeOut,
     plan_rollout,
     restart_phase,
+    rollout_inputs,
     rollout_status,
 )
 from corral.actors.coordinator._writes import (
@@ -126,6 +127,7 @@ __all__ = [
     "plan_rollout_writes",
     "plan_writes",
     "restart_phase",
+    "rollout_inputs",
     "rollout_status",
     "states_from_view",
     "view_from_kvs",
