@@ -13,8 +13,9 @@ The lease holder renders ``domain -> [full URLs]`` from what the registry says:
   reached (the advertised host).
 
 An instance is a backend only when all of it holds: the app is placed on the
-node, a rolling deploy has not taken it out of the table, the node has a record and an advertised host, the node serves the app on
-a port, and the process is both running and ready. Every instance that fails one
+node, a rolling deploy has not taken it out of the table, the node has a record
+and an advertised host, the node serves the app on a port, and the process is
+both running and ready. Every instance that fails one
 of these is *held back* with the reason, never listed. A domain whose app has no
 backend is left out entirely: a proxy then answers 404 for it, where an empty
 list would make it answer 503 forever.
