@@ -234,7 +234,8 @@ async def test_a_coordinator_hand_off_mid_rollout_restarts_no_node_twice(
             while not await midway():
                 await trio.sleep(0.1)
         placement = await cluster.placement(APP)
-        assert placement is not None and placement.rollout is not None
+        assert placement is not None
+        assert placement.rollout is not None
         (finished,) = [n for n, e in placement.rollout.nodes.items() if e.step == "done"]
 
         await cluster.stop("coord")  # a clean hand-back: another node takes over
