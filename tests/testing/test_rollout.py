@@ -283,6 +283,7 @@ async def test_a_revision_never_ready_halts_and_leaves_the_rest_on_the_old_one(
         assert halt.fields["reason"] == rollout.halted
         holder = await cluster.wait_for_coordinator()
         state = await cluster.coordinator_state(holder)
+        assert state is not None
         (shown,) = state["rollouts"]
         assert shown["app"] == APP
         assert shown["status"] == f"halted: {rollout.halted}"
