@@ -317,6 +317,8 @@ async def test_ps_lists_instances_with_reloc(fx: Fixture) -> None:
             "revision": "a" * 64,
             "reloc": "yes",
             "reason": None,
+            "rollout": None,
+            "rollout_step": None,
         }
     ]
     assert answer["coordinator"] == {"holder": "n1", "cooldown_s": 600.0}
