@@ -428,6 +428,8 @@ def _halt_reason(inputs: RolloutInputs, node: str, entry: NodeRollout) -> str:
         seen = "it runs nothing"
     elif instance.revision != entry.revision:
         seen = f"it still runs revision {instance.revision[:12]}"
+    elif instance.state == "running":
+        seen = "it runs, but its readiness check does not pass"
     else:
         seen = f"it is {instance.state or 'not ready'}"
         if instance.reason:
