@@ -21,10 +21,12 @@ from corral.registry import (
     AppRecord,
     Deployment,
     PlacementRecord,
+    ProxyRecord,
     RolloutOptions,
     RolloutRecord,
     decode_record,
     placement_key,
+    proxy_key,
 )
 from corral.supervision import ChildSpec, SupervisorSpec
 from corral.testing import Cluster, NodeContext, agent_node_children, open_cluster
@@ -335,3 +337,54 @@ async def test_a_one_instance_app_restarts_in_place_without_waiting_on_a_drain(
         assert trio.current_time() - began < 10
         assert starts(cluster, node) == [R1, R2]
         assert cluster.instances()[APP] == [node]
+
+
+@pytest.mark.parametrize("applies", [True, False])
+async def test_a_node_out_of_the_table_waits_for_every_proxy_or_the_drain(
+    autojump_clock: object, applies: bool
+) -> None:
+    """A registered proxy that applies each table a second late lets the rollout go
+    on a second after the take-out; one that applies nothing holds it the drain."""
+    drain = 10.0
+    options = RolloutOptions(max_parallel=1, drain_ms=int(drain * 1000))
+    async with open_cluster(3, lease_ttl=TTL, children=with_routing) as cluster:
+        nodes = cluster.running
+        app = await deployed(cluster, nodes, options)
+
+        async def proxy(task_status: trio.TaskStatus[None]) -> None:
+            """``proxies/p1``: applies every table one second after it is written."""
+            start = await cluster.registry.revision() + 1
+            async with cluster.registry.watch(ROUTING_KEY, start) as events:
+                record = ProxyRecord("p1", "haproxy", "127.0.0.1:1", 0, 0)
+                await cluster.registry.put(proxy_key("p1"), record.encode())
+                task_status.started()
+                async for event in events:
+                    if not applies or event.kv.key != ROUTING_KEY:
+                        continue
+                    table = decode_table_json(event.kv.value)
+                    await trio.sleep(1.0)
+                    record = dataclasses.replace(
+                        record, applied_fence=table.fence, applied_revision=table.revision
+                    )
+                    await cluster.registry.put(proxy_key("p1"), record.encode())
+
+        recorder = Recorder()
+        async with trio.open_nursery() as nursery:
+            await nursery.start(proxy)
+            await nursery.start(recorder.run, cluster)
+            await redeploy(cluster, app, V2)
+            await settled(cluster, nodes, R2, within=200)
+            nursery.cancel_scope.cancel()
+
+        first = min(nodes)  # the lowest id goes first
+        steps = [
+            (r.nodes[first].step, r.nodes[first].since)
+            for _, r in recorder.rollouts
+            if r is not None and first in r.nodes
+        ]
+        out = next(since for step, since in steps if step == "out-of-table")
+        draining = next(since for step, since in steps if step == "draining")
+        if applies:
+            assert 1.0 <= draining - out < 2.0  # the proxy's second, and a pass's debounce
+        else:
+            assert draining - out == drain

@@ -295,10 +295,9 @@ class Coordinator(Actor):
         self._grace_timer: TimerHandle | None = None
         self._grace_deadline: float | None = None
         self._counts = {"applied": 0, "skipped": 0, "acquired": 0, "lost": 0}
-        # The rollouts in progress (or halted) as last written, by app; the routing
-        # table and proxy records the last pass read; the timer of the next rollout wait.
+        # The rollouts in progress (or halted) as last written, by app, and the timer
+        # of the next rollout wait.
         self._rollouts: dict[str, RolloutRecord] = {}
-        self._routing_kvs: tuple[KeyValue, ...] = ()
         self._rollout_timer: TimerHandle | None = None
         self._rollout_due: float | None = None
 
@@ -622,23 +621,25 @@ class Coordinator(Actor):
 
     async def _read_view(self) -> RegistryView:
         reads = [Get(prefix, prefix=True) for prefix in INPUT_PREFIXES]
-        # In the same read: the routing table and the proxies (a rollout waits on them).
-        reads += [Get(ROUTING_KEY), Get(PROXIES_PREFIX, prefix=True)]
         result = await self._registry.txn([], reads)
         if result.revision > self._read_revision:
             self._read_revision = result.revision
             self._own_revisions = {r for r in self._own_revisions if r > result.revision}
         kvs: list[KeyValue] = []
-        for response in result.responses[: len(INPUT_PREFIXES)]:
+        for response in result.responses:
             assert isinstance(response, list)
             kvs.extend(response)
-        self._routing_kvs = tuple(
-            kv
-            for response in result.responses[len(INPUT_PREFIXES) :]
-            if isinstance(response, list)
-            for kv in response
-        )
         return view_from_kvs(kvs)
+
+    async def _read_routing(self) -> tuple[KeyValue, ...]:
+        """The routing table and every proxy record, read only while some app rolls
+        (the table can be large; an idle pass never reads it). Read after the view: a
+        later table is only a newer observation of what the proxies stopped routing."""
+        reads = [Get(ROUTING_KEY), Get(PROXIES_PREFIX, prefix=True)]
+        result = await self._registry.txn([], reads)
+        return tuple(
+            kv for response in result.responses if isinstance(response, list) for kv in response
+        )
 
     def _states(self, view: RegistryView, now: float) -> NodeStates:
         membership = self._membership() if self._membership is not None else None
@@ -758,7 +759,7 @@ class Coordinator(Actor):
         # The table and the proxies are looked at only when some app rolls: an idle
         # pass costs one loop over the placements, with nothing decoded.
         rolling = any(c.record.rollout is not None for c in view.placements.values())
-        routed = self._routed_urls() if rolling else None
+        routed = self._routed_urls(await self._read_routing()) if rolling else None
         plans: dict[str, RolloutPlan] = {}
         for app, current in view.placements.items():
             record = view.apps.get(app)
@@ -784,7 +785,7 @@ class Coordinator(Actor):
         due = [plan.wake_at for plan in plans.values() if plan.wake_at is not None]
         self._schedule_rollout(min(due) if due else None, now)
 
-    def _routed_urls(self) -> frozenset[str] | None:
+    def _routed_urls(self, kvs: Iterable[KeyValue]) -> frozenset[str] | None:
         """Every backend URL of the routing table as read, when every registered proxy
         has applied that table (or a newer one); None when one has not yet (or the
         table does not decode)."""
@@ -793,7 +794,7 @@ class Coordinator(Actor):
 
         table = None
         applied: list[TableVersion | None] = []
-        for kv in self._routing_kvs:
+        for kv in kvs:
             if kv.key == ROUTING_KEY:
                 try:
                     table = decode_table_json(kv.value)
