@@ -40,6 +40,21 @@ guard drops the role. A timer runs a pass the moment the earliest grace of a
 down node holding work lapses, so that work moves then, not up to a tick
 later.
 
+Rollouts
+--------
+After the placements, every pass (a skipped one too: the digest leaves out what a
+rollout moves on) runs each app's rolling deploy (:mod:`._rollout`): from the app's
+revision and rollout options, the rollout kept in its placement record, what each
+placed node publishes (revision, readiness) and which nodes every registered proxy
+has stopped routing to (their instance's URL is absent from a routing table every
+``proxies/<id>`` record has applied). A rollout record that changed is written back
+into the placement record under the fence (:func:`~._writes.plan_rollout_writes`),
+with ``deploy.rolling`` (it began, or a node was told to switch), ``deploy.halted``
+(with the reason) and ``deploy.done`` events. The routing table and the proxies are
+read, and their changes watched, only while some app rolls; a timer runs a pass when
+the earliest wait of a rollout (a drain, the proxies' deadline, a readiness timeout)
+ends. A coordinator taking over reads the record and carries on.
+
 Reports
 -------
 Each pass that runs emits ``placement.pending`` for every app it could not
