@@ -7,6 +7,7 @@ it with the rest untouched; a rollback rolls back the same way."""
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from collections.abc import Callable, Sequence
 
 import pytest
@@ -19,17 +20,28 @@ from corral.registry import (
     OUT_OF_TABLE_STEPS,
     ROUTING_KEY,
     AppRecord,
+    Compare,
     Deployment,
+    Get,
+    MemoryRegistry,
     PlacementRecord,
     ProxyRecord,
     RolloutOptions,
     RolloutRecord,
+    TxnOp,
+    TxnResult,
     decode_record,
     placement_key,
     proxy_key,
 )
 from corral.supervision import ChildSpec, SupervisorSpec
-from corral.testing import Cluster, NodeContext, agent_node_children, open_cluster
+from corral.testing import (
+    Cluster,
+    CountingRegistry,
+    NodeContext,
+    agent_node_children,
+    open_cluster,
+)
 
 APP = "shop"
 R1, R2 = "1" * 64, "2" * 64
@@ -388,3 +400,52 @@ async def test_a_node_out_of_the_table_waits_for_every_proxy_or_the_drain(
             assert 1.0 <= draining - out < 2.0  # the proxy's second, and a pass's debounce
         else:
             assert draining - out == drain
+
+
+class ReadRecorder(CountingRegistry):
+    """Counts the keys read by transactions (a Get's key or prefix)."""
+
+    def __init__(self, inner: MemoryRegistry) -> None:
+        super().__init__(inner)
+        self.reads: Counter[str] = Counter()
+
+    async def txn(
+        self,
+        compares: Sequence[Compare],
+        on_success: Sequence[TxnOp],
+        on_failure: Sequence[TxnOp] = (),
+    ) -> TxnResult:
+        for op in on_success:
+            if isinstance(op, Get):
+                self.reads[op.key] += 1
+        return await super().txn(compares, on_success, on_failure)
+
+
+async def test_an_idle_coordinator_never_reads_the_routing_table_or_the_proxies(
+    autojump_clock: object,
+) -> None:
+    registry = ReadRecorder(MemoryRegistry())
+    try:
+        async with open_cluster(
+            3, lease_ttl=TTL, children=with_routing, registry=registry
+        ) as cluster:
+            app = await deployed(cluster, cluster.running, RolloutOptions(drain_ms=500))
+            await trio.sleep(5.0)
+            registry.reads.clear()
+            passes = len(cluster.events("coordinator.pass"))
+            await trio.sleep(10 * TTL)  # ticks, capacity refreshes, renders: nothing rolls
+            assert registry.reads["apps/"] > 0  # passes did run
+            # (the renderer reads the table it replaces; the coordinator's read of the
+            # table goes with the proxies)
+            assert registry.reads["proxies/"] == 0
+            # A redeploy reads them while it rolls, then no more.
+            await redeploy(cluster, app, V2)
+            await settled(cluster, cluster.running, R2, within=120)
+            assert registry.reads["proxies/"] > 0
+            await trio.sleep(1.0)
+            registry.reads.clear()
+            await trio.sleep(5 * TTL)
+            assert registry.reads["proxies/"] == 0
+            assert len(cluster.events("coordinator.pass")) >= passes
+    finally:
+        await registry.aclose()
