@@ -38,6 +38,8 @@ PURE_MODULES = (
     # the coordinator's inputs and membership view
     "corral.actors.coordinator._inputs",
     "corral.actors.coordinator._membership",
+    "corral.actors.coordinator._rollout",
+    "corral.actors.coordinator._writes",
     # artifacts: manifest, digest and unpacking rules
     "corral.node._artifacts",
     # smaller decision modules that say they are pure

@@ -22,6 +22,7 @@ Routes::
     POST   /v1/apps/{name}/selector       {"selector": {k: v}} or {"clear": true}
     POST   /v1/apps/{name}/replicas       {"replicas": "all" | N}
     POST   /v1/apps/{name}/retire
+    POST   /v1/apps/{name}/rollback       redeploy the previous revision (it rolls node by node)
     POST   /v1/apps/{name}/domains        {"add": [d, ...]} | {"remove": [d, ...]} | {"clear": true}
     GET    /v1/aliases                    every alias: domain, app, previous, revision
     POST   /v1/aliases/{domain}           {"app": A}: create, refused when it exists (409)
@@ -464,6 +465,12 @@ def build_api(services: ApiServices) -> ASGIApp:
         await changed(f"retire {name}")
         return JSONResponse({"app": record_json(app)})
 
+    async def rollback(request: Request) -> Response:
+        name = check_name("app", request.path_params["name"])
+        app = await ops.rollback(registry, name)
+        await changed(f"rollback {name}")
+        return JSONResponse({"app": record_json(app)})
+
     async def delete(request: Request) -> Response:
         name = check_name("app", request.path_params["name"])
         await ops.delete_app(registry, name)
@@ -607,6 +614,7 @@ def build_api(services: ApiServices) -> ASGIApp:
             Route("/v1/apps/{name}/selector", selector, methods=["POST"]),
             Route("/v1/apps/{name}/replicas", replicas, methods=["POST"]),
             Route("/v1/apps/{name}/retire", retire, methods=["POST"]),
+            Route("/v1/apps/{name}/rollback", rollback, methods=["POST"]),
             Route("/v1/apps/{name}/domains", domains, methods=["POST"]),
             Route("/v1/aliases", list_aliases, methods=["GET"]),
             Route("/v1/aliases/{domain}", set_alias, methods=["POST"]),

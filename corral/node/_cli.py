@@ -273,6 +273,14 @@ def _build_parser() -> argparse.ArgumentParser:
         "(default 60000; kept with the app)",
     )
 
+    rollback = _verb(
+        commands,
+        "rollback",
+        "redeploy an app's previous revision; it rolls node by node like a deploy",
+        [common],
+    )
+    rollback.add_argument("name", metavar="APP", help="the app to roll back")
+
     app = _verb(commands, "app", "change an app: selector, replicas, domains, retire, delete")
     app_verbs = app.add_subparsers(dest="verb", metavar="VERB", required=True)
     selector = _verb(app_verbs, "selector", "set or clear the app's node selector", [common])
@@ -511,6 +519,27 @@ def _deploy(args: argparse.Namespace, stdout: TextIO) -> int:
     return 0
 
 
+def _rollback(args: argparse.Namespace, stdout: TextIO) -> int:
+    from corral.node._format import printable_tree
+    from corral.node._requests import check_name
+
+    name = check_name("app", args.name)
+    with _client(args) as client:
+        answer = client.rollback(name)
+    if args.json:
+        _print_json(stdout, answer)
+        return 0
+    app = printable_tree(answer["app"])
+    revision = app["deployment"]["revision"][:12]
+    replaced = (app.get("previous_deployment") or {}).get("revision", "")[:12]
+    print(
+        f"{name}: rolling back to revision {revision} (from {replaced}); "
+        "`corral ps` shows the progress",
+        file=stdout,
+    )
+    return 0
+
+
 def _app(args: argparse.Namespace, stdout: TextIO) -> int:
     from corral.node._format import printable_tree
     from corral.node._requests import check_name, parse_domains, parse_pairs, parse_replicas
@@ -681,6 +710,7 @@ def _inspect(args: argparse.Namespace, stdout: TextIO) -> int:
 def _dispatch(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
     handlers: dict[str, Callable[[argparse.Namespace, TextIO], int]] = {
         "deploy": _deploy,
+        "rollback": _rollback,
         "app": _app,
         "alias": _alias,
         "ps": _read_command,

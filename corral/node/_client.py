@@ -212,6 +212,10 @@ class NodeClient:
     def retire(self, name: str) -> JSONDict:
         return self.request("POST", f"/v1/apps/{name}/retire")
 
+    def rollback(self, name: str) -> JSONDict:
+        """Redeploy the app's previous revision (``POST /v1/apps/{name}/rollback``)."""
+        return self.request("POST", f"/v1/apps/{name}/rollback")
+
     def delete(self, name: str) -> JSONDict:
         return self.request("DELETE", f"/v1/apps/{name}")
 

@@ -15,6 +15,9 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from corral.actors.coordinator import rollout_status
+from corral.registry import RolloutRecord
+
 # C0 and C1 controls and DEL, and the Unicode line separators and bidirectional
 # overrides that reorder or break what a terminal shows.
 _UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\u200e\u200f\u202a-\u202e\u2066-\u2069]")
@@ -62,7 +65,9 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     return "\n".join(lines)
 
 
-PS_HEADERS = ("APP", "NODE", "STATE", "PUBLIC", "INTERNAL", "RESTARTS", "RELOC")
+PS_HEADERS = ("APP", "NODE", "STATE", "REVISION", "PUBLIC", "INTERNAL", "RESTARTS", "RELOC")
+#: How much of a revision id ``ps`` shows.
+SHORT_REVISION = 12
 
 
 def ps_table(rows: Sequence[Mapping[str, Any]], coordinator: object = None) -> str:
@@ -79,6 +84,7 @@ def ps_table(rows: Sequence[Mapping[str, Any]], coordinator: object = None) -> s
                 r["app"],
                 r["node"],
                 r["state"],
+                _revision_cell(r),
                 r["public_port"],
                 r["internal_port"],
                 r["restarts"],
@@ -90,9 +96,26 @@ def ps_table(rows: Sequence[Mapping[str, Any]], coordinator: object = None) -> s
     for r in rows:
         if r["state"] in ("failed", "crash-loop") and r.get("reason"):
             text += f"\n{r['state']} {r['app']} on {r['node']}: {r['reason']}"
+    text += "".join(f"\n{line}" for line in _rollout_lines(rows))
     if isinstance(coordinator, Mapping) and coordinator.get("error"):
         text += f"\nRELOC cannot tell cooldowns: {coordinator['error']}"
     return text
+
+
+def _revision_cell(row: Mapping[str, Any]) -> str:
+    """The instance's revision, short, with its rollout step while one runs."""
+    revision = str(row.get("revision") or "-")[:SHORT_REVISION]
+    step = row.get("rollout_step")
+    return f"{revision} ({step})" if step and step != "done" else revision
+
+
+def _rollout_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """One line per app with a rolling deploy: ``rollout shop: rolling 1/3``."""
+    seen: dict[str, str] = {}
+    for r in rows:
+        if r.get("rollout") and r["app"] not in seen:
+            seen[r["app"]] = str(r["rollout"])
+    return [f"rollout {app}: {status}" for app, status in seen.items()]
 
 
 def _pairs(mapping: Mapping[str, Any] | None) -> str:
@@ -315,6 +338,7 @@ def state_summary(state: Mapping[str, Any], now: float | None = None) -> str:
                 [(app, _placed_on(p), p.get("fence")) for app, p in sorted(placements.items())],
             )
         )
+    lines += _rollout_state_lines(placements)
     unplaced = state.get("unplaced") or []
     if isinstance(unplaced, Mapping):
         # Said once, by the "decisions" line, when the holder's state is reported.
@@ -325,6 +349,27 @@ def state_summary(state: Mapping[str, Any], now: float | None = None) -> str:
             lines.append(f"unplaced    {item.get('message') or item.get('reason')}")
     lines += _held_back_lines(state, now)
     return "\n".join(lines)
+
+
+def _rollout_state_lines(placements: Mapping[str, Any]) -> list[str]:
+    """One line per app whose placement carries a rolling deploy: its target, its
+    progress (``rolling 1/3``, ``halted: reason``) and each node's step."""
+    lines = []
+    for app, placement in sorted(placements.items()):
+        rollout = placement.get("rollout") if isinstance(placement, Mapping) else None
+        if not isinstance(rollout, Mapping):
+            continue
+        try:
+            record = RolloutRecord.from_json(dict(rollout))
+        except (ValueError, TypeError) as exc:
+            lines.append(f"rollout     {app}: cannot be read ({exc})")
+            continue
+        steps = ", ".join(f"{node} {entry.step}" for node, entry in record.nodes.items())
+        lines.append(
+            f"rollout     {app} to {record.revision[:SHORT_REVISION]}: "
+            f"{rollout_status(record)} ({steps or 'no nodes'})"
+        )
+    return lines
 
 
 def _mib(count: object) -> str:

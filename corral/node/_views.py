@@ -34,13 +34,14 @@ answer says so. Pure: no I/O, no clock (``now`` is given).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from corral.actors.coordinator import ObservedInstance, restart_phase, rollout_status
 from corral.actors.planner import AppSpec, Placement, allocatable, reserved_by_placements
 from corral.actors.planner import Capacity as PlannerCapacity
 from corral.node._format import duration
-from corral.registry import AppRecord, NodeIntent, NodeRecord, PlacementRecord
+from corral.registry import AppRecord, NodeIntent, NodeRecord, PlacementRecord, ServingEntry
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,10 @@ class PsRow:
     #: why the instance is in this state, when the state alone does not say (``stopped``,
     #: ``failed``, ``crash-loop``).
     reason: str | None = None
+    #: the app's rolling deploy (``rolling 1/3``, ``halted: ...``; None: none) and
+    #: this instance's step in it (see :func:`rollout_cells`).
+    rollout: str | None = None
+    rollout_step: str | None = None
 
     def to_json(self) -> dict[str, object]:
         return asdict(self)
@@ -202,6 +207,22 @@ def _stopped_on(app: AppRecord, placement: PlacementRecord | None) -> frozenset[
     return frozenset(placement.placed_at) - frozenset(placement.nodes)
 
 
+def rollout_cells(
+    placement: PlacementRecord | None, node: str, entry: ServingEntry | None
+) -> tuple[str | None, str | None]:
+    """The app's rollout status (``rolling 1/3``, ``halted: reason``) and ``node``'s
+    step in it (``pending``, ``out-of-table``, ``draining``, ``stopping``,
+    ``starting``, ``waiting-ready``, ``done``); (None, None) with no rollout."""
+    rollout = None if placement is None else placement.rollout
+    if rollout is None:
+        return None, None
+    step = rollout.nodes.get(node)
+    phase = None
+    if step is not None:
+        phase = restart_phase(step, None if entry is None else ObservedInstance.of(entry))
+    return rollout_status(rollout), phase
+
+
 def ps_rows(
     apps: Mapping[str, AppRecord],
     placements: Mapping[str, PlacementRecord],
@@ -272,6 +293,9 @@ def ps_rows(
                     reason=reason or (entry.reason if entry and entry.reason else None),
                 )
             )
+            status, step = rollout_cells(placement, node_id, entry)
+            if status is not None:
+                rows[-1] = replace(rows[-1], rollout=status, rollout_step=step)
     return rows
 
 

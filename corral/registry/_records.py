@@ -1006,27 +1006,39 @@ class PlacementRecord:
     decided_at: float
     fence: int
     placed_at: dict[str, float] = field(default_factory=dict)
+    #: The app's rolling deploy in progress or halted (None: none), kept here so it
+    #: is written under the fence and a coordinator taking over continues it.
+    rollout: RolloutRecord | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "nodes", sorted(set(self.nodes)))
 
+    def out_of_table(self) -> frozenset[str]:
+        """The nodes the rollout leaves out of the routing table (none without one)."""
+        return frozenset() if self.rollout is None else self.rollout.out_of_table()
+
     def encode(self) -> bytes:
-        return _dump(
-            {
-                "nodes": list(self.nodes),
-                "decided_at": self.decided_at,
-                "fence": self.fence,
-                "placed_at": dict(self.placed_at),
-            }
-        )
+        out: dict[str, Any] = {
+            "nodes": list(self.nodes),
+            "decided_at": self.decided_at,
+            "fence": self.fence,
+            "placed_at": dict(self.placed_at),
+        }
+        if self.rollout is not None:
+            out["rollout"] = self.rollout.to_json()
+        return _dump(out)
 
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> PlacementRecord:
+        rollout = _field(obj, "rollout", None)
         return cls(
             nodes=_str_list(_field(obj, "nodes"), "nodes"),
             decided_at=_float(_field(obj, "decided_at"), "decided_at"),
             fence=_int(_field(obj, "fence"), "fence"),
             placed_at=_float_dict(_field(obj, "placed_at", {}), "placed_at"),
+            rollout=None
+            if rollout is None
+            else RolloutRecord.from_json(_obj(rollout, "rollout")),
         )
 
 

@@ -317,6 +317,8 @@ async def test_ps_lists_instances_with_reloc(fx: Fixture) -> None:
             "revision": "a" * 64,
             "reloc": "yes",
             "reason": None,
+            "rollout": None,
+            "rollout_step": None,
         }
     ]
     assert answer["coordinator"] == {"holder": "n1", "cooldown_s": 600.0}
@@ -518,3 +520,31 @@ async def test_rollout_options_are_kept_with_the_app(fx: Fixture, tmp_path: Path
     )
     # how a revision rolls is not how it runs: still the same revision
     assert app.deployment == first.deployment
+
+
+async def test_rollback_redeploys_the_previous_revision_or_says_there_is_none(
+    fx: Fixture, tmp_path: Path
+) -> None:
+    from corral.node._artifacts import pack_directory
+
+    first = packed_app(tmp_path, "one")
+    second = pack_directory(make_app_dir(tmp_path / "two", command='["python3", "other.py"]'))
+    async with fx.client() as client:
+        await client.post("/v1/apps/shop/deploy", json={"artifact": b64(first.data)})
+        refused = await client.post("/v1/apps/shop/rollback")
+        assert refused.status_code == 409
+        assert "no previous revision" in refused.json()["error"]
+        await client.post("/v1/apps/shop/deploy", json={"artifact": b64(second.data)})
+        before = await fx.app_record("shop")
+        response = await client.post("/v1/apps/shop/rollback")
+        missing = await client.post("/v1/apps/nope/rollback")
+    assert response.status_code == 200
+    assert before is not None
+    assert before.deployment is not None
+    assert before.previous_deployment is not None
+    app = await fx.app_record("shop")
+    assert app is not None
+    assert app.deployment == before.previous_deployment
+    assert app.previous_deployment == before.deployment
+    assert response.json()["app"]["deployment"]["revision"] == app.deployment.revision
+    assert missing.status_code == 404

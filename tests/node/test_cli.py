@@ -394,3 +394,26 @@ def test_forced_drain_names_the_pinned_apps_it_stops_and_ps_says_why_reloc_canno
     assert lines[-1] == f"RELOC cannot tell cooldowns: {why}"
     code, out, _ = run(["ps", "--json", *AUTH], capsys)
     assert json.loads(out) == [row]  # --json keeps printing the rows
+
+
+def test_rollback_says_which_revision_it_rolls_back_to(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    app = {
+        "name": "web",
+        "deployment": {"revision": "a" * 64},
+        "previous_deployment": {"revision": "b" * 64},
+    }
+    transport = answering(200, {"app": app})
+    monkeypatch.setattr(client_module, "client_transport", lambda: transport)
+    code, out, _ = run(["rollback", "web", *AUTH], capsys)
+    assert code == 0
+    assert out == (
+        f"web: rolling back to revision {'a' * 12} (from {'b' * 12}); "
+        "`corral ps` shows the progress\n"
+    )
+    refused = "app web has no previous revision to roll back to: it was deployed once"
+    transport = answering(409, {"error": refused})
+    monkeypatch.setattr(client_module, "client_transport", lambda: transport)
+    code, _, err = run(["rollback", "web", *AUTH], capsys)
+    assert (code, err) == (1, f"corral: error: {refused}\n")

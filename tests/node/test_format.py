@@ -95,12 +95,37 @@ def test_ps_table_and_empty_hint() -> None:
         "APP",
         "NODE",
         "STATE",
+        "REVISION",
         "PUBLIC",
         "INTERNAL",
         "RESTARTS",
         "RELOC",
     ]
     assert "corral deploy" in ps_table([])
+
+
+def test_ps_shows_each_revision_and_the_rollout_progress() -> None:
+    def row(node: str, revision: str, step: str) -> dict[str, object]:
+        return {
+            "app": "web",
+            "node": node,
+            "state": "running",
+            "revision": revision * 64,
+            "public_port": 1,
+            "internal_port": 2,
+            "restarts": 0,
+            "reloc": "yes",
+            "rollout": "rolling 1/3",
+            "rollout_step": step,
+        }
+
+    text = ps_table([row("n1", "b", "done"), row("n2", "a", "draining"), row("n3", "a", "pending")])
+    lines = text.splitlines()
+    assert lines[1].split()[:4] == ["web", "n1", "running", "b" * 12]
+    assert lines[2].split()[3:5] == ["a" * 12, "(draining)"]
+    assert lines[-1] == "rollout web: rolling 1/3"
+    halted = row("n1", "b", "waiting-ready") | {"rollout": "halted: revision bbbb was not ready"}
+    assert ps_table([halted]).splitlines()[-1] == "rollout web: halted: revision bbbb was not ready"
 
 
 def test_state_summary_says_who_coordinates_and_what_is_stuck() -> None:
@@ -311,3 +336,23 @@ def test_duration_and_drain_messages() -> None:
         "n2: draining (forced); its work moves to other nodes (no pinned app there)"
     )
     assert "pinned app(s) db are stopped there" in drain_message("n2", ["db"], forced=True)
+
+
+def test_state_shows_a_rollout_and_why_it_halted() -> None:
+    rollout = {
+        "revision": "b" * 64,
+        "nodes": {
+            "n1": {"revision": "b" * 64, "step": "restarting", "since": 1.0},
+            "n2": {"revision": "a" * 64, "step": "pending", "since": 1.0},
+        },
+        "halted": "revision bbbbbbbbbbbb was not ready on node n1 within 60000 ms",
+    }
+    state = {**STATE, "placements": {"web": {"nodes": ["n1", "n2"], "fence": 7,
+                                             "rollout": rollout}}}
+    text = state_summary(state, now=1000.0)
+    assert (
+        f"rollout     web to {'b' * 12}: halted: revision bbbbbbbbbbbb was not ready on node n1 "
+        "within 60000 ms (n1 restarting, n2 pending)"
+    ) in text
+    broken = {**STATE, "placements": {"web": {"nodes": [], "rollout": {"nodes": {}}}}}
+    assert "rollout     web: cannot be read" in state_summary(broken, now=1000.0)

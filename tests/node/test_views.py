@@ -20,7 +20,9 @@ from corral.registry import (
     Deployment,
     NodeIntent,
     NodeRecord,
+    NodeRollout,
     PlacementRecord,
+    RolloutRecord,
     ServingEntry,
 )
 
@@ -295,3 +297,31 @@ def test_node_rows_show_what_placements_leave_allocatable() -> None:
     # 100 000 - 1 000 reserved - the 10 000 floor; measured free memory is not counted.
     assert rows[0].allocatable == {"memory_mb": 8192 - 512, "disk_mb": 89_000}
     assert rows[1].allocatable is None  # no capacity reported
+
+
+def test_ps_rows_carry_each_revision_and_the_rollout() -> None:
+    old, new = "a" * 64, "b" * 64
+    rollout = RolloutRecord(
+        new,
+        {
+            "n1": NodeRollout(new, "done", 1.0),
+            "n2": NodeRollout(new, "restarting", 1.0),
+            "n3": NodeRollout(old, "pending", 1.0),
+        },
+    )
+    placement = PlacementRecord(["n1", "n2", "n3"], decided_at=0.0, fence=1, rollout=rollout)
+    nodes = {
+        "n1": NodeRecord(id="n1", serving={"web": ServingEntry(new, 1, 2, "running", ready=True)}),
+        "n2": NodeRecord(id="n2", serving={"web": ServingEntry(old, 3, 4, "running", ready=True)}),
+        "n3": NodeRecord(id="n3", serving={"web": ServingEntry(old, 5, 6, "running", ready=True)}),
+    }
+    app = AppRecord("web", replicas=3, deployment=Deployment(new, ["x"]))
+    rows = ps_rows({"web": app}, {"web": placement}, nodes, {})
+    assert [(r.node, r.revision, r.rollout, r.rollout_step) for r in rows] == [
+        ("n1", new, "rolling 1/3", "done"),
+        ("n2", old, "rolling 1/3", "stopping"),
+        ("n3", old, "rolling 1/3", "pending"),
+    ]
+    assert rows[0].to_json()["rollout"] == "rolling 1/3"
+    plain = ps_rows({"web": app}, {"web": PlacementRecord(["n1"], 0.0, 1)}, nodes, {})
+    assert (plain[0].rollout, plain[0].rollout_step) == (None, None)

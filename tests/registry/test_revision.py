@@ -6,17 +6,22 @@ from __future__ import annotations
 import json
 import random
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from corral.registry import (
     AppRecord,
     Deployment,
+    NodeRollout,
+    PlacementRecord,
     RolloutOptions,
+    RolloutRecord,
     Undecodable,
     app_key,
     decode_record,
     deployment_revision,
+    placement_key,
 )
 
 digests = st.text("0123456789abcdef", min_size=64, max_size=64)
@@ -104,3 +109,58 @@ def test_rollout_options_round_trip_and_out_of_bounds_ones_are_undecodable() -> 
     decoded = decode_record(app_key("shop"), json.dumps(bad).encode())
     assert isinstance(decoded, Undecodable)
     assert "rollout.max_parallel" in decoded.reason
+
+
+def _placement_with_rollout() -> PlacementRecord:
+    rollout = RolloutRecord(
+        "1" * 64,
+        {
+            "n1": NodeRollout("1" * 64, "done", 10.0),
+            "n2": NodeRollout("1" * 64, "restarting", 11.0),
+            "n3": NodeRollout("0" * 64, "pending", 10.0),
+        },
+        started_at=10.0,
+    )
+    return PlacementRecord(["n1", "n2", "n3"], decided_at=1.0, fence=4, rollout=rollout)
+
+
+def test_a_placement_keeps_its_rollout_and_old_records_have_none() -> None:
+    record = _placement_with_rollout()
+    assert decode_record(placement_key("shop"), record.encode()) == record
+    assert record.out_of_table() == frozenset({"n2"})
+    old = {"v": 1, "nodes": ["n1"], "decided_at": 1.0, "fence": 2}
+    decoded = decode_record(placement_key("shop"), json.dumps(old).encode())
+    assert isinstance(decoded, PlacementRecord)
+    assert decoded.rollout is None
+    assert decoded.out_of_table() == frozenset()
+
+
+_DONE = {"revision": "1" * 64, "step": "done"}
+
+
+@pytest.mark.parametrize(
+    ("rollout", "names"),
+    [
+        ("rolling", "rollout"),
+        ({"revision": "nothex", "nodes": {}}, "digest"),
+        ({"revision": "1" * 64, "nodes": []}, "rollout.nodes"),
+        ({"revision": "1" * 64, "nodes": {"n1": {"revision": "1" * 64, "step": "up"}}}, "step"),
+        ({"revision": "1" * 64, "nodes": {"bad name!": _DONE}}, "node"),
+        ({"revision": "1" * 64, "nodes": {"n1": {**_DONE, "since": "x"}}}, "since"),
+        ({"revision": "1" * 64, "nodes": {}, "halted": 7}, "halted"),
+        (
+            {"revision": "1" * 64, "nodes": {f"n{i}": {} for i in range(10_001)}},
+            "at most",
+        ),
+    ],
+)
+def test_a_placement_with_a_hostile_rollout_is_undecodable(rollout: object, names: str) -> None:
+    raw = {"v": 1, "nodes": ["n1"], "decided_at": 1.0, "fence": 2, "rollout": rollout}
+    decoded = decode_record(placement_key("shop"), json.dumps(raw).encode())
+    assert isinstance(decoded, Undecodable)
+    assert names in decoded.reason
+
+
+def test_a_long_halt_reason_is_cut_to_the_bound() -> None:
+    rollout = RolloutRecord("1" * 64, {}, halted="x" * 5000)
+    assert len(rollout.halted) == 400  # the bound of every published reason

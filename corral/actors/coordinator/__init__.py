@@ -10,7 +10,8 @@ around three pure pieces, public so they can be tested and reused:
 * :func:`inputs_digest` / :func:`needs_time` — when a pass can be skipped (a pass
   runs each tick and, through a watch of the input prefixes, promptly after a change);
 * :func:`plan_writes` — decisions to fenced, ordered transaction batches;
-* :func:`plan_rollout` — a rolling deploy's next actions (not wired in yet).
+* :func:`plan_rollout` — a rolling deploy's next actions, run for every app each
+  pass and kept in its placement record (:func:`plan_rollout_writes`).
 """
 
 from corral.actors.coordinator._actor import (
@@ -62,6 +63,7 @@ from corral.actors.coordinator._rollout import (
     TakeOut,
     plan_rollout,
     restart_phase,
+    rollout_inputs,
     rollout_status,
 )
 from corral.actors.coordinator._writes import (
@@ -73,6 +75,7 @@ from corral.actors.coordinator._writes import (
     WritePlan,
     fence_guard,
     plan_down_writes,
+    plan_rollout_writes,
     plan_writes,
 )
 
@@ -121,8 +124,10 @@ __all__ = [
     "plan_down_writes",
     "plan_input_from_view",
     "plan_rollout",
+    "plan_rollout_writes",
     "plan_writes",
     "restart_phase",
+    "rollout_inputs",
     "rollout_status",
     "states_from_view",
     "view_from_kvs",

@@ -40,6 +40,21 @@ guard drops the role. A timer runs a pass the moment the earliest grace of a
 down node holding work lapses, so that work moves then, not up to a tick
 later.
 
+Rollouts
+--------
+After the placements, every pass (a skipped one too: the digest leaves out what a
+rollout moves on) runs each app's rolling deploy (:mod:`._rollout`): from the app's
+revision and rollout options, the rollout kept in its placement record, what each
+placed node publishes (revision, readiness) and which nodes every registered proxy
+has stopped routing to (their instance's URL is absent from a routing table every
+``proxies/<id>`` record has applied). A rollout record that changed is written back
+into the placement record under the fence (:func:`~._writes.plan_rollout_writes`),
+with ``deploy.rolling`` (it began, or a node was told to switch), ``deploy.halted``
+(with the reason) and ``deploy.done`` events. The routing table and the proxies are
+read, and their changes watched, only while some app rolls; a timer runs a pass when
+the earliest wait of a rollout (a drain, the proxies' deadline, a readiness timeout)
+ends. A coordinator taking over reads the record and carries on.
+
 Reports
 -------
 Each pass that runs emits ``placement.pending`` for every app it could not
@@ -94,11 +109,21 @@ from corral.actors.coordinator._membership import (
     NodeStates,
     NodeStatus,
 )
+from corral.actors.coordinator._rollout import (
+    RolloutDone,
+    RolloutHalted,
+    RolloutPlan,
+    SwitchRevision,
+    plan_rollout,
+    rollout_inputs,
+    rollout_status,
+)
 from corral.actors.coordinator._writes import (
     DEFAULT_MAX_WRITES,
     CurrentPlacement,
     WritePlan,
     plan_down_writes,
+    plan_rollout_writes,
     plan_writes,
 )
 from corral.actors.planner import (
@@ -111,6 +136,8 @@ from corral.actors.planner import (
 )
 from corral.registry import (
     COORDINATOR_LEASE_KEY,
+    PROXIES_PREFIX,
+    ROUTING_KEY,
     Compare,
     CoordinatorLease,
     Delete,
@@ -120,14 +147,16 @@ from corral.registry import (
     Lease,
     LeaseNotFound,
     NodeRecord,
+    ProxyRecord,
     Put,
     Registry,
     RegistryError,
     RevisionCompacted,
+    RolloutRecord,
     decode_record,
 )
 from corral.supervision import Actor, ChildSpec, Restart, TimerHandle
-from corral.transport import message
+from corral.transport import SchemaError, message
 
 __all__ = [
     "DEFAULT_LEASE_TTL",
@@ -146,6 +175,9 @@ DEFAULT_WATCH_DEBOUNCE = 0.25
 _WATCH_RETRY = 1.0
 #: Revision standing for "changes were missed" (a compacted watch): always news.
 _MISSED = 0
+#: What a rollout waits on besides the inputs: the routing table and what each proxy
+#: applied. Read every pass; their changes are news only while an app rolls.
+_ROLLOUT_PREFIXES = (ROUTING_KEY, PROXIES_PREFIX)
 
 
 @message("coordinator.state")
@@ -175,6 +207,11 @@ class _Tick:
 @dataclass(frozen=True)
 class _GraceLapsed:
     """Timer: the earliest grace of a down node holding work lapses now."""
+
+
+@dataclass(frozen=True)
+class _RolloutDue:
+    """Timer: a rollout's earliest wait (a drain, the proxies, readiness) ends now."""
 
 
 @dataclass(frozen=True)
@@ -273,6 +310,11 @@ class Coordinator(Actor):
         self._grace_timer: TimerHandle | None = None
         self._grace_deadline: float | None = None
         self._counts = {"applied": 0, "skipped": 0, "acquired": 0, "lost": 0}
+        # The rollouts in progress (or halted) as last written, by app, and the timer
+        # of the next rollout wait.
+        self._rollouts: dict[str, RolloutRecord] = {}
+        self._rollout_timer: TimerHandle | None = None
+        self._rollout_due: float | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -288,6 +330,11 @@ class Coordinator(Actor):
                 return None
             case _LeaseVacated():
                 await self._on_vacated()
+                return None
+            case _RolloutDue():
+                self._rollout_timer, self._rollout_due = None, None
+                if self._coordinating():
+                    await self._run_pass(trigger="rollout")
                 return None
             case _GraceLapsed():
                 self._grace_timer, self._grace_deadline = None, None
@@ -344,6 +391,8 @@ class Coordinator(Actor):
         self._counts["lost"] += 1
         self._last_digest = None
         self._schedule_grace(None, 0.0)
+        self._schedule_rollout(None, 0.0)
+        self._rollouts = {}
         self._stop_input_watch()
         if self._holder == self._node_id:
             self._holder = None
@@ -530,7 +579,7 @@ class Coordinator(Actor):
         with scope:
             send, receive = trio.open_memory_channel[int](256)
             async with trio.open_nursery() as nursery:
-                for prefix in INPUT_PREFIXES:
+                for prefix in (*INPUT_PREFIXES, *_ROLLOUT_PREFIXES):
                     nursery.start_soon(self._forward_changes, prefix, start, send.clone())
                 send.close()
                 async with receive:
@@ -553,6 +602,8 @@ class Coordinator(Actor):
                     async with self._registry.watch(prefix, next_revision) as events:
                         async for event in events:
                             next_revision = event.kv.mod_revision + 1
+                            if prefix in _ROLLOUT_PREFIXES and not self._rollouts:
+                                continue  # the table and proxies matter only mid-rollout
                             await send.send(event.kv.mod_revision)
                 except RevisionCompacted as exc:
                     self.ctx.log.info("watch of %s lost changes (%s); looking now", prefix, exc)
@@ -595,6 +646,16 @@ class Coordinator(Actor):
             kvs.extend(response)
         return view_from_kvs(kvs)
 
+    async def _read_routing(self) -> tuple[KeyValue, ...]:
+        """The routing table and every proxy record, read only while some app rolls
+        (the table can be large; an idle pass never reads it). Read after the view: a
+        later table is only a newer observation of what the proxies stopped routing."""
+        reads = [Get(ROUTING_KEY), Get(PROXIES_PREFIX, prefix=True)]
+        result = await self._registry.txn([], reads)
+        return tuple(
+            kv for response in result.responses if isinstance(response, list) for kv in response
+        )
+
     def _states(self, view: RegistryView, now: float) -> NodeStates:
         membership = self._membership() if self._membership is not None else None
         return states_from_view(
@@ -617,13 +678,23 @@ class Coordinator(Actor):
         self._remembered = states.remembered
         self._statuses = states.statuses
         self._schedule_grace(states.next_deadline, now)
+        view = await self._placement_pass(trigger, started, view, now, states)
+        # Every pass, whatever the planner's digest says: a rollout moves on what the
+        # digest leaves out (what nodes publish, what proxies applied, the clock).
+        await self._rollout_pass(view, now)
+
+    async def _placement_pass(
+        self, trigger: str, started: float, view: RegistryView, now: float, states: NodeStates
+    ) -> RegistryView:
+        """Plan and write the placements (skipped when the inputs did not move); the
+        view as it stands after the writes."""
         inputs = self._inputs(view, now, states)
         digest = inputs_digest(inputs)
         if digest == self._last_digest and not self._waiting_on_time:
             self._counts["skipped"] += 1
             self._record_pass(started, trigger, "skipped", digest=digest)
             self._emit_pending(skipped=True)
-            return
+            return view
         # Run again over the same inputs only because it waits on time: its reports
         # repeat the last ones and are rate-limited like a skipped tick's.
         same_inputs = digest == self._last_digest
@@ -652,7 +723,7 @@ class Coordinator(Actor):
                               error=str(exc))
             self.ctx.emit("placement.unavailable", message=str(exc))
             self._emit_pending(skipped=False)
-            return
+            return view
         if decisions.paused is not None:
             self._last_digest = digest
             self._waiting_on_time = False
@@ -665,10 +736,11 @@ class Coordinator(Actor):
                 keys=list(decisions.paused.keys),
                 message=decisions.paused.message,
             )
-            return
+            return view
         written_plan = self._plan_writes(view, decisions, now)
         written = await self._apply(written_plan)
-        after = self._inputs(with_placements(view, written), now, states)
+        view = with_placements(view, written)
+        after = self._inputs(view, now, states)
         self._last_digest = inputs_digest(after)
         self._waiting_on_time = needs_time(inputs, decisions)
         self._unplaced = tuple(
@@ -689,6 +761,153 @@ class Coordinator(Actor):
             written=written_plan,
         )
         self._emit_outcomes(decisions, repeat=same_inputs)
+        return view
+
+    # ------------------------------------------------------------------ rollouts
+
+    async def _rollout_pass(self, view: RegistryView, now: float) -> None:
+        """Move every app's rollout on (:func:`~._rollout.plan_rollout`), write the
+        records that changed under the fence, report, and time the next wait."""
+        holding = self._holding
+        if holding is None:
+            raise LeaseExpired("the lease was dropped during the pass")
+        # The table and the proxies are looked at only when some app rolls: an idle
+        # pass costs one loop over the placements, with nothing decoded.
+        rolling = any(c.record.rollout is not None for c in view.placements.values())
+        routed = self._routed_urls(await self._read_routing()) if rolling else None
+        plans: dict[str, RolloutPlan] = {}
+        for app, current in view.placements.items():
+            record = view.apps.get(app)
+            if record is None:
+                continue
+            unrouted = (
+                frozenset()
+                if current.record.rollout is None
+                else self._unrouted(app, view, routed)
+            )
+            inputs = rollout_inputs(record, current.record, view.nodes, unrouted, now)
+            plans[app] = RolloutPlan(None) if inputs is None else plan_rollout(inputs)
+        wanted = {app: plan.record for app, plan in plans.items()}
+        batches = plan_rollout_writes(
+            wanted, view.placements, fence=holding.fence, max_writes=self._max_writes
+        )
+        for batch in batches:
+            await self._send_fenced(batch.compares, batch.operations)
+            for write in batch.writes:
+                before = view.placements[write.app].record.rollout
+                self._report_rollout(write.app, before, plans[write.app], now)
+        self._rollouts = {app: r for app, r in wanted.items() if r is not None}
+        due = [plan.wake_at for plan in plans.values() if plan.wake_at is not None]
+        self._schedule_rollout(min(due) if due else None, now)
+
+    def _routed_urls(self, kvs: Iterable[KeyValue]) -> frozenset[str] | None:
+        """Every backend URL of the routing table as read, when every registered proxy
+        has applied that table (or a newer one); None when one has not yet (or the
+        table does not decode)."""
+        # Imported here: the routing package imports this one.
+        from corral.actors.routing import TableVersion, decode_table_json
+
+        table = None
+        applied: list[TableVersion | None] = []
+        for kv in kvs:
+            if kv.key == ROUTING_KEY:
+                try:
+                    table = decode_table_json(kv.value)
+                except SchemaError:  # a broken table: nothing is known to be applied
+                    return None
+                continue
+            record = decode_record(kv.key, kv.value)
+            if isinstance(record, ProxyRecord):
+                fence, revision = record.applied_fence, record.applied_revision
+                applied.append(
+                    None if fence is None or revision is None else TableVersion(fence, revision)
+                )
+        if table is None:
+            # No table: no proxy routes to anything yet (an unapplied one still might).
+            return frozenset() if all(v is None for v in applied) else None
+        if any(v is None or v < table.version for v in applied):
+            return None
+        return frozenset(url for urls in table.domains.values() for url in urls)
+
+    def _unrouted(
+        self, app: str, view: RegistryView, routed: frozenset[str] | None
+    ) -> frozenset[str]:
+        """The placed nodes of ``app`` no proxy routes to any more: their instance's URL
+        is not in a table every proxy applied."""
+        if routed is None:
+            return frozenset()
+        from corral.actors.routing import backend_url
+
+        current = view.placements.get(app)
+        out = set()
+        for node in () if current is None else current.record.nodes:
+            record = view.nodes.get(node)
+            entry = None if record is None else record.serving.get(app)
+            if record is None or entry is None or not record.advertise_host:
+                out.add(node)
+            elif backend_url(record.advertise_host, entry.public_port) not in routed:
+                out.add(node)
+        return frozenset(out)
+
+    def _report_rollout(
+        self, app: str, before: RolloutRecord | None, plan: RolloutPlan, now: float
+    ) -> None:
+        """The events of one app's rollout write: ``deploy.rolling`` when it begins (or
+        retargets) and as each node switches, ``deploy.halted``, ``deploy.done``."""
+        after = plan.record
+        if after is not None and (before is None or before.revision != after.revision):
+            self.ctx.emit(
+                "deploy.rolling",
+                app=app,
+                revision=after.revision,
+                nodes=len(after.nodes),
+                progress=rollout_status(after),
+            )
+        for action in plan.actions:
+            if isinstance(action, SwitchRevision):
+                self.ctx.emit(
+                    "deploy.rolling",
+                    app=app,
+                    revision=action.revision,
+                    node=action.node,
+                    progress=rollout_status(after),
+                )
+            elif isinstance(action, RolloutHalted):
+                self.ctx.emit(
+                    "deploy.halted",
+                    app=app,
+                    revision=None if after is None else after.revision,
+                    reason=action.reason,
+                )
+            elif isinstance(action, RolloutDone):
+                self.ctx.emit(
+                    "deploy.done",
+                    app=app,
+                    revision=action.revision,
+                    seconds=None if before is None else max(0.0, now - before.started_at),
+                )
+
+    def _schedule_rollout(self, due: float | None, now: float) -> None:
+        """Run a pass when the earliest rollout wait ends (wall-clock ``due``)."""
+        if due == self._rollout_due:
+            return
+        if self._rollout_timer is not None:
+            self._rollout_timer.cancel()
+            self._rollout_timer = None
+        self._rollout_due = due
+        if due is not None:
+            self._rollout_timer = self.ctx.after(max(0.0, due - now), _RolloutDue())
+
+    def _rollouts_state(self) -> list[dict[str, Any]]:
+        """The rollouts in progress or halted, for the state reply (by app)."""
+        return [
+            {
+                "app": app,
+                "status": rollout_status(record),
+                **record.to_json(),
+            }
+            for app, record in sorted(self._rollouts.items())
+        ]
 
     async def _apply_down(
         self, view: RegistryView, states: NodeStates
@@ -914,6 +1133,7 @@ class Coordinator(Actor):
             "node_states": [status.to_json() for status in self._statuses]
             if coordinating
             else [],
+            "rollouts": self._rollouts_state() if coordinating else [],
         }
 
 

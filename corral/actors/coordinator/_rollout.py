@@ -73,7 +73,10 @@ from typing import TypeAlias
 
 from corral.registry import (
     OUT_OF_TABLE_STEPS,
+    AppRecord,
+    NodeRecord,
     NodeRollout,
+    PlacementRecord,
     RolloutOptions,
     RolloutRecord,
     RolloutStep,
@@ -97,8 +100,11 @@ class ObservedInstance:
 
     @classmethod
     def of(cls, entry: ServingEntry) -> ObservedInstance:
-        """The instance a node's serving entry describes (ready = ``running``)."""
-        return cls(entry.revision, entry.state == "running", entry.state, entry.reason)
+        """The instance a node's serving entry describes: ready when it is ``running``
+        and passes its readiness check (a record that publishes no readiness counts a
+        running instance as ready, as the routing table does)."""
+        ready = entry.state == "running" and entry.ready is not False
+        return cls(entry.revision, ready, entry.state, entry.reason)
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,6 +226,38 @@ def plan_rollout(inputs: RolloutInputs) -> RolloutPlan:
     actions += [w for w in waits if w is not None]
     due = [w.until for w in waits if w is not None]
     return RolloutPlan(new, tuple(actions), min(due) if due else None)
+
+
+def rollout_inputs(
+    app: AppRecord,
+    placement: PlacementRecord,
+    nodes: Mapping[str, NodeRecord],
+    unrouted: frozenset[str],
+    now: float,
+) -> RolloutInputs | None:
+    """The inputs of ``app``'s rollout decision, from what a coordinator pass read:
+    the app's record, its placement (with the rollout it carries), the node records
+    (each placed node's published instance) and the nodes every proxy has stopped
+    routing to (``unrouted``). None when nothing is to roll: the app has no
+    deployment, or it is retired, blocked or being torn down (its rollout, if any,
+    is cleared)."""
+    if app.deployment is None or app.retired or app.blocked or app.teardown_pending:
+        return None
+    instances = {}
+    for node in placement.nodes:
+        record = nodes.get(node)
+        entry = None if record is None else record.serving.get(app.name)
+        if entry is not None:
+            instances[node] = ObservedInstance.of(entry)
+    return RolloutInputs(
+        target=app.deployment.revision,
+        options=app.rollout,
+        placed=tuple(placement.nodes),
+        instances=instances,
+        proxies_applied=unrouted & frozenset(placement.nodes),
+        record=placement.rollout,
+        now=now,
+    )
 
 
 def restart_phase(entry: NodeRollout, instance: ObservedInstance | None) -> str:
@@ -390,6 +428,8 @@ def _halt_reason(inputs: RolloutInputs, node: str, entry: NodeRollout) -> str:
         seen = "it runs nothing"
     elif instance.revision != entry.revision:
         seen = f"it still runs revision {instance.revision[:12]}"
+    elif instance.state == "running":
+        seen = "it runs, but its readiness check does not pass"
     else:
         seen = f"it is {instance.state or 'not ready'}"
         if instance.reason:

@@ -47,6 +47,9 @@ coordinator sends one after the other.
   change token, so a write that does not concern the node costs it nothing.
   The index is guarded by the fence alone: only the coordinator writes it,
   and it is derived from the placements the batch's own guards pin.
+* **A rollout is carried over.** A record rewritten for its node set keeps the
+  rollout it carries (:class:`~corral.registry.RolloutRecord`); the rollout's
+  own changes are written by :func:`plan_rollout_writes`.
 * **Batches stay small.** At most ``max_writes`` placement writes, and at most
   ``max_writes`` index writes, per transaction, under etcd's default limit of
   128 operations per txn. A placement touching more nodes than that (a new
@@ -59,6 +62,7 @@ Everything here is a function of its arguments: no clock, no I/O.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -72,6 +76,7 @@ from corral.registry import (
     NodeDown,
     PlacementRecord,
     Put,
+    RolloutRecord,
     assign_key,
     down_key,
     placement_key,
@@ -86,6 +91,7 @@ __all__ = [
     "WritePlan",
     "fence_guard",
     "plan_down_writes",
+    "plan_rollout_writes",
     "plan_writes",
 ]
 
@@ -279,10 +285,63 @@ def _write_for(
         {node: old_placed[node] for node in nodes if node in previous and node in old_placed}
     )
     placed_at.update({node: old_placed.get(node, decided_at) for node in held})
+    # The rollout goes on across a node-set change: its next pass matches it to the
+    # new nodes (see :mod:`._rollout`).
     record = PlacementRecord(
-        nodes=list(nodes), decided_at=decided_at, fence=fence, placed_at=placed_at
+        nodes=list(nodes),
+        decided_at=decided_at,
+        fence=fence,
+        placed_at=placed_at,
+        rollout=existing.record.rollout,
     )
     return PlacementWrite(app, record, previous, existing.mod_revision)
+
+
+def plan_rollout_writes(
+    rollouts: Mapping[str, RolloutRecord | None],
+    current: Mapping[str, CurrentPlacement],
+    *,
+    fence: int,
+    max_writes: int = DEFAULT_MAX_WRITES,
+) -> tuple[WriteBatch, ...]:
+    """The transactions that put each app's rollout bookkeeping into its placement
+    record: only the records whose rollout differs from the one read, each rewritten
+    under ``fence`` with its node set untouched (so no assignment index moves), and
+    guarded like every placement write (fence, and the ``mod_revision`` read).
+
+    Args:
+        rollouts: app -> the rollout to keep (None: clear it).
+        current: app -> its placement record and mod revision, as read; an app
+            without one, or whose record carries a larger fence, is not written.
+        fence: the writer's lease fence.
+        max_writes: most writes in one transaction (>= 1).
+
+    Raises:
+        ValueError: ``fence`` < 1 or ``max_writes`` < 1.
+    """
+    if fence < 1:
+        raise ValueError(f"fence must be a create revision (>= 1), got {fence}")
+    if max_writes < 1:
+        raise ValueError(f"max_writes must be at least 1, got {max_writes}")
+    writes: list[PlacementWrite] = []
+    for app in sorted(rollouts):
+        existing = current.get(app)
+        if existing is None or existing.record.fence > fence:
+            continue
+        if existing.record.rollout == rollouts[app]:
+            continue
+        record = dataclasses.replace(existing.record, rollout=rollouts[app], fence=fence)
+        writes.append(
+            PlacementWrite(app, record, tuple(existing.record.nodes), existing.mod_revision)
+        )
+    return tuple(
+        WriteBatch(
+            compares=(fence_guard(fence), *(write.guard() for write in chunk)),
+            operations=tuple(write.operation() for write in chunk),
+            writes=tuple(chunk),
+        )
+        for chunk in (writes[i : i + max_writes] for i in range(0, len(writes), max_writes))
+    )
 
 
 def _batches(

@@ -524,7 +524,9 @@ class Reconciler(Actor):
         local = self._local_state() | {
             c.app for c in claims.values() if isinstance(c, PortClaim) and c.node == self._node_id
         }
-        views = app_views(self._node_id, records.values(), by_app)
+        processes = process_views(rows)
+        running = {app: p.revision for app, p in processes.items() if p.phase == "live"}
+        views = app_views(self._node_id, records.values(), by_app, running)
         self._failed = forget_settled(
             self._failed,
             {
@@ -537,7 +539,7 @@ class Reconciler(Actor):
             PassInputs(
                 apps=views,
                 unknown=frozenset(unknown),
-                processes=process_views(rows),
+                processes=processes,
                 local_state=frozenset(local),
             )
         )
@@ -635,7 +637,8 @@ class Reconciler(Actor):
         try:
             match action:
                 case Start() | Restart():
-                    deployment = records[app].deployment
+                    # the current deployment, or the previous one mid-rollout
+                    deployment = records[app].deployment_at(action.revision)
                     assert deployment is not None
                     return await self._start(action, deployment, records[app].memory_mb)
                 case Stop():

@@ -9,7 +9,7 @@ compares what the registry asks of it with what runs, and plans:
 situation                                      action
 =============================================  =====================================
 assigned, deployed, no process running         **start** on the ports the app holds
-assigned, running another revision             **restart** with the deployed one
+assigned, running another revision             **restart** with the one to run here
 running, runtime teardown pending              **stop** ("runtime teardown is pending")
 running, not assigned here (or retired,        **stop** ("application is no longer
 blocked, deleted)                              served by this node")
@@ -17,6 +17,10 @@ assigned, never deployed                       nothing
 deleted, nothing of it runs, state left here   **remove** its working directory and
                                                local state (ports to quarantine)
 =============================================  =====================================
+
+The revision to run here is the deployed one, except during a rolling deploy:
+then it is the one the rollout (kept in the placement) names for this node, and
+a node it has not reached keeps the previous deployment (:func:`desired_revision`).
 
 Starts (and restarts) come first, then stops, then removals; each group sorted
 by app name. Stopping keeps the working directory and ports; only deletion from
@@ -208,20 +212,57 @@ def should_skip(
 # --------------------------------------------------------------------------- inputs
 
 
+def desired_revision(
+    node_id: str,
+    app: AppRecord,
+    placement: PlacementRecord | None,
+    running: str | None = None,
+) -> str | None:
+    """The revision this node is to run of ``app`` (None: it was never deployed).
+
+    * The revision the app's rollout names for the node, when the app still has
+      that deployment (current or previous) or the node runs it already;
+    * else, while no rollout lists the node, the previous deployment's revision
+      when that is what the node runs: a new revision reaches a running node only
+      through a rollout (the coordinator's next pass starts one), never all at once;
+    * else the app's revision.
+
+    Args:
+        node_id: this node.
+        app: the app's record.
+        placement: its placement record (with the rollout it carries), if any.
+        running: the revision of the app's live process on this node, if any.
+    """
+    if app.deployment is None:
+        return None
+    rollout = None if placement is None else placement.rollout
+    named = None if rollout is None else rollout.revision_for(node_id)
+    if named is not None and (app.deployment_at(named) is not None or named == running):
+        return named
+    previous = app.previous_deployment
+    if named is None and previous is not None and running == previous.revision:
+        return previous.revision
+    return app.deployment.revision
+
+
 def app_views(
     node_id: str,
     apps: Iterable[AppRecord],
     placements: Mapping[str, PlacementRecord],
+    running: Mapping[str, str] | None = None,
 ) -> dict[str, AppView]:
     """One :class:`AppView` per app record; ``placements`` is keyed by app name (a
-    missing placement means not assigned)."""
+    missing placement means not assigned); ``running`` maps each app with a live
+    process here to its revision (see :func:`desired_revision`)."""
     views = {}
     for app in apps:
         placement = placements.get(app.name)
         views[app.name] = AppView(
             name=app.name,
             assigned=placement is not None and node_id in placement.nodes,
-            revision=None if app.deployment is None else app.deployment.revision,
+            revision=desired_revision(
+                node_id, app, placement, None if running is None else running.get(app.name)
+            ),
             teardown_pending=app.teardown_pending,
             retired=app.retired,
             blocked=app.blocked,

@@ -87,6 +87,9 @@ def inputs_from_records(
         aliases={domain: alias.app for domain, alias in aliases.items()},
         placements={name: list(p.nodes) for name, p in placements.items()},
         nodes=node_routes,
+        out_of_table={
+            name: p.out_of_table() for name, p in placements.items() if p.rollout is not None
+        },
     )
 
 

@@ -13,8 +13,9 @@ The lease holder renders ``domain -> [full URLs]`` from what the registry says:
   reached (the advertised host).
 
 An instance is a backend only when all of it holds: the app is placed on the
-node, the node has a record and an advertised host, the node serves the app on
-a port, and the process is both running and ready. Every instance that fails one
+node, a rolling deploy has not taken it out of the table, the node has a record
+and an advertised host, the node serves the app on a port, and the process is
+both running and ready. Every instance that fails one
 of these is *held back* with the reason, never listed. A domain whose app has no
 backend is left out entirely: a proxy then answers 404 for it, where an empty
 list would make it answer 503 forever.
@@ -141,12 +142,15 @@ class RoutingInputs:
         aliases: alias domain -> the app it points at.
         placements: app name -> the nodes chosen to serve it.
         nodes: node id -> what that node publishes (a missing node has no record).
+        out_of_table: app -> nodes its rollout leaves out (``PlacementRecord.out_of_table``).
     """
 
     app_domains: Mapping[str, Sequence[str]] = field(default_factory=dict)
     aliases: Mapping[str, str] = field(default_factory=dict)
     placements: Mapping[str, Sequence[str]] = field(default_factory=dict)
     nodes: Mapping[str, NodeRoutes] = field(default_factory=dict)
+    #: app -> the placed nodes a rolling deploy has taken out of the table.
+    out_of_table: Mapping[str, frozenset[str]] = field(default_factory=dict)
 
 
 def node_routes_from_record(
@@ -291,8 +295,12 @@ def _valid_host(host: str) -> bool:
 
 def _app_backends(app: str, inputs: RoutingInputs, held: list[HeldBack]) -> tuple[str, ...]:
     urls: set[str] = set()
+    rolling = inputs.out_of_table.get(app, frozenset())
     for node_id in sorted(set(inputs.placements.get(app, ()))):
         node = inputs.nodes.get(node_id)
+        if node_id in rolling:
+            held.append(HeldBack(app, node_id, "out of the table for a rolling deploy"))
+            continue
         if node is None:
             held.append(HeldBack(app, node_id, "the node has no record (not registered or lapsed)"))
             continue

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -11,6 +13,7 @@ from corral.actors.coordinator import (
     PlacementWrite,
     WritePlan,
     fence_guard,
+    plan_rollout_writes,
     plan_writes,
 )
 from corral.registry import (
@@ -19,8 +22,10 @@ from corral.registry import (
     CompareTarget,
     Delete,
     NodeAssignment,
+    NodeRollout,
     PlacementRecord,
     Put,
+    RolloutRecord,
     decode_record,
     placement_key,
 )
@@ -241,3 +246,59 @@ def test_a_new_record_may_carry_only_stopped_instances() -> None:
     assert write.record == PlacementRecord(
         nodes=["n2"], decided_at=9.0, fence=5, placed_at={"n1": 9.0, "n2": 9.0}
     )
+
+
+# --------------------------------------------------------------------------- rollouts
+
+
+def _rolling() -> RolloutRecord:
+    return RolloutRecord(
+        "1" * 64,
+        {"n1": NodeRollout("1" * 64, "done", 5.0), "n2": NodeRollout("0" * 64, "pending", 5.0)},
+        started_at=5.0,
+    )
+
+
+def test_a_node_set_change_carries_the_rollout_over() -> None:
+    record = PlacementRecord(
+        nodes=["n1", "n2"], decided_at=1.0, fence=3, placed_at={}, rollout=_rolling()
+    )
+    plan = plan_writes({"a": ("n1", "n2", "n3")}, {"a": CurrentPlacement(record, 7)},
+                       fence=5, decided_at=9.0)
+    (write,) = plan.writes
+    assert write.record is not None
+    assert write.record.rollout == _rolling()
+
+
+def test_rollout_writes_only_what_changed_under_the_fence() -> None:
+    plain = PlacementRecord(nodes=["n1", "n2"], decided_at=1.0, fence=3, placed_at={})
+    rolling = dataclasses.replace(plain, rollout=_rolling())
+    newer = dataclasses.replace(plain, fence=9)
+    current = {
+        "same": CurrentPlacement(rolling, 10),
+        "starts": CurrentPlacement(plain, 11),
+        "ends": CurrentPlacement(rolling, 12),
+        "newer": CurrentPlacement(newer, 13),
+    }
+    wanted = {"same": _rolling(), "starts": _rolling(), "ends": None, "newer": _rolling(),
+              "unplaced": _rolling()}
+    (batch,) = plan_rollout_writes(wanted, current, fence=5)
+    assert [w.app for w in batch.writes] == ["ends", "starts"]
+    assert batch.compares == (
+        fence_guard(5),
+        Compare.mod_revision_is(placement_key("ends"), 12),
+        Compare.mod_revision_is(placement_key("starts"), 11),
+    )
+    decoded = [decode_record(op.key, op.value) for op in batch.operations if isinstance(op, Put)]
+    assert decoded == [
+        dataclasses.replace(plain, fence=5),
+        dataclasses.replace(plain, fence=5, rollout=_rolling()),
+    ]
+    # Only placement keys: the node sets did not move, so no assignment index does.
+    assert all(op.key.startswith("placement/") for op in batch.operations)
+    assert plan_rollout_writes({"a": None}, {}, fence=5) == ()
+    many = {f"app{i}": CurrentPlacement(plain, i + 1) for i in range(5)}
+    batches = plan_rollout_writes(dict.fromkeys(many, _rolling()), many, fence=5, max_writes=2)
+    assert [len(b.writes) for b in batches] == [2, 2, 1]
+    with pytest.raises(ValueError, match="fence"):
+        plan_rollout_writes({}, {}, fence=0)

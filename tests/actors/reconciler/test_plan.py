@@ -17,13 +17,22 @@ from corral.actors.reconciler import (
     Start,
     Stop,
     app_views,
+    desired_revision,
     plan_pass,
     process_views,
     serving_set,
     should_skip,
     with_serving,
 )
-from corral.registry import AppRecord, Deployment, NodeRecord, PlacementRecord, ServingEntry
+from corral.registry import (
+    AppRecord,
+    Deployment,
+    NodeRecord,
+    NodeRollout,
+    PlacementRecord,
+    RolloutRecord,
+    ServingEntry,
+)
 
 R1, R2 = "1" * 64, "2" * 64
 
@@ -262,3 +271,36 @@ def test_plan_properties(
         if not app.should_run and running:
             never_deployed = app.assigned and app.revision is None and not app.teardown_pending
             assert (name in touched) != never_deployed
+
+
+def test_the_revision_to_run_follows_the_rollout_then_keeps_the_previous_one() -> None:
+    r3 = "3" * 64
+    app = AppRecord(
+        "a",
+        deployment=Deployment(R2, ["x"]),
+        previous_deployment=Deployment(R1, ["x"]),
+    )
+    plain = PlacementRecord(["n1", "n2", "n3"], 1.0, 1)
+    rollout = RolloutRecord(
+        R2,
+        {
+            "n1": NodeRollout(R2, "restarting", 1.0),
+            "n2": NodeRollout(R1, "out-of-table", 1.0),
+            "n3": NodeRollout(r3, "pending", 1.0),  # a revision the app no longer has
+        },
+    )
+    rolling = PlacementRecord(["n1", "n2", "n3"], 1.0, 1, rollout=rollout)
+    assert desired_revision("n1", app, rolling, running=R1) == R2
+    assert desired_revision("n2", app, rolling, running=R1) == R1
+    # a revision it runs is kept, even one the app no longer names; otherwise the app's
+    assert desired_revision("n3", app, rolling, running=r3) == r3
+    assert desired_revision("n3", app, rolling, running=None) == R2
+    # before the coordinator lists a node, a node on the previous revision keeps it
+    assert desired_revision("n4", app, rolling, running=R1) == R1
+    assert desired_revision("n1", app, plain, running=R1) == R1
+    assert desired_revision("n1", app, plain, running=None) == R2
+    assert desired_revision("n1", app, plain, running=r3) == R2
+    assert desired_revision("n1", AppRecord("a"), rolling, running=R1) is None
+    views = app_views("n2", [app], {"a": rolling}, {"a": R1})
+    assert views["a"].revision == R1
+    assert plan_pass(PassInputs(apps=views, processes={"a": ProcessView("a", R1, "live")})) == ()

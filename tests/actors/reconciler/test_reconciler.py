@@ -42,8 +42,10 @@ from corral.registry import (
     KeyValue,
     MemoryRegistry,
     NodeRecord,
+    NodeRollout,
     PlacementRecord,
     PortClaim,
+    RolloutRecord,
     app_key,
     decode_record,
     node_key,
@@ -557,7 +559,14 @@ async def _redeploy(agent: Agent, artifact: bytes = b"python3 server.py", **fiel
         agent.registry, request, artifacts.store, agent.clock(), inspect=artifacts.inspect
     )
     assert result.app.deployment is not None
-    return result.app.deployment.revision
+    revision = result.app.deployment.revision
+    # What the coordinator's rollout does next: tell the node to switch (a redeploy
+    # reaches a node running the previous revision only through a rollout).
+    rollout = RolloutRecord(revision, {NODE: NodeRollout(revision, "restarting", 0.0)})
+    await agent.registry.put(
+        placement_key("hello"), PlacementRecord([NODE], 0.0, 1, rollout=rollout).encode()
+    )
+    return revision
 
 
 async def test_an_env_only_redeploy_restarts_with_the_new_env_on_the_same_ports(

@@ -18,8 +18,10 @@ from corral.registry import (
     CoordinatorLease,
     MemoryRegistry,
     NodeRecord,
+    NodeRollout,
     PlacementRecord,
     Registry,
+    RolloutRecord,
     ServingEntry,
     alias_key,
     alias_previous_key,
@@ -129,3 +131,21 @@ async def test_garbage_under_routing_is_replaced_with_a_larger_revision() -> Non
     await registry.put(app_key("bad"), b"{not json")
     again = await publish_routes(registry, fence=fence)
     assert again.undecodable == (app_key("bad"),)
+
+
+async def test_a_node_a_rollout_took_out_is_left_out_of_the_table() -> None:
+    registry = MemoryRegistry()
+    fence = await coordinate(registry)
+    await seed(registry)
+    rollout = RolloutRecord(
+        REV, {"n1": NodeRollout(REV, "draining", 1.0), "n2": NodeRollout(REV, "done", 1.0)}
+    )
+    placement = PlacementRecord(["n1", "n2"], decided_at=0.0, fence=fence, rollout=rollout)
+    await registry.put(placement_key("blog"), placement.encode())
+    published = await publish_routes(registry, fence=fence)
+    assert published.written is not None
+    # n1's blog is running and ready, but a rollout drains it: only n2 is listed.
+    assert published.written.domains["blog.test"] == ("http://10.0.0.2:24002",)
+    assert published.written.domains["shop.test"] == ("http://10.0.0.1:24001",)
+    held = [h for h in published.written.held_back if h.app == "blog"]
+    assert [(h.node, h.why) for h in held] == [("n1", "out of the table for a rolling deploy")]
