@@ -27,7 +27,7 @@ async def ask(client: httpx.AsyncClient, listen: str, host: str) -> tuple[int, s
 
 
 async def ask_fresh(listen: str, host: str) -> tuple[int, str]:
-    async with httpx.AsyncClient() as client:
+    async with httpx.AsyncClient(limits=httpx.Limits(max_keepalive_connections=0)) as client:
         return await ask(client, listen, host)
 
 
@@ -37,6 +37,14 @@ async def answers(client: httpx.AsyncClient, listen: str, host: str, n: int = 12
         status, text = await ask(client, listen, host)
         seen[f"{status} {text}"] += 1
     return seen
+
+
+def proxy_client(kind: str) -> httpx.AsyncClient:
+    """A client for requests through the proxy. Caddy closes idle keep-alive
+    connections on every reload (see corral.proxy._caddy), so a connection pooled
+    before an apply can be reset by the next request: against Caddy none is kept."""
+    keepalive = 0 if kind == "caddy" else None
+    return httpx.AsyncClient(limits=httpx.Limits(max_keepalive_connections=keepalive))
 
 
 def table(revision: int, fence: int = 1, **domains: list[str]) -> RouteTable:
@@ -52,7 +60,7 @@ async def test_requests_reach_every_backend_and_an_unknown_host_gets_404(
     listen = f"127.0.0.1:{free_port()}"
     async with (
         open_proxy(kind, listen=listen, data_dir=data_dir) as engine,
-        httpx.AsyncClient() as client,
+        proxy_client(kind) as client,
     ):
         urls = [backends.url(n) for n in ("a1", "a2", "a3")]
         assert await engine.offer(table(1, shop_test=urls)) is Verdict.APPLY
@@ -72,7 +80,7 @@ async def test_removing_a_backend_takes_it_out_and_an_older_table_is_ignored(
     listen = f"127.0.0.1:{free_port()}"
     async with (
         open_proxy(kind, listen=listen, data_dir=data_dir) as engine,
-        httpx.AsyncClient() as client,
+        proxy_client(kind) as client,
     ):
         every = [backends.url(n) for n in ("a1", "a2", "a3")]
         await engine.offer(table(1, shop_test=every))
@@ -102,12 +110,9 @@ async def test_switching_an_alias_domain_changes_who_answers_within_one_apply(
     await backends.start("blue", "green")
     listen = f"127.0.0.1:{free_port()}"
     blue, green = [backends.url("blue")], [backends.url("green")]
-    # Caddy closes idle keep-alive connections on every reload (see corral.proxy._caddy):
-    # a pooled connection can be reset just after an apply, so it is not reused there.
-    keepalive = 0 if kind == "caddy" else None
     async with (
         open_proxy(kind, listen=listen, data_dir=data_dir) as engine,
-        httpx.AsyncClient(limits=httpx.Limits(max_keepalive_connections=keepalive)) as client,
+        proxy_client(kind) as client,
     ):
         await engine.offer(table(1, blue_test=blue, green_test=green, shop_test=blue))
         assert set(await answers(client, listen, "shop.test", 4)) == {"200 blue"}
@@ -126,7 +131,7 @@ async def test_a_killed_backend_costs_no_request_thanks_to_retries(
     listen = f"127.0.0.1:{free_port()}"
     async with (
         open_proxy(kind, listen=listen, data_dir=data_dir) as engine,
-        httpx.AsyncClient() as client,
+        proxy_client(kind) as client,
     ):
         await engine.offer(table(1, shop_test=[backends.url(n) for n in ("a1", "a2", "a3")]))
         assert len(await answers(client, listen, "shop.test", 6)) == 3
@@ -142,7 +147,7 @@ async def test_a_new_domain_is_served_and_the_process_is_gone_after_the_block(
     listen = f"127.0.0.1:{free_port()}"
     async with (
         open_proxy(kind, listen=listen, data_dir=data_dir) as engine,
-        httpx.AsyncClient() as client,
+        proxy_client(kind) as client,
     ):
         pid = engine.driver.pid  # type: ignore[attr-defined]
         await engine.offer(table(1, a_test=[backends.url("a1")]))
@@ -169,7 +174,7 @@ async def test_the_engine_follows_the_routing_key(
     await registry.put(ROUTING_KEY, encode_table_json(first))
     async with (
         open_proxy(kind, listen=listen, data_dir=data_dir, proxy_id="edge-1") as engine,
-        httpx.AsyncClient() as client,
+        proxy_client(kind) as client,
         trio.open_nursery() as nursery,
     ):
         await nursery.start(functools.partial(follow_routing, on_status=record), registry, engine)
@@ -195,7 +200,7 @@ async def test_a_dead_proxy_process_is_started_again_on_the_next_table(
     listen = f"127.0.0.1:{free_port()}"
     async with (
         open_proxy(kind, listen=listen, data_dir=data_dir) as engine,
-        httpx.AsyncClient() as client,
+        proxy_client(kind) as client,
     ):
         await engine.offer(table(1, a_test=[backends.url("a1")]))
         pid = engine.driver.pid  # type: ignore[attr-defined]
@@ -229,7 +234,7 @@ async def test_a_request_in_flight_to_a_removed_backend_completes(
     async with open_proxy(kind, listen=listen, data_dir=data_dir) as engine:
         driver = engine.driver
         slow: list[tuple[int, str]] = []
-        async with httpx.AsyncClient() as client, trio.open_nursery() as nursery:
+        async with proxy_client(kind) as client, trio.open_nursery() as nursery:
             await engine.offer(table(1, shop_test=[backends.url("old")]))
 
             async def slow_request() -> None:
@@ -269,7 +274,7 @@ async def test_run_proxy_serves_the_registry_table_until_cancelled(
     url = f"sqlite:///{data_dir}/registry.db"
     async with open_registry(url) as registry:
         await registry.put(ROUTING_KEY, encode_table_json(table(1, shop_test=[backends.url("a1")])))
-        async with httpx.AsyncClient() as client, trio.open_nursery() as nursery:
+        async with proxy_client(kind) as client, trio.open_nursery() as nursery:
             engine = await nursery.start(
                 functools.partial(
                     run_proxy, kind, listen=listen, registry_url=url, data_dir=data_dir / "p"
