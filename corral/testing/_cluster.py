@@ -67,11 +67,11 @@ from collections.abc import AsyncIterator, Callable, Collection, Iterable, Mappi
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import trio
 
 from corral.actors.coordinator import (
+    CoordinatorState,
     GetCoordinatorState,
     KickCoordinator,
     MemberStatus,
@@ -518,23 +518,22 @@ class Cluster:
 
     async def coordinator_state(
         self, node_id: str, *, ask_timeout: float = 1.0
-    ) -> dict[str, Any] | None:
+    ) -> CoordinatorState | None:
         """The node's coordinator state, or None when it is not running or does
         not answer within ``ask_timeout`` (busy in a hung registry call, say)."""
         node = self.node(node_id)
         if not node.running:
             return None
         try:
-            state: dict[str, Any] = await node.coordinator.ask(
-                GetCoordinatorState(), timeout=ask_timeout
-            )
+            state = await node.coordinator.ask(GetCoordinatorState(), timeout=ask_timeout)
         except SupervisionError:
             return None
+        assert isinstance(state, CoordinatorState)
         return state
 
     async def coordinator_states(
         self, *, ask_timeout: float = 1.0
-    ) -> dict[str, dict[str, Any] | None]:
+    ) -> dict[str, CoordinatorState | None]:
         """Every node's coordinator state (None for nodes not answering)."""
         return {
             node_id: await self.coordinator_state(node_id, ask_timeout=ask_timeout)
@@ -544,7 +543,7 @@ class Cluster:
     async def coordinators(self, *, ask_timeout: float = 1.0) -> list[str]:
         """Nodes whose coordinator says it is coordinating now."""
         states = await self.coordinator_states(ask_timeout=ask_timeout)
-        return [n for n, state in states.items() if state is not None and state["coordinating"]]
+        return [n for n, state in states.items() if state is not None and state.coordinating]
 
     async def wait_for_coordinator(
         self,

@@ -11,6 +11,8 @@ around three pure pieces, public so they can be tested and reused:
   runs each tick and, through a watch of the input prefixes, promptly after a change);
 * :func:`plan_writes` — decisions to fenced, ordered transaction batches;
 * :func:`plan_rollout` — a rolling deploy's next actions (not wired in yet).
+
+It answers :class:`GetCoordinatorState` with a :class:`CoordinatorState`.
 """
 
 from corral.actors.coordinator._actor import (
@@ -64,6 +66,7 @@ from corral.actors.coordinator._rollout import (
     restart_phase,
     rollout_status,
 )
+from corral.actors.coordinator._state import CoordinatorPass, CoordinatorState, PassCounts
 from corral.actors.coordinator._writes import (
     DEFAULT_MAX_WRITES,
     CurrentPlacement,
@@ -85,6 +88,8 @@ __all__ = [
     "ROLLOUT_CHANGES",
     "Coordinator",
     "CoordinatorError",
+    "CoordinatorPass",
+    "CoordinatorState",
     "CurrentDown",
     "CurrentPlacement",
     "DownBatch",
@@ -98,6 +103,7 @@ __all__ = [
     "NodeStates",
     "NodeStatus",
     "ObservedInstance",
+    "PassCounts",
     "PlacementWrite",
     "PutBack",
     "RegistryView",

@@ -94,6 +94,7 @@ from corral.actors.coordinator._membership import (
     NodeStates,
     NodeStatus,
 )
+from corral.actors.coordinator._state import CoordinatorPass, CoordinatorState, PassCounts
 from corral.actors.coordinator._writes import (
     DEFAULT_MAX_WRITES,
     CurrentPlacement,
@@ -103,10 +104,15 @@ from corral.actors.coordinator._writes import (
 )
 from corral.actors.planner import (
     Decisions,
+    Deferred,
+    Pause,
     PlacementUnavailable,
     PlanInput,
     Policy,
+    Refusal,
     ScoreCache,
+    Stranded,
+    Unplaced,
     plan,
 )
 from corral.registry import (
@@ -151,12 +157,9 @@ _MISSED = 0
 @message("coordinator.state")
 @dataclass(frozen=True)
 class GetCoordinatorState:
-    """Ask for the coordinator's state: holder, fence, last pass, the ``policy`` it plans
-    with, and what the last deciding pass reported (``unplaced`` apps, ``deferred`` moves
-    with the wall-clock time each may go, ``stranded`` instances, ``refused`` relocations or
-    drains, ``paused`` on undecodable keys), and the ``node_states`` of its last pass
-    (:class:`~._membership.NodeStatus` each, as JSON) with ``membership`` saying whether a
-    membership view is wired in."""
+    """Ask for the coordinator's state: answered with a :class:`~._state.CoordinatorState`
+    (holder, fence, last pass, the policy it plans with, what the last deciding pass
+    reported, and the node states of its last pass)."""
 
 
 @message("coordinator.kick")
@@ -259,13 +262,13 @@ class Coordinator(Actor):
         self._stale_leases: set[int] = set()
         self._last_digest: str | None = None
         self._waiting_on_time = False
-        self._unplaced: tuple[dict[str, str], ...] = ()
+        self._unplaced: tuple[Unplaced, ...] = ()
         # What the last deciding pass reported besides unplaced apps (for the state).
-        self._stranded: tuple[dict[str, str], ...] = ()
-        self._deferred: tuple[dict[str, Any], ...] = ()
-        self._refused: dict[str, Any] | None = None
-        self._paused: dict[str, Any] | None = None
-        self._last_pass: dict[str, Any] | None = None
+        self._stranded: tuple[Stranded, ...] = ()
+        self._deferred: tuple[Deferred, ...] = ()
+        self._refused: Refusal | None = None
+        self._paused: Pause | None = None
+        self._last_pass: CoordinatorPass | None = None
         # The last record seen of each node (for nodes whose record lapsed), the node
         # states of the last pass, and the timer of the next grace deadline.
         self._remembered: Mapping[str, NodeRecord] = {}
@@ -643,7 +646,7 @@ class Coordinator(Actor):
             self._stranded, self._refused, self._paused = (), None, None
             self._deferred = ()
             self._unplaced = tuple(
-                {"app": app.name, "reason": PlacementUnavailable.code, "message": str(exc)}
+                Unplaced(app.name, PlacementUnavailable.code, str(exc))
                 for app in inputs.apps
                 if not (app.retired or app.blocked)
             )
@@ -656,8 +659,7 @@ class Coordinator(Actor):
         if decisions.paused is not None:
             self._last_digest = digest
             self._waiting_on_time = False
-            pause = decisions.paused
-            self._paused = {"keys": list(pause.keys), "message": pause.message}
+            self._paused = decisions.paused
             self._counts["applied"] += 1
             self._record_pass(started, trigger, "paused", digest=digest, decisions=decisions)
             self.ctx.emit(
@@ -671,17 +673,10 @@ class Coordinator(Actor):
         after = self._inputs(with_placements(view, written), now, states)
         self._last_digest = inputs_digest(after)
         self._waiting_on_time = needs_time(inputs, decisions)
-        self._unplaced = tuple(
-            {"app": u.app, "reason": u.reason, "message": u.message} for u in decisions.unplaced
-        )
-        self._stranded = tuple(
-            {"app": s.app, "node": s.node, "reason": s.reason} for s in decisions.stranded
-        )
-        self._deferred = tuple(
-            {"app": d.app, "node": d.node, "reason": d.reason, "until": d.until}
-            for d in decisions.deferred
-        )
-        self._refused = _refusal(decisions)
+        self._unplaced = decisions.unplaced
+        self._stranded = decisions.stranded
+        self._deferred = decisions.deferred
+        self._refused = decisions.refused
         self._paused = None
         self._counts["applied"] += 1
         self._record_pass(
@@ -813,10 +808,10 @@ class Coordinator(Actor):
 
     def _emit_pending(self, *, skipped: bool) -> None:
         kind = "placement.pending"
-        self._forget_reports(kind, {(e["app"], "") for e in self._unplaced})
-        for entry in self._unplaced:
-            fields = {"skipped": skipped, **entry}
-            self._report(kind, (entry["app"], ""), entry["message"], fields, repeat=skipped)
+        self._forget_reports(kind, {(u.app, "") for u in self._unplaced})
+        for u in self._unplaced:
+            fields = {"skipped": skipped, "app": u.app, "reason": u.reason, "message": u.message}
+            self._report(kind, (u.app, ""), u.message, fields, repeat=skipped)
 
     def _emit_outcomes(self, decisions: Decisions, *, repeat: bool) -> None:
         self._emit_pending(skipped=False)
@@ -866,18 +861,18 @@ class Coordinator(Actor):
                 stranded=len(decisions.stranded),
             )
         holding = self._holding
-        self._last_pass = {
-            "time": started,
-            "duration": trio.current_time() - started,
-            "wall_time": self._wall_clock(),
-            "trigger": trigger,
-            "outcome": outcome,
-            "skipped": outcome == "skipped",
-            "digest": digest,
-            "fence": None if holding is None else holding.fence,
-            "counts": counts,
-            "error": error,
-        }
+        self._last_pass = CoordinatorPass(
+            time=started,
+            duration=trio.current_time() - started,
+            wall_time=self._wall_clock(),
+            trigger=trigger,
+            outcome=outcome,
+            skipped=outcome == "skipped",
+            digest=digest,
+            fence=None if holding is None else holding.fence,
+            counts=counts,
+            error=error,
+        )
         if outcome != "skipped":
             self.ctx.emit(
                 "coordinator.pass",
@@ -885,36 +880,29 @@ class Coordinator(Actor):
                 trigger=trigger,
                 writes=counts.get("writes", 0),
                 error=error,
-                duration=self._last_pass["duration"],
+                duration=self._last_pass.duration,
             )
 
-    def _state(self) -> dict[str, Any]:
+    def _state(self) -> CoordinatorState:
         coordinating = self._coordinating()
         holding = self._holding
-        return {
-            "node": self._node_id,
-            "coordinating": coordinating,
-            "holder": self._holder,
-            "fence": holding.fence if holding is not None else self._holder_fence,
-            "lease_ttl": self._lease_ttl,
-            "policy": {
-                "cooldown_s": self._policy.cooldown_s,
-                "grace_period_s": self._policy.grace_period_s,
-                "disruption_budget": self._policy.disruption_budget,
-                "min_usable_fraction": self._policy.min_usable_fraction,
-            },
-            "last_pass": None if self._last_pass is None else dict(self._last_pass),
-            "passes": dict(self._counts),
-            "unplaced": [dict(entry) for entry in self._unplaced],
-            "deferred": [dict(entry) for entry in self._deferred],
-            "stranded": [dict(entry) for entry in self._stranded],
-            "refused": None if self._refused is None else dict(self._refused),
-            "paused": None if self._paused is None else dict(self._paused),
-            "membership": self._membership is not None,
-            "node_states": [status.to_json() for status in self._statuses]
-            if coordinating
-            else [],
-        }
+        return CoordinatorState(
+            node=self._node_id,
+            coordinating=coordinating,
+            holder=self._holder,
+            fence=holding.fence if holding is not None else self._holder_fence,
+            lease_ttl=self._lease_ttl,
+            policy=self._policy,
+            last_pass=self._last_pass,
+            passes=PassCounts(**self._counts),
+            unplaced=self._unplaced,
+            deferred=self._deferred,
+            stranded=self._stranded,
+            refused=self._refused,
+            paused=self._paused,
+            membership=self._membership is not None,
+            node_states=self._statuses if coordinating else (),
+        )
 
 
 def _refusal(decisions: Decisions) -> dict[str, Any] | None:

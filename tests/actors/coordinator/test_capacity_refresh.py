@@ -61,8 +61,8 @@ async def run_refreshes(apps: list[AppRecord]) -> tuple[int, int, int]:
         after = await cluster.coordinator_state(holder)
         assert after is not None
         return (
-            after["passes"]["applied"] - before["passes"]["applied"],
-            after["passes"]["skipped"] - before["passes"]["skipped"],
+            after.passes.applied - before.passes.applied,
+            after.passes.skipped - before.passes.skipped,
             writes,
         )
 
