@@ -38,6 +38,7 @@ PURE_MODULES = (
     # the coordinator's inputs and membership view
     "corral.actors.coordinator._inputs",
     "corral.actors.coordinator._membership",
+    "corral.actors.coordinator._reports",
     "corral.actors.coordinator._state",
     # artifacts: manifest, digest and unpacking rules
     "corral.node._artifacts",

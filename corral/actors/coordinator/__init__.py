@@ -10,6 +10,7 @@ around three pure pieces, public so they can be tested and reused:
 * :func:`inputs_digest` / :func:`needs_time` — when a pass can be skipped (a pass
   runs each tick and, through a watch of the input prefixes, promptly after a change);
 * :func:`plan_writes` — decisions to fenced, ordered transaction batches;
+* :class:`ReportLog` — when a report over unchanged inputs is repeated;
 * :func:`plan_rollout` — a rolling deploy's next actions (not wired in yet).
 
 It answers :class:`GetCoordinatorState` with a :class:`CoordinatorState`.
@@ -50,6 +51,7 @@ from corral.actors.coordinator._membership import (
     effective_state,
     node_states,
 )
+from corral.actors.coordinator._reports import ReportKey, ReportLog
 from corral.actors.coordinator._rollout import (
     ROLLOUT_CHANGES,
     ObservedInstance,
@@ -107,6 +109,8 @@ __all__ = [
     "PlacementWrite",
     "PutBack",
     "RegistryView",
+    "ReportKey",
+    "ReportLog",
     "RolloutAction",
     "RolloutDone",
     "RolloutHalted",

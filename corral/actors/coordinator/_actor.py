@@ -51,9 +51,10 @@ a pass run again only because it waits on time (a cooldown, a grace period)
 a deferral's kind — cooldown or disruption budget —, a stranded reason or a
 refusal changed) or when the policy's ``cooldown_s`` has passed since that
 report was last made: at most one repeat per app (and node) per cooldown,
-so ``corral events`` stays readable while an operator is still reminded.
-The state (:class:`GetCoordinatorState`) always carries the current lists,
-the deferred moves with the time each may go (``until``), and the policy.
+so ``corral events`` stays readable while an operator is still reminded
+(:class:`~._reports.ReportLog` decides). The state (:class:`GetCoordinatorState`)
+always carries the current lists, the deferred moves with the time each may go
+(``until``), and the policy.
 
 Hand-back
 ---------
@@ -94,6 +95,7 @@ from corral.actors.coordinator._membership import (
     NodeStates,
     NodeStatus,
 )
+from corral.actors.coordinator._reports import ReportLog
 from corral.actors.coordinator._state import CoordinatorPass, CoordinatorState, PassCounts
 from corral.actors.coordinator._writes import (
     DEFAULT_MAX_WRITES,
@@ -255,7 +257,7 @@ class Coordinator(Actor):
         self._read_revision = 0
         self._own_revisions: set[int] = set()
         # Last report per (event kind, app, node): what it said, and when (trio time).
-        self._reported: dict[tuple[str, str, str], tuple[str, float]] = {}
+        self._reports = ReportLog(self._policy.cooldown_s)
         self._cache = ScoreCache()
         self._holder: str | None = None
         self._holder_fence: int | None = None
@@ -784,27 +786,16 @@ class Coordinator(Actor):
         self, kind: str, subject: tuple[str, str], says: str, fields: Mapping[str, Any], *,
         repeat: bool,
     ) -> None:
-        """Emit ``kind`` with ``fields`` about ``subject`` (app, node); when ``repeat``
-        (same inputs as the last report), only if it ``says`` something new or a cooldown
-        has passed since it was last emitted."""
-        key = (kind, *subject)
-        now = trio.current_time()
-        last = self._reported.get(key)
-        if (
-            repeat
-            and last is not None
-            and last[0] == says
-            and now - last[1] < self._policy.cooldown_s
-        ):
-            return
-        self._reported[key] = (says, now)
-        self.ctx.emit(kind, **fields)
+        """Emit ``kind`` with ``fields`` about ``subject`` (app, node), as the report log
+        (:mod:`._reports`) admits it."""
+        app, node = subject
+        if self._reports.admit((kind, app, node), says, trio.current_time(), repeat=repeat):
+            self.ctx.emit(kind, **fields)
 
     def _forget_reports(self, kind: str, current: set[tuple[str, str]]) -> None:
         """Drop the memory of ``kind`` reports no longer current: if one comes back, it
         is reported at once."""
-        for key in [k for k in self._reported if k[0] == kind and (k[1], k[2]) not in current]:
-            del self._reported[key]
+        self._reports.keep_only(kind, current)
 
     def _emit_pending(self, *, skipped: bool) -> None:
         kind = "placement.pending"
