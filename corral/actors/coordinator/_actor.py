@@ -115,6 +115,7 @@ from corral.actors.planner import (
     ScoreCache,
     Stranded,
     Unplaced,
+    decisions_to_json,
     plan,
 )
 from corral.registry import (
@@ -806,23 +807,23 @@ class Coordinator(Actor):
 
     def _emit_outcomes(self, decisions: Decisions, *, repeat: bool) -> None:
         self._emit_pending(skipped=False)
+        # Each event's fields are the item as ``corral plan`` prints it.
+        doc = decisions_to_json(decisions)
         kind = "placement.deferred"
         self._forget_reports(kind, {(d.app, d.node) for d in decisions.deferred})
-        for d in decisions.deferred:
-            fields = {"app": d.app, "node": d.node, "reason": d.reason, "until": d.until}
+        for d, fields in zip(decisions.deferred, doc["deferred"], strict=True):
             # What it says is its kind (cooldown, disruption budget): the text counts seconds.
             says = d.reason.partition(":")[0]
             self._report(kind, (d.app, d.node), says, fields, repeat=repeat)
         kind = "placement.stranded"
         self._forget_reports(kind, {(s.app, s.node) for s in decisions.stranded})
-        for s in decisions.stranded:
-            fields = {"app": s.app, "node": s.node, "reason": s.reason}
+        for s, fields in zip(decisions.stranded, doc["stranded"], strict=True):
             self._report(kind, (s.app, s.node), s.reason, fields, repeat=repeat)
         kind = "placement.refused"
-        refused = _refusal(decisions)
+        refused = decisions.refused
         self._forget_reports(kind, set() if refused is None else {("", "")})
         if refused is not None:
-            self._report(kind, ("", ""), refused["message"], refused, repeat=repeat)
+            self._report(kind, ("", ""), refused.message, doc["refused"], repeat=repeat)
 
     def _record_pass(
         self,
@@ -894,17 +895,6 @@ class Coordinator(Actor):
             membership=self._membership is not None,
             node_states=self._statuses if coordinating else (),
         )
-
-
-def _refusal(decisions: Decisions) -> dict[str, Any] | None:
-    refused = decisions.refused
-    if refused is None:
-        return None
-    return {
-        "reason": refused.reason,
-        "message": refused.message,
-        "drains": [{"node": d.node, "apps": list(d.apps)} for d in refused.drains],
-    }
 
 
 class _Conflict(RegistryError):
