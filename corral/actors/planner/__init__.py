@@ -27,7 +27,7 @@ How to call it
     decisions.placements    # {"shop": ("n1", "n2")}: the whole target of every app
     decisions.removals      # () -- apply removals first...
     decisions.additions     # (("shop", "n1"),) -- ...then additions
-    decisions.to_json()     # the ``corral plan`` output (same as decisions_to_json)
+    decisions_to_json(decisions)  # the ``corral plan`` output
     placements = next_placements(placements, decisions, 1000.0)  # stamps placed_at
 
 ``plan`` raises :class:`PlacementUnavailable` when no node is live at all. A paused pass

@@ -410,12 +410,6 @@ class Decisions:
         """True when applying these decisions would start or stop anything."""
         return bool(self.removals or self.additions)
 
-    def to_json(self) -> dict[str, Any]:
-        """The dry-run document for these decisions (see :func:`decisions_to_json`)."""
-        from corral.actors.planner._document import decisions_to_json
-
-        return decisions_to_json(self)
-
 
 def next_placements(
     previous: Mapping[str, Placement], decisions: Decisions, now: float

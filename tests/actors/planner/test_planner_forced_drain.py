@@ -15,6 +15,7 @@ from corral.actors.planner import (
     NodeInfo,
     Placement,
     Policy,
+    decisions_to_json,
     next_placements,
     parse_plan_document,
     plan,
@@ -177,7 +178,7 @@ def test_the_document_accepts_a_forced_drain_and_stopped_instances() -> None:
     assert data.nodes[0] == forced("n1")
     assert data.nodes[1] == NodeInfo("n2", state="left")
     assert data.placements["db"] == Placement(nodes=(), stopped=("n1",))
-    out = plan(data.apps, data.nodes, data.placements, data.policy, data.now).to_json()
+    out = decisions_to_json(plan(data.apps, data.nodes, data.placements, data.policy, data.now))
     assert out["stopped"] == {"db": ["n1"]}
     assert out["placements"] == {}
 
