@@ -215,7 +215,7 @@ def test_a_cooldown_deferral_says_until_when() -> None:
     )
     (deferred,) = d.deferred
     assert deferred.until == NOW - 100 + 600
-    assert d.to_json()["deferred"][0]["until"] == NOW + 500
+    assert decisions_to_json(d)["deferred"][0]["until"] == NOW + 500
     budget = plan(
         [AppSpec("web", replicas=1)],
         [NodeInfo(i) for i in ("a", "b", "c")],

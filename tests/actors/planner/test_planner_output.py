@@ -141,7 +141,7 @@ def test_documented_example_output() -> None:
     apps = [AppSpec("shop", replicas="all", selector={"region": "eu"})]
     placements = {"shop": Placement(nodes=("n1",), placed_at={"n1": 900.0})}
     d = plan(apps, nodes, placements, Policy(), 1000.0)
-    assert d.to_json() == {
+    assert decisions_to_json(d) == {
         "placements": {"shop": ["n1"]},
         "removals": [],
         "additions": [],
@@ -162,7 +162,7 @@ def test_json_of_every_kind_of_entry() -> None:
         AppSpec("x", memory_mb=1),
     ]
     placements = {"db": Placement(nodes=("n1",)), "web": Placement(nodes=("n2",))}
-    out = run(apps, nodes, placements).to_json()
+    out = decisions_to_json(run(apps, nodes, placements))
     assert out["placements"] == {"db": ["n1"], "web": ["n2"]}
     assert out["refused"] == {
         "reason": "drain-would-interrupt-pinned",
