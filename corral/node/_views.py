@@ -38,8 +38,13 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from corral.actors.coordinator import CoordinatorState, NodeStatus
-from corral.actors.planner import AppSpec, Placement, allocatable, reserved_by_placements
-from corral.actors.planner import Capacity as PlannerCapacity
+from corral.actors.planner import (
+    AppSpec,
+    NodeCapacity,
+    Placement,
+    allocatable,
+    reserved_by_placements,
+)
 from corral.node._format import duration
 from corral.registry import AppRecord, NodeIntent, NodeRecord, PlacementRecord
 
@@ -437,6 +442,6 @@ def _allocatable(record: NodeRecord | None, memory: int, disk: int) -> dict[str,
         return None
     c = record.capacity
     mem, disk10 = allocatable(
-        PlannerCapacity(c.memory_mb, c.memory_free_mb, c.disk_mb, c.disk_free_mb), memory, disk
+        NodeCapacity(c.memory_mb, c.memory_free_mb, c.disk_mb, c.disk_free_mb), memory, disk
     )
     return {"memory_mb": mem, "disk_mb": disk10 // 10}

@@ -90,8 +90,8 @@ from corral.actors.process_supervisor import AppPaths, LaunchEvent, MemoryLaunch
 from corral.actors.reconciler import AgentSpec
 from corral.registry import (
     AppRecord,
-    Capacity,
     Deployment,
+    MeasuredCapacity,
     MemoryRegistry,
     NodeRecord,
     PlacementRecord,
@@ -129,7 +129,7 @@ __all__ = [
 ]
 
 #: What every harness node reports unless told otherwise (MiB).
-DEFAULT_TEST_CAPACITY = Capacity(
+DEFAULT_TEST_CAPACITY = MeasuredCapacity(
     memory_mb=16_384, memory_free_mb=16_384, disk_mb=200_000, disk_free_mb=200_000
 )
 #: Unix time at trio time zero for :func:`virtual_wall_clock`.
@@ -150,7 +150,7 @@ class NodeContext:
     node_id: str
     registry: Registry
     identity: NodeIdentity
-    capacity: Capacity | None
+    capacity: MeasuredCapacity | None
     wall_clock: Callable[[], float]
     lease_ttl: float
     node_lease_ttl: float
@@ -265,7 +265,7 @@ class ClusterNode:
 
     node_id: str
     identity: NodeIdentity
-    capacity: Capacity | None
+    capacity: MeasuredCapacity | None
     data_dir: Path
     launcher: MemoryLauncher = field(default_factory=MemoryLauncher)
     life: int = 0
@@ -367,7 +367,7 @@ class Cluster:
         labels: Mapping[str, str] | None = None,
         rack: str | None = None,
         datacenter: str | None = None,
-        capacity: Capacity | None = DEFAULT_TEST_CAPACITY,
+        capacity: MeasuredCapacity | None = DEFAULT_TEST_CAPACITY,
     ) -> ClusterNode:
         """Start a new node; returns once its actors have started."""
         if node_id in self.nodes:
@@ -726,7 +726,7 @@ async def open_cluster(
     wall_clock: Callable[[], float] = virtual_wall_clock,
     children: ChildrenFactory = default_node_children,
     labels: Mapping[str, Mapping[str, str]] | None = None,
-    capacity: Capacity | None = DEFAULT_TEST_CAPACITY,
+    capacity: MeasuredCapacity | None = DEFAULT_TEST_CAPACITY,
     data_dir: Path | None = None,
     membership: Mapping[str, MemberStatus] | None = None,
     swim: SwimConfig | None = None,

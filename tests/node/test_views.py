@@ -21,8 +21,8 @@ from corral.node._views import (
 )
 from corral.registry import (
     AppRecord,
-    Capacity,
     Deployment,
+    MeasuredCapacity,
     NodeIntent,
     NodeRecord,
     PlacementRecord,
@@ -283,7 +283,7 @@ def test_node_rows_take_the_coordinator_s_states_and_fall_back_to_records() -> N
 
 
 def test_node_rows_show_what_placements_leave_allocatable() -> None:
-    capacity = Capacity(8192, 1000, 100_000, 50_000)
+    capacity = MeasuredCapacity(8192, 1000, 100_000, 50_000)
     nodes = {"a": NodeRecord("a", capacity=capacity), "b": NodeRecord("b")}
     apps = {
         "db": AppRecord("db", memory_mb=512, disk_mb=1000),

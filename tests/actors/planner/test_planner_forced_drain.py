@@ -9,9 +9,9 @@ import pytest
 
 from corral.actors.planner import (
     AppSpec,
-    Capacity,
     Decisions,
     InvalidPlanInput,
+    NodeCapacity,
     NodeInfo,
     Placement,
     Policy,
@@ -22,7 +22,7 @@ from corral.actors.planner import (
 )
 
 NOW = 10_000.0
-CAP = Capacity(memory_mb=8192, memory_free_mb=8192, disk_mb=100_000, disk_free_mb=90_000)
+CAP = NodeCapacity(memory_mb=8192, memory_free_mb=8192, disk_mb=100_000, disk_free_mb=90_000)
 
 
 def run(
@@ -147,7 +147,7 @@ def test_resource_apps_are_stopped_too_and_come_back_when_there_is_room(
         assert d.additions == ()
     placements = next_placements({}, d, NOW)
     # The drain ends, but n1 is full: it stays stopped; once there is room, it is back.
-    full = Capacity(memory_mb=8192, memory_free_mb=100, disk_mb=100_000, disk_free_mb=90_000)
+    full = NodeCapacity(memory_mb=8192, memory_free_mb=100, disk_mb=100_000, disk_free_mb=90_000)
     stuck = run(apps, [NodeInfo("n1", capacity=full), NodeInfo("n2", capacity=CAP)], placements)
     assert stuck.stopped == {"db": ("n1",)}
     assert "n1 lacks the room db needs" in stuck.stranded[0].reason

@@ -8,8 +8,8 @@ import pytest
 
 from corral.actors.planner import (
     AppSpec,
-    Capacity,
     Decisions,
+    NodeCapacity,
     NodeInfo,
     Placement,
     PlacementUnavailable,
@@ -31,8 +31,10 @@ def run(
     return plan(apps, nodes, placements or {}, Policy(**policy), NOW)  # type: ignore[arg-type]
 
 
-def cap(mem_free: int = 8192) -> Capacity:
-    return Capacity(memory_mb=16384, memory_free_mb=mem_free, disk_mb=102_400, disk_free_mb=90_000)
+def cap(mem_free: int = 8192) -> NodeCapacity:
+    return NodeCapacity(
+        memory_mb=16384, memory_free_mb=mem_free, disk_mb=102_400, disk_free_mb=90_000
+    )
 
 
 def messages(d: Decisions) -> dict[str, str]:
@@ -80,7 +82,7 @@ def test_message_when_the_matching_nodes_are_down() -> None:
 def test_message_counts_each_cause() -> None:
     nodes = [
         NodeInfo("mem", capacity=cap(mem_free=100)),
-        NodeInfo("blind", capacity=Capacity(16384, 16384, 0, 0)),
+        NodeInfo("blind", capacity=NodeCapacity(16384, 16384, 0, 0)),
         NodeInfo("unknown"),
         NodeInfo("cordoned", state="cordoned", capacity=cap()),
     ]
@@ -93,7 +95,7 @@ def test_message_counts_each_cause() -> None:
 
 def test_message_counts_disk_floor_and_memory_as_the_seed_does() -> None:
     def node(name: str, mem_free: int, disk_free: int) -> NodeInfo:
-        return NodeInfo(name, capacity=Capacity(16384, mem_free, 102_400, disk_free))
+        return NodeInfo(name, capacity=NodeCapacity(16384, mem_free, 102_400, disk_free))
 
     # The floor of a 100 GiB disk is 10 GiB: 25 GiB free cannot take 20 GiB more.
     nodes = [node("n1", 8192, 25_600), node("n2", 8192, 25_600), node("n3", 1024, 90_000)]
@@ -135,7 +137,7 @@ def test_documented_example_output() -> None:
             labels={"region": "eu"},
             rack="r1",
             datacenter="dc1",
-            capacity=Capacity(8192, 8192, 102400, 90000),
+            capacity=NodeCapacity(8192, 8192, 102400, 90000),
         )
     ]
     apps = [AppSpec("shop", replicas="all", selector={"region": "eu"})]
