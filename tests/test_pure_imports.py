@@ -42,6 +42,9 @@ PURE_MODULES = (
     "corral.actors.coordinator._state",
     # artifacts: manifest, digest and unpacking rules
     "corral.node._artifacts",
+    # the node's configuration (flags, environment, file) and the registry URL it names
+    "corral.node._config",
+    "corral.registry._url",
     # smaller decision modules that say they are pure
     "corral.actors.process_supervisor._policy",
     "corral.registry._logic",
