@@ -11,8 +11,8 @@ import trio.testing
 
 from corral.actors.coordinator import CoordinatorState
 from corral.actors.planner import Policy
+from corral.node import ConfigError
 from corral.node._config import resolve_node_config
-from corral.node._errors import ConfigError
 from corral.node._events import EventLog, jsonable
 from corral.node._node import (
     HOLDER_ASK_BUDGET,

@@ -21,11 +21,11 @@ from corral.registry import (
     MemoryRegistry,
     PlacementRecord,
     Registry,
+    SQLiteRegistry,
     app_key,
     decode_record,
     placement_key,
 )
-from corral.registry._sqlite import SQLiteRegistry
 from corral.testing import open_cluster
 
 

@@ -32,7 +32,7 @@ from corral.actors.reconciler import (
     Materialize,
     RunPass,
 )
-from corral.node._artifacts import Manifest
+from corral.node import Manifest
 from corral.node._operations import deploy as deploy_app
 from corral.node._requests import DeployRequest
 from corral.registry import (

@@ -21,13 +21,13 @@ from corral.registry import (
     PlacementRecord,
     Registry,
     ServingEntry,
+    SQLiteRegistry,
     alias_key,
     alias_previous_key,
     app_key,
     node_key,
     placement_key,
 )
-from corral.registry._sqlite import SQLiteRegistry
 
 REV = "a" * 64
 
