@@ -10,10 +10,12 @@ import pytest
 from corral.actors.coordinator import (
     CoordinatorPass,
     CoordinatorState,
+    GetCoordinatorState,
     NodeStatus,
     PassCounts,
 )
 from corral.actors.planner import Deferred, Pause, Policy, Refusal, RefusedDrain, Stranded, Unplaced
+from corral.testing import open_cluster
 from corral.transport import SchemaError, decode_message, encode_message
 
 STATE = CoordinatorState(
@@ -76,3 +78,17 @@ def test_the_json_keeps_the_shape_the_api_always_had() -> None:
     assert data["paused"] == {"keys": ["apps/x"], "message": "apps/x cannot be decoded"}
     assert data["node_states"] == [STATE.node_states[0].to_json()]
     assert data["last_pass"]["counts"] == {"writes": 2}
+
+
+async def test_another_node_asks_the_holder_over_the_transport(autojump_clock: object) -> None:
+    async with open_cluster(2, lease_ttl=45.0) as cluster:
+        holder = await cluster.wait_for_coordinator()
+        other = next(n for n in cluster.running if n != holder)
+        system = cluster.node(other).system
+        assert system is not None
+        ref = system.ref(cluster.node(holder).coordinator.path, node=holder)
+        answer = await ref.ask(GetCoordinatorState(), timeout=2.0)
+        # Typed on arrival: the schema checked it on the way in.
+        assert isinstance(answer, CoordinatorState)
+        assert (answer.node, answer.coordinating, answer.holder) == (holder, True, holder)
+        assert answer == await cluster.coordinator_state(holder)
