@@ -42,14 +42,16 @@ import trio
 
 from corral.actors.coordinator import coordinator_child_spec
 from corral.actors.node_record import NodeIdentity, node_registration_child_spec
-from corral.registry import Capacity, app_key
+from corral.registry import MeasuredCapacity, app_key
 from corral.registry._sqlite import SQLiteRegistry
 from corral.supervision import SupervisorSpec, open_actor_system
 
 DEFAULT_TTL = 45.0
 QUICK_TTL = 6.0
 NODES = ("node-1", "node-2", "node-3")
-CAPACITY = Capacity(memory_mb=8192, memory_free_mb=8192, disk_mb=100_000, disk_free_mb=100_000)
+CAPACITY = MeasuredCapacity(
+    memory_mb=8192, memory_free_mb=8192, disk_mb=100_000, disk_free_mb=100_000
+)
 
 
 # --------------------------------------------------------------------------- a node process

@@ -97,7 +97,7 @@ async def until_running(fleet: Any, apps: list[AppRecord], step: float = 1.0) ->
 async def applied_passes(fleet: Any) -> int:
     holder = await fleet.cluster.wait_for_coordinator()
     state = await fleet.cluster.coordinator_state(holder)
-    return int(state["passes"]["applied"]) if state else 0
+    return int(state.passes.applied) if state else 0
 
 
 async def scenario(nodes: int, apps: int, seed: int, out: dict[str, Any]) -> None:

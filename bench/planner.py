@@ -31,8 +31,8 @@ from collections.abc import Callable
 
 from corral.actors.planner import (
     AppSpec,
-    Capacity,
     Decisions,
+    NodeCapacity,
     NodeInfo,
     Policy,
     ScoreCache,
@@ -57,7 +57,7 @@ def make_node(rng: random.Random, i: int) -> NodeInfo:
         },
         rack=f"dc{dc}-rack{rack}",
         datacenter=f"dc{dc}",
-        capacity=Capacity(
+        capacity=NodeCapacity(
             memory_mb=65536,
             memory_free_mb=rng.randrange(32768, 65536),
             disk_mb=1_048_576,

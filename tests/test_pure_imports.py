@@ -40,8 +40,13 @@ PURE_MODULES = (
     "corral.actors.coordinator._membership",
     "corral.actors.coordinator._rollout",
     "corral.actors.coordinator._writes",
+    "corral.actors.coordinator._reports",
+    "corral.actors.coordinator._state",
     # artifacts: manifest, digest and unpacking rules
     "corral.node._artifacts",
+    # the node's configuration (flags, environment, file) and the registry URL it names
+    "corral.node._config",
+    "corral.registry._url",
     # smaller decision modules that say they are pure
     "corral.actors.process_supervisor._policy",
     "corral.registry._logic",

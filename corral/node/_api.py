@@ -78,7 +78,14 @@ from corral.node._requests import (
     parse_pairs,
     parse_replicas,
 )
-from corral.node._views import CoordinatorView, NodeStatesView, node_rows, ps_rows
+from corral.node._views import (
+    Coordination,
+    CoordinatorUnavailable,
+    CoordinatorView,
+    NodeStatesView,
+    node_rows,
+    ps_rows,
+)
 from corral.registry import (
     COORDINATOR_LEASE_KEY,
     AppRecord,
@@ -134,7 +141,7 @@ class ApiServices:
     #: the lease holder's coordinator state (its policy and deferred moves: ps tells
     #: instances still in their cooldown), or ``{"holder": ..., "error": ...}`` saying
     #: why it cannot be had; None: there is no coordinator to ask.
-    coordinator: Callable[[], Awaitable[JSONDict]] | None = None
+    coordinator: Callable[[], Awaitable[Coordination]] | None = None
     #: request bodies larger than this are refused with 413 while they stream in.
     max_body_bytes: int = MAX_BODY_BYTES
     #: ``GET /metrics``: the node's metrics in the Prometheus text format (None: 404).
@@ -350,7 +357,7 @@ def build_api(services: ApiServices) -> ASGIApp:
         coordinator = CoordinatorView.from_state(
             await services.coordinator()
             if services.coordinator is not None
-            else {"holder": None, "error": "this node has no coordinator to ask"}
+            else CoordinatorUnavailable(None, "this node has no coordinator to ask")
         )
         rows = ps_rows(
             apps, placements, nodes, intents, now=services.wall_clock(), coordinator=coordinator
@@ -367,7 +374,7 @@ def build_api(services: ApiServices) -> ASGIApp:
         states = NodeStatesView.from_state(
             await services.coordinator()
             if services.coordinator is not None
-            else {"holder": holder, "error": "this node has no coordinator to ask"}
+            else CoordinatorUnavailable(holder, "this node has no coordinator to ask")
         )
         rows = node_rows(
             await read_by_name("nodes/", NodeRecord),

@@ -24,7 +24,7 @@ from pathlib import Path
 import psutil
 
 from corral.node._errors import ConfigError
-from corral.registry import Capacity, InvalidName, validate_name
+from corral.registry import InvalidName, MeasuredCapacity, validate_name
 
 NODE_ID_FILE = "node-id"
 TOKEN_FILE = "token"
@@ -140,7 +140,7 @@ def process_running(pid: int, started_before: float) -> bool:
         return True
 
 
-def probe_capacity(data_dir: Path) -> Capacity:
+def probe_capacity(data_dir: Path) -> MeasuredCapacity:
     """Memory total/available and the data directory's disk total/free, in MiB.
 
     A resource that cannot be read reports zeros (such a node is given no work
@@ -155,7 +155,7 @@ def probe_capacity(data_dir: Path) -> Capacity:
         disk_mb, disk_free_mb = disk.total // MIB, disk.free // MIB
     except OSError:
         disk_mb = disk_free_mb = 0
-    return Capacity(
+    return MeasuredCapacity(
         memory_mb=int(memory_mb),
         memory_free_mb=int(memory_free_mb),
         disk_mb=int(disk_mb),

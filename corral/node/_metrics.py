@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import trio
@@ -37,7 +37,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from corral.actors.coordinator import MEMBER_STATES
+from corral.actors.coordinator import MEMBER_STATES, CoordinatorState
 from corral.actors.planner import NODE_STATES
 from corral.actors.routing import read_routes_answer
 from corral.registry import (
@@ -174,17 +174,16 @@ class _ViewCollector(Collector):
         yield from (depth, handled, restarts)
 
     def _coordinator(self, state: Any) -> Iterable[Metric]:
-        if not isinstance(state, Mapping) or "error" in state:
-            return
+        if not isinstance(state, CoordinatorState):
+            return  # the coordinator could not be asked: {"error": ...}
         coordinating = GaugeMetricFamily(
             "corral_coordinator_coordinating", "1 while this node holds the coordinator lease"
         )
-        coordinating.add_metric([], 1.0 if state.get("coordinating") else 0.0)
+        coordinating.add_metric([], 1.0 if state.coordinating else 0.0)
         yield coordinating
-        fence = _number(state.get("fence"))
-        if fence is not None:
+        if state.fence is not None:
             family = GaugeMetricFamily("corral_coordinator_fence", "The fence of the lease")
-            family.add_metric([], fence)
+            family.add_metric([], float(state.fence))
             yield family
         passes = CounterMetricFamily(
             "corral_coordinator_passes",
@@ -196,29 +195,30 @@ class _ViewCollector(Collector):
             "Times this node's coordinator acquired or lost the lease",
             labels=["change"],
         )
-        raw = state.get("passes")
-        counts: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
-        for outcome in sorted(set(PASS_OUTCOMES) | {str(k) for k in counts} - LEASE_CHANGES):
-            passes.add_metric([outcome], _number(counts.get(outcome)) or 0.0)
+        counts = asdict(state.passes)
+        for outcome in sorted(set(PASS_OUTCOMES) | set(counts) - LEASE_CHANGES):
+            passes.add_metric([outcome], float(counts.get(outcome, 0)))
         for change in sorted(LEASE_CHANGES):
-            lease.add_metric([change], _number(counts.get(change)) or 0.0)
+            lease.add_metric([change], float(counts.get(change, 0)))
         yield passes
         yield lease
-        for name, help_text in (
-            ("unplaced", "Apps the coordinator cannot place (fully)"),
-            ("deferred", "Moves the coordinator put off (cooldown, disruption budget)"),
-            ("stranded", "Pinned instances kept on a lost or force-drained node"),
+        for name, help_text, items in (
+            ("unplaced", "Apps the coordinator cannot place (fully)", state.unplaced),
+            (
+                "deferred",
+                "Moves the coordinator put off (cooldown, disruption budget)",
+                state.deferred,
+            ),
+            ("stranded", "Pinned instances kept on a lost or force-drained node", state.stranded),
         ):
-            items = state.get(name)
             family = GaugeMetricFamily(f"corral_coordinator_{name}", help_text)
-            family.add_metric([], float(len(items)) if isinstance(items, list) else 0.0)
+            family.add_metric([], float(len(items)))
             yield family
-        items = state.get("node_states")
-        if state.get("coordinating") and isinstance(items, list):
+        if state.coordinating:
             yield _by_state(
                 "corral_coordinator_node_states",
                 "Nodes per state, as the lease holder's last pass decided them",
-                (item.get("state") for item in items if isinstance(item, Mapping)),
+                (status.state for status in state.node_states),
                 NODE_STATES,
             )
 
@@ -503,11 +503,11 @@ class NodeMetrics:
 
     # ------------------------------------------------------------------ scrape
 
-    def _sample_pass(self, which: str, last: Any, histogram: Histogram) -> None:
-        if which in self._exact_passes or not isinstance(last, Mapping) or "error" in last:
+    def _sample_pass(
+        self, which: str, when: object, duration: float | None, histogram: Histogram
+    ) -> None:
+        if which in self._exact_passes:
             return
-        when = last.get("time")
-        duration = _number(last.get("duration"))
         if duration is None or self._last_pass_seen.get(which) == when:
             return
         self._last_pass_seen[which] = when
@@ -529,9 +529,18 @@ class NodeMetrics:
                     snap.membership = await self.sources.membership()
                 if self.sources.routes is not None:
                     snap.routes = await self.sources.routes()
-            coordinator = snap.coordinator if isinstance(snap.coordinator, Mapping) else {}
-            self._sample_pass("coordinator", coordinator.get("last_pass"), self.pass_duration)
-            self._sample_pass("reconcile", snap.reconcile, self.reconcile_duration)
+            coordinator = snap.coordinator
+            if isinstance(coordinator, CoordinatorState) and coordinator.last_pass is not None:
+                last = coordinator.last_pass
+                self._sample_pass("coordinator", last.time, last.duration, self.pass_duration)
+            reconcile = snap.reconcile
+            if isinstance(reconcile, Mapping) and "error" not in reconcile:
+                self._sample_pass(
+                    "reconcile",
+                    reconcile.get("time"),
+                    _number(reconcile.get("duration")),
+                    self.reconcile_duration,
+                )
             self._views.snapshot = snap
             size = sum(1 for _ in _walk(snap.actors)) + (
                 len(snap.processes) if isinstance(snap.processes, list) else 0

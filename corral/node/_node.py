@@ -47,7 +47,7 @@ import signal
 import socket
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -55,6 +55,7 @@ import psutil
 import trio
 
 from corral.actors.coordinator import (
+    CoordinatorState,
     GetCoordinatorState,
     KickCoordinator,
     MemberStatus,
@@ -106,6 +107,7 @@ from corral.node._metrics import (
 from corral.node._peers import PeerDirectory
 from corral.node._replicator import ArtifactReplicator, GetArtifactState
 from corral.node._server import ApiServer
+from corral.node._views import Coordination, CoordinatorUnavailable
 from corral.registry import (
     COORDINATOR_LEASE_KEY,
     SECRET_FINGERPRINT_KEY,
@@ -318,17 +320,22 @@ class NodeServices:
         views: dict[str, Any] = {}
         for name, view in ACTOR_VIEWS.items():
             views[name] = await view(self, {**state, **views})
-        views["coordination"] = await coordination_view(self, {**state, **views})
-        views["unplaced"] = unplaced_view(views["coordination"])
+        coordination = await coordination_view(self, {**state, **views})
+        views["coordination"] = coordination.to_json()
+        views["unplaced"] = unplaced_view(coordination)
+        # The JSON of GET /v1/state: this node's own coordinator's state, as asked.
+        local = views.get("coordinator")
+        if isinstance(local, CoordinatorState):
+            views["coordinator"] = local.to_json()
         return views
 
-    async def coordination(self) -> dict[str, Any]:
+    async def coordination(self) -> Coordination:
         """The lease holder's coordinator state (policy, deferred moves, stranded
-        instances...), or ``{"holder": ..., "error": ...}`` saying why it cannot be had."""
+        instances...), or why it cannot be had."""
         try:
             kv = await self.registry.get(COORDINATOR_LEASE_KEY)
         except RegistryError as exc:
-            return {"holder": None, "error": f"the registry is unavailable: {exc}"}
+            return CoordinatorUnavailable(None, f"the registry is unavailable: {exc}")
         lease = None if kv is None else decode_record(kv.key, kv.value)
         holder = lease.holder if isinstance(lease, CoordinatorLease) else None
         return await ask_holder(self, holder)
@@ -582,18 +589,18 @@ async def coordinator_view(services: NodeServices, state: dict[str, Any]) -> Any
 
 
 async def ask_holder(
-    services: NodeServices, holder: str | None, local: Any = None
-) -> dict[str, Any]:
+    services: NodeServices, holder: str | None, local: object = None
+) -> Coordination:
     """Ask the coordinator of ``holder`` (the lease holder) for its state: this node's
     own (``local``, when already asked) when it holds the lease, else over the peer
-    transport. Never raises: ``{"holder": ..., "error": ...}`` says why it failed."""
+    transport. Never raises: a :class:`CoordinatorUnavailable` says why it failed."""
     if not holder:
-        return {"holder": None, "error": "no coordinator holds the lease right now"}
+        return CoordinatorUnavailable(None, "no coordinator holds the lease right now")
     node = None if holder == services.runtime.node_id else holder
-    answer = local if node is None and isinstance(local, dict) and "error" not in local else None
+    answer = local if node is None and isinstance(local, CoordinatorState) else None
     tries = 0
     deadline = trio.current_time() + HOLDER_ASK_BUDGET
-    while answer is None or (isinstance(answer, dict) and "error" in answer):
+    while not isinstance(answer, CoordinatorState):
         # The holder may be busy with a pass (it handles one message at a time) or not
         # yet reachable over the transport: ask again, a bounded number of times within
         # a bounded time.
@@ -606,29 +613,28 @@ async def ask_holder(
         answer = await services.ask(
             f"/{COORDINATOR}", GetCoordinatorState(), node=node, wait_s=min(ASK_TIMEOUT, left)
         )
-    if isinstance(answer, dict) and "error" not in answer:
+    if isinstance(answer, CoordinatorState):
         return answer
     why = answer.get("error") if isinstance(answer, dict) else answer
-    return {
-        "holder": holder,
-        "error": f"cannot ask coordinator {holder}: {why} (asked {tries} times)",
-    }
+    return CoordinatorUnavailable(
+        holder, f"cannot ask coordinator {holder}: {why} (asked {tries} times)"
+    )
 
 
-async def coordination_view(services: NodeServices, state: dict[str, Any]) -> Any:
+async def coordination_view(services: NodeServices, state: dict[str, Any]) -> Coordination:
     """The lease holder's coordinator state (see :meth:`NodeServices.coordination`)."""
     lease = state.get("lease") or {}
     return await ask_holder(services, lease.get("holder"), state.get("coordinator"))
 
 
-def unplaced_view(coordination: Mapping[str, Any]) -> Any:
-    """The coordinator's unplaced apps, or ``{"error": ...}`` when its state cannot be
-    had; none while no node holds the lease."""
-    if "error" not in coordination:
-        return coordination.get("unplaced", [])
-    if coordination.get("holder") is None:
+def unplaced_view(coordination: Coordination) -> Any:
+    """The coordinator's unplaced apps (as JSON), or ``{"error": ...}`` when its state
+    cannot be had; none while no node holds the lease."""
+    if isinstance(coordination, CoordinatorState):
+        return [asdict(u) for u in coordination.unplaced]
+    if coordination.holder is None:
         return []
-    return {"error": coordination["error"]}
+    return {"error": coordination.error}
 
 
 ACTOR_VIEWS.update(

@@ -37,9 +37,20 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from corral.actors.coordinator import ObservedInstance, restart_phase, rollout_status
-from corral.actors.planner import AppSpec, Placement, allocatable, reserved_by_placements
-from corral.actors.planner import Capacity as PlannerCapacity
+from corral.actors.coordinator import (
+    CoordinatorState,
+    NodeStatus,
+    ObservedInstance,
+    restart_phase,
+    rollout_status,
+)
+from corral.actors.planner import (
+    AppSpec,
+    NodeCapacity,
+    Placement,
+    allocatable,
+    reserved_by_placements,
+)
 from corral.node._format import duration
 from corral.registry import AppRecord, NodeIntent, NodeRecord, PlacementRecord, ServingEntry
 
@@ -67,6 +78,26 @@ class PsRow:
 
 
 @dataclass(frozen=True)
+class CoordinatorUnavailable:
+    """Why the lease holder's coordinator state cannot be had, given in its place.
+
+    Attributes:
+        holder: the node that holds the lease (the one asked), or None when none does.
+        error: what went wrong, in words.
+    """
+
+    holder: str | None
+    error: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"holder": self.holder, "error": self.error}
+
+
+#: What a node knows of the lease holder's coordinator.
+Coordination = CoordinatorState | CoordinatorUnavailable
+
+
+@dataclass(frozen=True)
 class CoordinatorView:
     """What RELOC knows of the coordinator: its cooldown and the moves it deferred.
 
@@ -85,34 +116,16 @@ class CoordinatorView:
     error: str | None = None
 
     @classmethod
-    def from_state(cls, state: object) -> CoordinatorView:
-        """From the lease holder's coordinator state (``GetCoordinatorState``'s answer,
-        whose ``node`` is the holder), or the ``{"holder": ..., "error": ...}`` a node
-        gives in its place. Never raises: a state without a usable ``policy.cooldown_s``
-        is an unknown cooldown, with the reason."""
-        if not isinstance(state, Mapping):
+    def from_state(cls, state: Coordination | None) -> CoordinatorView:
+        """From the lease holder's coordinator state (whose ``node`` is the holder), or
+        what a node gives in its place (:class:`CoordinatorUnavailable`; None: no
+        coordinator holds the lease)."""
+        if state is None:
             return cls(error="no coordinator holds the lease right now")
-        named = state.get("holder" if "error" in state else "node")
-        holder = named if isinstance(named, str) else None
-        if "error" in state:
-            return cls(holder=holder, error=str(state["error"]))
-        policy = state.get("policy")
-        cooldown = policy.get("cooldown_s") if isinstance(policy, Mapping) else None
-        if not isinstance(cooldown, int | float) or isinstance(cooldown, bool):
-            who = f"coordinator {holder}" if holder else "the coordinator"
-            return cls(holder=holder, error=f"{who} does not report its cooldown")
-        deferred: dict[tuple[str, str], float | None] = {}
-        for item in state.get("deferred") or ():
-            if not isinstance(item, Mapping):
-                continue
-            app, where, until = item.get("app"), item.get("node"), item.get("until")
-            if isinstance(app, str) and isinstance(where, str):
-                deferred[(app, where)] = (
-                    float(until)
-                    if isinstance(until, int | float) and not isinstance(until, bool)
-                    else None
-                )
-        return cls(cooldown_s=float(cooldown), deferred=deferred, holder=holder)
+        if isinstance(state, CoordinatorUnavailable):
+            return cls(holder=state.holder, error=state.error)
+        deferred = {(d.app, d.node): d.until for d in state.deferred}
+        return cls(cooldown_s=state.policy.cooldown_s, deferred=deferred, holder=state.node)
 
     def unknown_because(self) -> str:
         """Why the cooldown is unknown, in a few words (the full reason is ``error``)."""
@@ -121,8 +134,6 @@ class CoordinatorView:
             return "no node holds the coordinator lease yet"
         if "no reply" in error or "within" in error:
             return f"coordinator {self.holder} is busy and did not answer in time"
-        if "does not report" in error:
-            return f"coordinator {self.holder} does not report it"
         return f"coordinator {self.holder} cannot be asked"
 
     def to_json(self) -> dict[str, Any]:
@@ -340,39 +351,30 @@ class NodeStatesView:
         error: why the states could not be had (then ``states`` is None).
     """
 
-    states: Mapping[str, Mapping[str, Any]] | None = None
+    states: Mapping[str, NodeStatus] | None = None
     holder: str | None = None
     error: str | None = None
 
     @classmethod
-    def from_state(cls, state: object) -> NodeStatesView:
-        """From the lease holder's coordinator state (``GetCoordinatorState``'s answer) or
-        the ``{"holder": ..., "error": ...}`` given in its place. Never raises."""
+    def from_state(cls, state: Coordination | None) -> NodeStatesView:
+        """From the lease holder's coordinator state, or what a node gives in its place
+        (:class:`CoordinatorUnavailable`; None: no coordinator holds the lease)."""
         view = CoordinatorView.from_state(state)
-        if view.error is not None or not isinstance(state, Mapping):
+        if not isinstance(state, CoordinatorState):
             return cls(holder=view.holder, error=view.error)
-        items = state.get("node_states")
-        if not isinstance(items, list) or not state.get("coordinating", True):
-            who = f"coordinator {view.holder}" if view.holder else "the coordinator"
-            return cls(holder=view.holder, error=f"{who} does not report node states")
-        states = {
-            str(item["node"]): item
-            for item in items
-            if isinstance(item, Mapping) and isinstance(item.get("node"), str)
-        }
-        return cls(states=states, holder=view.holder)
+        if not state.coordinating:
+            return cls(
+                holder=view.holder,
+                error=f"coordinator {view.holder} does not report node states: it does not "
+                "hold the lease",
+            )
+        return cls(states={status.node: status for status in state.node_states}, holder=view.holder)
 
     def to_json(self) -> dict[str, Any]:
         """What ``GET /v1/nodes`` says of where the states came from."""
         if self.error is not None:
             return {"source": "records", "holder": self.holder, "error": self.error}
         return {"source": "coordinator", "holder": self.holder}
-
-
-def _number(value: object) -> float | None:
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return float(value)
-    return None
 
 
 def node_state(record: NodeRecord | None, intent: NodeIntent | None) -> str:
@@ -394,10 +396,10 @@ def node_state(record: NodeRecord | None, intent: NodeIntent | None) -> str:
     return base
 
 
-def _state_text(status: Mapping[str, Any], intent: NodeIntent | None) -> str:
+def _state_text(status: NodeStatus, intent: NodeIntent | None) -> str:
     """The coordinator's state of a node, with the intent named as the operator gave it
     (also when the coordinator has not run a pass since the intent was written)."""
-    state = str(status.get("state"))
+    state: str = status.state
     if intent is not None and intent.draining:
         return "draining, forced" if intent.force else "draining"
     if intent is not None and intent.cordoned and state in ("alive", "suspect"):
@@ -451,12 +453,10 @@ def node_rows(
                 datacenter=record.datacenter if record else None,
                 api_address=(record.api_address or None) if record else None,
                 coordinator=node_id == coordinator,
-                incarnation=None
-                if status is None or not isinstance(status.get("incarnation"), int)
-                else int(status["incarnation"]),
-                since=None if status is None else _number(status.get("since")),
-                down_since=None if status is None else _number(status.get("down_since")),
-                grace_until=None if status is None else _number(status.get("grace_until")),
+                incarnation=None if status is None else status.incarnation,
+                since=None if status is None else status.since,
+                down_since=None if status is None else status.down_since,
+                grace_until=None if status is None else status.grace_until,
                 capacity=record.capacity.to_json() if record and record.capacity else None,
                 allocatable=_allocatable(
                     record, reserved_mem.get(node_id, 0), reserved_disk.get(node_id, 0)
@@ -471,6 +471,6 @@ def _allocatable(record: NodeRecord | None, memory: int, disk: int) -> dict[str,
         return None
     c = record.capacity
     mem, disk10 = allocatable(
-        PlannerCapacity(c.memory_mb, c.memory_free_mb, c.disk_mb, c.disk_free_mb), memory, disk
+        NodeCapacity(c.memory_mb, c.memory_free_mb, c.disk_mb, c.disk_free_mb), memory, disk
     )
     return {"memory_mb": mem, "disk_mb": disk10 // 10}

@@ -33,13 +33,7 @@ from corral.registry._errors import (
 )
 from corral.registry._etcd import EtcdRegistry
 from corral.registry._memory import MemoryRegistry
-from corral.registry._open import (
-    RegistryOptions,
-    RegistryUrl,
-    default_registry_url,
-    open_registry,
-    parse_registry_url,
-)
+from corral.registry._open import open_registry
 from corral.registry._records import (
     ALIAS_PREFIX,
     APPS_PREFIX,
@@ -64,7 +58,6 @@ from corral.registry._records import (
     AliasRecord,
     AppRecord,
     Artifact,
-    Capacity,
     CoordinatorLease,
     CopyAssignment,
     Deployment,
@@ -72,6 +65,7 @@ from corral.registry._records import (
     HealthSpec,
     HeldCopies,
     KeyKind,
+    MeasuredCapacity,
     NodeAssignment,
     NodeDown,
     NodeIntent,
@@ -115,6 +109,12 @@ from corral.registry._records import (
     validate_name,
 )
 from corral.registry._sqlite import SQLiteRegistry
+from corral.registry._url import (
+    RegistryOptions,
+    RegistryUrl,
+    default_registry_url,
+    parse_registry_url,
+)
 
 __all__ = [
     "ALIAS_PREFIX",
@@ -140,7 +140,6 @@ __all__ = [
     "AliasRecord",
     "AppRecord",
     "Artifact",
-    "Capacity",
     "Compare",
     "CompareOp",
     "CompareTarget",
@@ -162,6 +161,7 @@ __all__ = [
     "KeyValue",
     "Lease",
     "LeaseNotFound",
+    "MeasuredCapacity",
     "MemoryRegistry",
     "NodeAssignment",
     "NodeDown",

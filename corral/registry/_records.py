@@ -757,8 +757,9 @@ class AppRecord:
 
 
 @dataclass(frozen=True, slots=True)
-class Capacity:
-    """A node's resources in MiB."""
+class MeasuredCapacity:
+    """A node's resources in MiB, as it measured them and publishes them in its record
+    (the planner's view of them is :class:`corral.actors.planner.NodeCapacity`)."""
 
     memory_mb: int
     memory_free_mb: int
@@ -774,7 +775,7 @@ class Capacity:
         }
 
     @classmethod
-    def from_json(cls, obj: dict[str, Any]) -> Capacity:
+    def from_json(cls, obj: dict[str, Any]) -> MeasuredCapacity:
         return cls(
             **{
                 name: _nonneg(_field(obj, name), f"capacity.{name}")
@@ -852,7 +853,7 @@ class NodeRecord:
     peer_address: str = ""
     api_address: str = ""
     advertise_host: str = ""
-    capacity: Capacity | None = None
+    capacity: MeasuredCapacity | None = None
     serving: dict[str, ServingEntry] = field(default_factory=dict)
     change_token: int = 0
     started_at: float = 0.0
@@ -907,7 +908,9 @@ class NodeRecord:
             peer_address=_str(_field(obj, "peer_address", ""), "peer_address"),
             api_address=_str(_field(obj, "api_address", ""), "api_address"),
             advertise_host=_str(_field(obj, "advertise_host", ""), "advertise_host"),
-            capacity=None if capacity is None else Capacity.from_json(_obj(capacity, "capacity")),
+            capacity=None
+            if capacity is None
+            else MeasuredCapacity.from_json(_obj(capacity, "capacity")),
             serving={
                 _str(app, "serving"): ServingEntry.from_json(_obj(entry, f"serving.{app}"))
                 for app, entry in serving.items()
@@ -958,7 +961,7 @@ class NodeDown:
     labels: dict[str, str] = field(default_factory=dict)
     rack: str | None = None
     datacenter: str | None = None
-    capacity: Capacity | None = None
+    capacity: MeasuredCapacity | None = None
     incarnation: int | None = None
 
     def __post_init__(self) -> None:
@@ -990,7 +993,9 @@ class NodeDown:
             labels=_str_dict(_field(obj, "labels", {}), "labels"),
             rack=_opt_str(_field(obj, "rack", None), "rack"),
             datacenter=_opt_str(_field(obj, "datacenter", None), "datacenter"),
-            capacity=None if capacity is None else Capacity.from_json(_obj(capacity, "capacity")),
+            capacity=None
+            if capacity is None
+            else MeasuredCapacity.from_json(_obj(capacity, "capacity")),
             incarnation=_opt_int(_field(obj, "incarnation", None), "incarnation"),
         )
 

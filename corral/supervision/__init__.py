@@ -1,7 +1,8 @@
 """The actor kernel: actors, refs, supervisors, the actor system and its introspection.
 
-See ``/work/specs/kernel.md`` (the contract) and ``corral/supervision/_runtime.py``
-(how it runs).
+The contract is in the docstrings of the names exported here (:class:`Actor`,
+:class:`ActorRef`, :class:`SupervisorSpec`, :class:`ActorSystem`...);
+``corral/supervision/_runtime.py`` says how it runs.
 """
 
 from corral.supervision._actor import Actor, ActorContext, TimerHandle

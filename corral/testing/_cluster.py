@@ -67,11 +67,11 @@ from collections.abc import AsyncIterator, Callable, Collection, Iterable, Mappi
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import trio
 
 from corral.actors.coordinator import (
+    CoordinatorState,
     GetCoordinatorState,
     KickCoordinator,
     MemberStatus,
@@ -90,8 +90,8 @@ from corral.actors.process_supervisor import AppPaths, LaunchEvent, MemoryLaunch
 from corral.actors.reconciler import AgentSpec
 from corral.registry import (
     AppRecord,
-    Capacity,
     Deployment,
+    MeasuredCapacity,
     MemoryRegistry,
     NodeRecord,
     PlacementRecord,
@@ -129,7 +129,7 @@ __all__ = [
 ]
 
 #: What every harness node reports unless told otherwise (MiB).
-DEFAULT_TEST_CAPACITY = Capacity(
+DEFAULT_TEST_CAPACITY = MeasuredCapacity(
     memory_mb=16_384, memory_free_mb=16_384, disk_mb=200_000, disk_free_mb=200_000
 )
 #: Unix time at trio time zero for :func:`virtual_wall_clock`.
@@ -150,7 +150,7 @@ class NodeContext:
     node_id: str
     registry: Registry
     identity: NodeIdentity
-    capacity: Capacity | None
+    capacity: MeasuredCapacity | None
     wall_clock: Callable[[], float]
     lease_ttl: float
     node_lease_ttl: float
@@ -265,7 +265,7 @@ class ClusterNode:
 
     node_id: str
     identity: NodeIdentity
-    capacity: Capacity | None
+    capacity: MeasuredCapacity | None
     data_dir: Path
     launcher: MemoryLauncher = field(default_factory=MemoryLauncher)
     life: int = 0
@@ -367,7 +367,7 @@ class Cluster:
         labels: Mapping[str, str] | None = None,
         rack: str | None = None,
         datacenter: str | None = None,
-        capacity: Capacity | None = DEFAULT_TEST_CAPACITY,
+        capacity: MeasuredCapacity | None = DEFAULT_TEST_CAPACITY,
     ) -> ClusterNode:
         """Start a new node; returns once its actors have started."""
         if node_id in self.nodes:
@@ -518,23 +518,22 @@ class Cluster:
 
     async def coordinator_state(
         self, node_id: str, *, ask_timeout: float = 1.0
-    ) -> dict[str, Any] | None:
+    ) -> CoordinatorState | None:
         """The node's coordinator state, or None when it is not running or does
         not answer within ``ask_timeout`` (busy in a hung registry call, say)."""
         node = self.node(node_id)
         if not node.running:
             return None
         try:
-            state: dict[str, Any] = await node.coordinator.ask(
-                GetCoordinatorState(), timeout=ask_timeout
-            )
+            state = await node.coordinator.ask(GetCoordinatorState(), timeout=ask_timeout)
         except SupervisionError:
             return None
+        assert isinstance(state, CoordinatorState)
         return state
 
     async def coordinator_states(
         self, *, ask_timeout: float = 1.0
-    ) -> dict[str, dict[str, Any] | None]:
+    ) -> dict[str, CoordinatorState | None]:
         """Every node's coordinator state (None for nodes not answering)."""
         return {
             node_id: await self.coordinator_state(node_id, ask_timeout=ask_timeout)
@@ -544,7 +543,7 @@ class Cluster:
     async def coordinators(self, *, ask_timeout: float = 1.0) -> list[str]:
         """Nodes whose coordinator says it is coordinating now."""
         states = await self.coordinator_states(ask_timeout=ask_timeout)
-        return [n for n, state in states.items() if state is not None and state["coordinating"]]
+        return [n for n, state in states.items() if state is not None and state.coordinating]
 
     async def wait_for_coordinator(
         self,
@@ -727,7 +726,7 @@ async def open_cluster(
     wall_clock: Callable[[], float] = virtual_wall_clock,
     children: ChildrenFactory = default_node_children,
     labels: Mapping[str, Mapping[str, str]] | None = None,
-    capacity: Capacity | None = DEFAULT_TEST_CAPACITY,
+    capacity: MeasuredCapacity | None = DEFAULT_TEST_CAPACITY,
     data_dir: Path | None = None,
     membership: Mapping[str, MemberStatus] | None = None,
     swim: SwimConfig | None = None,

@@ -51,8 +51,8 @@ from corral.actors.planner import Policy
 from corral.registry import (
     PLACEMENT_PREFIX,
     AppRecord,
-    Capacity,
     EventType,
+    MeasuredCapacity,
     PlacementRecord,
     Registry,
     decode_record,
@@ -318,7 +318,7 @@ async def open_fleet(
     racks: int = 1,
     lease_ttl: float = 45.0,
     policy: Policy | None = None,
-    capacity: Capacity | None = DEFAULT_TEST_CAPACITY,
+    capacity: MeasuredCapacity | None = DEFAULT_TEST_CAPACITY,
     overlap_window: float | None = None,
     check_interval: float = 1.0,
     labels: Mapping[str, Mapping[str, str]] | None = None,

@@ -25,22 +25,30 @@ compared in constant time. No configured secret means the empty key: two nodes
 without a secret accept each other (they only listen on loopback), and a node
 with a secret refuses one without.
 
-A refusal is a :class:`Refused` value carrying the WebSocket close code the
-shell closes the connection with and a reason it logs. Nothing in this module
+Each message is a frozen dataclass (:class:`Hello`, :class:`Challenge`,
+:class:`Proof`, :class:`Welcome`) checked against its type hints by the transport's
+schema (:func:`~corral.transport._schema.check_fields`) before anything reads it;
+fields a later protocol version adds are ignored, so a newer peer's ``hello`` still
+negotiates down. A refusal is a :class:`Refused` value carrying the WebSocket
+close code the shell closes the connection with and a reason it logs. Nothing in this module
 does I/O, reads a clock or draws randomness: nonces and incarnations are
 passed in.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import hmac
 from collections import deque
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Any
+from typing import Any, ClassVar, TypeVar
 
 import cbor2
+
+from corral.transport._errors import SchemaError
+from corral.transport._schema import check_fields, encode_value
 
 # Version 2: after the handshake, every binary message is a packet of frames
 # (corral.transport._ws_wire); version 1 carried one frame per message.
@@ -167,7 +175,58 @@ def compute_proof(
     return hmac.new(secret, message, hashlib.sha256).digest()
 
 
-def _decode(data: bytes | str, expected: str) -> dict[str, Any] | Refused:
+@dataclass(frozen=True, slots=True)
+class Hello:
+    """Client -> server: who dials, what it speaks, its nonce, whom it expects."""
+
+    TAG: ClassVar[str] = "hello"
+    #: offered protocol versions (entries that are not whole numbers are ignored).
+    versions: list[Any]
+    node: str
+    incarnation: bytes
+    nonce: bytes
+    max_frame: int
+    dial_seq: int
+    expect: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Challenge:
+    """Server -> client: the chosen version, who answers, its nonce and its proof."""
+
+    TAG: ClassVar[str] = "challenge"
+    version: int
+    node: str
+    incarnation: bytes
+    nonce: bytes
+    max_frame: int
+    proof: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Proof:
+    """Client -> server: the client's proof."""
+
+    TAG: ClassVar[str] = "proof"
+    proof: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Welcome:
+    """Server -> client: the handshake is complete."""
+
+    TAG: ClassVar[str] = "welcome"
+
+
+_M = TypeVar("_M", Hello, Challenge, Proof, Welcome)
+
+
+def _encode(msg: Hello | Challenge | Proof | Welcome) -> bytes:
+    return cbor2.dumps({"t": msg.TAG, **encode_value(msg)})
+
+
+def _decode(data: bytes | str, cls: type[_M]) -> _M | Refused:
+    expected = cls.TAG
     if not isinstance(data, bytes):
         return Refused(CloseCode.PROTOCOL_ERROR, f"expected a binary {expected!r} message")
     if len(data) > MAX_HANDSHAKE_MESSAGE:
@@ -181,32 +240,24 @@ def _decode(data: bytes | str, expected: str) -> dict[str, Any] | Refused:
         return Refused(CloseCode.PROTOCOL_ERROR, f"{expected!r} message is not valid CBOR")
     if not isinstance(value, dict) or value.get("t") != expected:
         return Refused(CloseCode.PROTOCOL_ERROR, f"expected a {expected!r} handshake message")
-    return value
+    known = {f.name for f in dataclasses.fields(cls)}
+    try:
+        return check_fields(cls, {k: v for k, v in value.items() if k in known}, expected)
+    except SchemaError as exc:
+        return Refused(CloseCode.PROTOCOL_ERROR, str(exc))
 
 
-def _field(msg: dict[str, Any], name: str, kind: type, what: str) -> Any:
-    value = msg.get(name)
-    # bool is an int subclass; refuse it where an int is required.
-    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        raise _BadField(f"{what}: field {name!r} missing or not {kind.__name__}")
-    return value
-
-
-class _BadField(Exception):
-    """Internal: a handshake field failed validation (turned into a Refused)."""
-
-
-def _check_identity_fields(msg: dict[str, Any], what: str) -> tuple[str, bytes, int]:
-    node_id = _field(msg, "node", str, what)
-    incarnation = _field(msg, "incarnation", bytes, what)
-    max_frame = _field(msg, "max_frame", int, what)
-    if not 0 < len(node_id) <= MAX_NODE_ID_LENGTH:
-        raise _BadField(f"{what}: node id must be 1..{MAX_NODE_ID_LENGTH} characters")
-    if not 0 < len(incarnation) <= MAX_INCARNATION_LENGTH:
-        raise _BadField(f"{what}: incarnation must be 1..{MAX_INCARNATION_LENGTH} bytes")
-    if max_frame < 1:
-        raise _BadField(f"{what}: max_frame must be positive")
-    return node_id, incarnation, max_frame
+def _identity_problem(msg: Hello | Challenge) -> Refused | None:
+    what = msg.TAG
+    if not 0 < len(msg.node) <= MAX_NODE_ID_LENGTH:
+        problem = f"{what}: node id must be 1..{MAX_NODE_ID_LENGTH} characters"
+    elif not 0 < len(msg.incarnation) <= MAX_INCARNATION_LENGTH:
+        problem = f"{what}: incarnation must be 1..{MAX_INCARNATION_LENGTH} bytes"
+    elif msg.max_frame < 1:
+        problem = f"{what}: max_frame must be positive"
+    else:
+        return None
+    return Refused(CloseCode.PROTOCOL_ERROR, problem)
 
 
 class ClientHandshake:
@@ -238,31 +289,28 @@ class ClientHandshake:
 
     def hello(self) -> bytes:
         """The first message, sent right after the WebSocket upgrade."""
-        return cbor2.dumps(
-            {
-                "t": "hello",
-                "versions": list(self._versions),
-                "node": self._me.node_id,
-                "incarnation": self._me.incarnation,
-                "nonce": self._nonce,
-                "expect": self._expect,
-                "max_frame": self._me.max_frame,
-                "dial_seq": self._dial_seq,
-            }
+        return _encode(
+            Hello(
+                versions=list(self._versions),
+                node=self._me.node_id,
+                incarnation=self._me.incarnation,
+                nonce=self._nonce,
+                max_frame=self._me.max_frame,
+                dial_seq=self._dial_seq,
+                expect=self._expect,
+            )
         )
 
     def receive_challenge(self, data: bytes | str) -> bytes | Refused:
         """Check the server's challenge and proof; return our proof message or a refusal."""
-        msg = _decode(data, "challenge")
+        msg = _decode(data, Challenge)
         if isinstance(msg, Refused):
             return msg
-        try:
-            node_id, incarnation, max_frame = _check_identity_fields(msg, "challenge")
-            version = _field(msg, "version", int, "challenge")
-            nonce = _field(msg, "nonce", bytes, "challenge")
-            proof = _field(msg, "proof", bytes, "challenge")
-        except _BadField as exc:
-            return Refused(CloseCode.PROTOCOL_ERROR, str(exc))
+        problem = _identity_problem(msg)
+        if problem is not None:
+            return problem
+        node_id, incarnation, max_frame = msg.node, msg.incarnation, msg.max_frame
+        version, nonce, proof = msg.version, msg.nonce, msg.proof
         if version not in self._versions:
             return Refused(
                 CloseCode.UNSUPPORTED_VERSION,
@@ -297,13 +345,13 @@ class ClientHandshake:
         ours = compute_proof(
             self._secret, "client", version, self._me, server, self._nonce, nonce, self._dial_seq
         )
-        return cbor2.dumps({"t": "proof", "proof": ours})
+        return _encode(Proof(ours))
 
     def receive_welcome(self, data: bytes | str) -> PeerInfo | Refused:
         """The server accepted our proof: the handshake is complete."""
         if self._server is None:
             raise RuntimeError("receive_welcome before a successful receive_challenge")
-        msg = _decode(data, "welcome")
+        msg = _decode(data, Welcome)
         if isinstance(msg, Refused):
             return msg
         server = self._server
@@ -343,17 +391,14 @@ class ServerHandshake:
 
     def receive_hello(self, data: bytes | str) -> bytes | Refused:
         """Check the client's hello; return our challenge message or a refusal."""
-        msg = _decode(data, "hello")
+        msg = _decode(data, Hello)
         if isinstance(msg, Refused):
             return msg
-        try:
-            node_id, incarnation, max_frame = _check_identity_fields(msg, "hello")
-            versions = _field(msg, "versions", list, "hello")
-            nonce = _field(msg, "nonce", bytes, "hello")
-            dial_seq = _field(msg, "dial_seq", int, "hello")
-        except _BadField as exc:
-            return Refused(CloseCode.PROTOCOL_ERROR, str(exc))
-        expect = msg.get("expect")
+        problem = _identity_problem(msg)
+        if problem is not None:
+            return problem
+        node_id, incarnation, max_frame = msg.node, msg.incarnation, msg.max_frame
+        versions, nonce, dial_seq, expect = msg.versions, msg.nonce, msg.dial_seq, msg.expect
         offered = {v for v in versions if isinstance(v, int) and not isinstance(v, bool)}
         common = [v for v in self._versions if v in offered]
         if not common:
@@ -386,16 +431,15 @@ class ServerHandshake:
         proof = compute_proof(
             self._secret, "server", version, client, self._me, nonce, self._nonce, dial_seq
         )
-        return cbor2.dumps(
-            {
-                "t": "challenge",
-                "version": version,
-                "node": self._me.node_id,
-                "incarnation": self._me.incarnation,
-                "nonce": self._nonce,
-                "max_frame": self._me.max_frame,
-                "proof": proof,
-            }
+        return _encode(
+            Challenge(
+                version=version,
+                node=self._me.node_id,
+                incarnation=self._me.incarnation,
+                nonce=self._nonce,
+                max_frame=self._me.max_frame,
+                proof=proof,
+            )
         )
 
     def receive_proof(self, data: bytes | str) -> PeerInfo | Refused:
@@ -403,13 +447,10 @@ class ServerHandshake:
         client = self._client
         if client is None:
             raise RuntimeError("receive_proof before a successful receive_hello")
-        msg = _decode(data, "proof")
+        msg = _decode(data, Proof)
         if isinstance(msg, Refused):
             return msg
-        try:
-            proof = _field(msg, "proof", bytes, "proof")
-        except _BadField as exc:
-            return Refused(CloseCode.PROTOCOL_ERROR, str(exc))
+        proof = msg.proof
         expected = compute_proof(
             self._secret,
             "client",
@@ -437,4 +478,4 @@ class ServerHandshake:
 
     def welcome(self) -> bytes:
         """The last message: the client may start sending frames."""
-        return cbor2.dumps({"t": "welcome"})
+        return _encode(Welcome())

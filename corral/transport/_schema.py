@@ -28,6 +28,7 @@ from corral.transport._errors import SchemaError, UnknownKind
 
 __all__ = [
     "RESERVED_KINDS",
+    "check_fields",
     "decode_message",
     "encode_message",
     "message",
@@ -144,6 +145,18 @@ def decode_message(kind: str, body: Any) -> object:
     """
     cls = message_class(kind)
     return _validator_for(cls)(body, kind)
+
+
+def check_fields(cls: type[_T], body: Any, where: str) -> _T:
+    """Check ``body`` against the fields of the frozen dataclass ``cls`` (registered as
+    a message or not) and build it: the validator :func:`decode_message` uses.
+
+    Raises:
+        SchemaError: the body does not fit (the message starts with ``where`` and names
+            the field).
+    """
+    built: _T = _validator_for(cls)(body, where)
+    return built
 
 
 def encode_value(value: Any) -> Any:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from corral._errors import CorralError
+from corral import CorralError
 from corral.actors import planner, port_allocator
 from corral.actors.planner import AppSpec, NodeInfo, Policy, plan
 from corral.actors.port_allocator import PortLedger, PortRange

@@ -11,8 +11,7 @@ from typing import Any
 
 import pytest
 
-from corral.node._artifacts import pack_directory
-from corral.node._errors import ApiRefused
+from corral.node import ApiRefused, pack_directory
 from corral.node._local_cluster import LocalCluster, wait_for
 
 from .conftest import GREETER

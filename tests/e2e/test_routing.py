@@ -30,7 +30,7 @@ import psutil
 import pytest
 import trio
 
-from corral.node._artifacts import pack_directory
+from corral.node import pack_directory
 from corral.node._local_cluster import LocalCluster, LocalNode, wait_for
 from corral.proxy import DEFAULT_CADDY, DEFAULT_HAPROXY
 

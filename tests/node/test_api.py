@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
+from corral.actors.coordinator import CoordinatorState, NodeStatus
+from corral.actors.planner import Deferred, Policy
 from corral.node._api import ApiServices, build_api
 from corral.node._artifact_store import ArtifactStore, artifact_capability
 from corral.node._format import nodes_table
+from corral.node._views import Coordination, CoordinatorUnavailable
 from corral.registry import (
     COORDINATOR_LEASE_KEY,
     AppRecord,
@@ -52,14 +56,13 @@ class Fixture:
         async def state() -> dict[str, Any]:
             return {"node": {"id": "n1"}}
 
-        #: What the lease holder's coordinator answers (GetCoordinatorState's shape).
-        self.coordinator_state: dict[str, Any] = {
-            "node": "n1",
-            "policy": {"cooldown_s": 600.0, "grace_period_s": 300.0},
-            "deferred": [],
-        }
+        #: What the lease holder's coordinator answers (to GetCoordinatorState).
+        self.coordinator_state: Coordination = CoordinatorState(
+            node="n1", coordinating=False, holder="n1", fence=None, lease_ttl=45.0,
+            policy=Policy(cooldown_s=600.0, grace_period_s=300.0),
+        )
 
-        async def coordinator() -> dict[str, Any]:
+        async def coordinator() -> Coordination:
             return self.coordinator_state
 
         services = ApiServices(
@@ -79,6 +82,11 @@ class Fixture:
 
     async def record_change(self, reason: str) -> None:
         self.changes.append(reason)
+
+    def coordinator_changed(self, **changes: Any) -> None:
+        """The holder's coordinator state with ``changes``."""
+        assert isinstance(self.coordinator_state, CoordinatorState)
+        self.coordinator_state = replace(self.coordinator_state, **changes)
 
     def client(self, token: str | None = TOKEN) -> httpx.AsyncClient:
         headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
@@ -379,25 +387,21 @@ async def test_ps_takes_the_cooldown_from_the_coordinators_policy(fx: Fixture) -
         "yes (only if its node is lost: cooldown, 9m 30s left)"
     )
     # Not the planner's default: the coordinator's own cooldown.
-    fx.coordinator_state["policy"]["cooldown_s"] = 60.0
+    fx.coordinator_changed(policy=Policy(cooldown_s=60.0))
     answer = await ps_answer(fx)
     assert answer["rows"][0]["reloc"] == "yes (only if its node is lost: cooldown, 30s left)"
     assert answer["coordinator"] == {"holder": "n1", "cooldown_s": 60.0}
-    fx.coordinator_state["policy"]["cooldown_s"] = 20.0
+    fx.coordinator_changed(policy=Policy(cooldown_s=20.0))
     assert (await ps_answer(fx))["rows"][0]["reloc"] == "yes"
 
 
 async def test_ps_takes_a_deferred_moves_until_from_the_coordinator(fx: Fixture) -> None:
     await put_web_placed(fx, ago=30)
-    fx.coordinator_state["deferred"] = [
-        {"app": "web", "node": "n1", "reason": "cooldown: ...", "until": 1_700_000_045.0}
-    ]
+    fx.coordinator_changed(deferred=(Deferred("web", "n1", "cooldown: ...", 1_700_000_045.0),))
     assert (await ps_answer(fx))["rows"][0]["reloc"] == (
         "yes (only if its node is lost: cooldown, 45s left)"
     )
-    fx.coordinator_state["deferred"] = [
-        {"app": "web", "node": "n1", "reason": "disruption budget: ...", "until": None}
-    ]
+    fx.coordinator_changed(deferred=(Deferred("web", "n1", "disruption budget: ...", None),))
     assert (await ps_answer(fx))["rows"][0]["reloc"] == (
         "yes (deferred by the disruption budget: moves on a later pass)"
     )
@@ -408,7 +412,7 @@ async def test_ps_says_the_cooldown_is_unknown_when_the_coordinator_cannot_be_as
 ) -> None:
     await put_web_placed(fx, ago=30)
     why = "cannot ask coordinator n2: peer 'n2' is unreachable"
-    fx.coordinator_state = {"holder": "n2", "error": why}
+    fx.coordinator_state = CoordinatorUnavailable("n2", why)
     answer = await ps_answer(fx)
     assert answer["rows"][0]["reloc"] == (
         "yes (cooldown unknown: coordinator n2 cannot be asked)"
@@ -469,14 +473,16 @@ async def test_nodes_carry_the_lease_holders_node_states(fx: Fixture) -> None:
         ("n1", "alive", None)
     ]
     # The holder's states: n2's record lapsed, it is down in its grace.
-    fx.coordinator_state["coordinating"] = True
-    fx.coordinator_state["node_states"] = [
-        {"node": "n1", "state": "alive", "since": 1.0, "down_since": None,
-         "grace_until": None, "incarnation": None, "record": True, "reason": "live"},
-        {"node": "n2", "state": "down", "since": 1_699_999_990.0,
-         "down_since": 1_699_999_990.0, "grace_until": 1_700_000_290.0, "incarnation": 4,
-         "record": False, "reason": "its registry record lapsed"},
-    ]
+    fx.coordinator_changed(
+        coordinating=True,
+        node_states=(
+            NodeStatus("n1", "alive", since=1.0, down_since=None, grace_until=None,
+                       incarnation=None, record=True, reason="live"),
+            NodeStatus("n2", "down", since=1_699_999_990.0, down_since=1_699_999_990.0,
+                       grace_until=1_700_000_290.0, incarnation=4, record=False,
+                       reason="its registry record lapsed"),
+        ),
+    )
     async with fx.client() as client:
         answer = (await client.get("/v1/nodes")).json()
     assert answer["states"] == {"source": "coordinator", "holder": "n1"}

@@ -22,17 +22,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import corral.node._artifact_store as artifact_store_module
+from corral.node import ArtifactInvalid, Manifest, pack_directory
 from corral.node._api import ApiServices, build_api
 from corral.node._artifact_store import ArtifactStore, Materializer
-from corral.node._artifacts import (
-    ArtifactLimits,
-    Manifest,
-    digest_of,
-    inspect_artifact,
-    pack_directory,
-    unpack_artifact,
-)
-from corral.node._errors import ArtifactInvalid
+from corral.node._artifacts import ArtifactLimits, digest_of, inspect_artifact, unpack_artifact
 from corral.registry import Deployment, MemoryRegistry
 
 from .conftest import b64, make_app_dir, packed_app

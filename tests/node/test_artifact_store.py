@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from corral.node import ArtifactNotFound
 from corral.node._artifact_store import ArtifactStore, Materializer, artifact_capability
-from corral.node._errors import ArtifactNotFound
 from corral.registry import Deployment, MemoryRegistry, NodeRecord, artifact_key, node_key
 
 from .conftest import packed_app

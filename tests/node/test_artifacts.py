@@ -9,14 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from corral.node._artifacts import (
-    digest_of,
-    inspect_artifact,
-    pack_directory,
-    parse_manifest,
-    unpack_artifact,
-)
-from corral.node._errors import ArtifactInvalid, DigestMismatch
+from corral.node import ArtifactInvalid, DigestMismatch, pack_directory, parse_manifest
+from corral.node._artifacts import digest_of, inspect_artifact, unpack_artifact
 
 
 def make_app(root: Path) -> Path:

@@ -9,8 +9,10 @@ import pytest
 import trio
 import trio.testing
 
+from corral.actors.coordinator import CoordinatorState
+from corral.actors.planner import Policy
+from corral.node import ConfigError
 from corral.node._config import resolve_node_config
-from corral.node._errors import ConfigError
 from corral.node._events import EventLog, jsonable
 from corral.node._node import (
     HOLDER_ASK_BUDGET,
@@ -155,7 +157,14 @@ async def test_state_reports_an_unreachable_coordinator_instead_of_failing(
     assert state["unplaced"]["error"].endswith(f"(asked {HOLDER_ASK_TRIES} times)")
     assert state["coordination"] == {"holder": "c", "error": state["unplaced"]["error"]}
     # What ps judges RELOC's cooldown by says the same.
-    assert await services.coordination() == state["coordination"]
+    assert (await services.coordination()).to_json() == state["coordination"]
+
+
+def holder_state(node: str) -> CoordinatorState:
+    return CoordinatorState(
+        node=node, coordinating=True, holder=node, fence=3, lease_ttl=45.0,
+        policy=Policy(cooldown_s=60.0),
+    )
 
 
 class _AnsweringRef:
@@ -163,7 +172,7 @@ class _AnsweringRef:
         self.node = node
 
     async def ask(self, message: object, timeout: float) -> object:
-        return {"node": self.node or "n1", "policy": {"cooldown_s": 60.0}, "unplaced": []}
+        return holder_state(self.node or "n1")
 
 
 class _AnsweringSystem:
@@ -181,7 +190,7 @@ async def test_coordination_asks_the_lease_holder_once(tmp_path: Path) -> None:
     services = NodeServices(prepare_runtime(config), registry, EventLog())
     system = _AnsweringSystem()
     services.system = system  # type: ignore[assignment]
-    assert await services.coordination() == {
+    assert (await services.coordination()).to_json() == {
         "holder": None,
         "error": "no coordinator holds the lease right now",
     }
@@ -190,9 +199,9 @@ async def test_coordination_asks_the_lease_holder_once(tmp_path: Path) -> None:
     system.asked.clear()
     state = await services.state()
     assert state["coordination"]["node"] == "c"
-    assert state["coordination"]["policy"] == {"cooldown_s": 60.0}
+    assert state["coordination"]["policy"]["cooldown_s"] == 60.0
     assert system.asked.count("c") == 1
-    assert (await services.coordination())["node"] == "c"
+    assert (await services.coordination()) == holder_state("c")
     # This node holds the lease: its own coordinator's answer is used, not asked again.
     await registry.put(COORDINATOR_LEASE_KEY, CoordinatorLease(holder="n1", acquired_at=0).encode())
     system.asked.clear()
@@ -248,7 +257,7 @@ class _BusyOnceSystem:
         self.asks += 1
         if self.asks == 1:
             raise AskTimeout("no reply from c/coordinator within 2.0 s; the actor is busy")
-        return {"node": "c", "policy": {"cooldown_s": 60.0}, "unplaced": []}
+        return holder_state("c")
 
 
 async def test_a_busy_coordinator_is_asked_again_before_the_cooldown_is_called_unknown(
@@ -262,7 +271,7 @@ async def test_a_busy_coordinator_is_asked_again_before_the_cooldown_is_called_u
     await registry.put(COORDINATOR_LEASE_KEY, CoordinatorLease(holder="c", acquired_at=0).encode())
     started = trio.current_time()
     answer = await services.coordination()
-    assert answer["policy"] == {"cooldown_s": 60.0}
+    assert answer == holder_state("c")
     assert system.asks == 2
     assert trio.current_time() - started == HOLDER_RETRY_PAUSE
 
@@ -288,5 +297,6 @@ async def test_asking_a_busy_coordinator_again_is_bounded_in_time(
     answer = await services.coordination()
     # 2 s, a pause, then the 1.7 s left of the budget: never longer than the budget.
     assert trio.current_time() - started == pytest.approx(HOLDER_ASK_BUDGET)
-    assert answer["error"].endswith("(asked 2 times)")
-    assert "busy" in answer["error"]
+    assert not isinstance(answer, CoordinatorState)
+    assert answer.error.endswith("(asked 2 times)")
+    assert "busy" in answer.error

@@ -11,10 +11,10 @@ from typing import Any
 import httpx
 import pytest
 
+from corral.node import ApiError, ConfigError, NodeError
 from corral.node import _client as client_module
 from corral.node._cli import main
 from corral.node._client import resolve_api_url, resolve_token
-from corral.node._errors import ApiError, ConfigError, NodeError
 
 from .conftest import make_app_dir
 

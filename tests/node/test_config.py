@@ -6,13 +6,13 @@ from pathlib import Path
 
 import pytest
 
+from corral.node import ConfigError
 from corral.node._config import (
     Address,
     load_config_file,
     parse_address,
     resolve_node_config,
 )
-from corral.node._errors import ConfigError
 
 
 def test_defaults(tmp_path: Path) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from corral.node._errors import NotFound, OperationRefused
+from corral.node import NotFound, OperationRefused
 from corral.node._operations import apply_deploy, apply_rollback, rollback
 from corral.node._requests import DeployRequest
 from corral.registry import (

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from corral.actors.routing import normalize_domain
-from corral.node._errors import RequestInvalid
+from corral.node import RequestInvalid
 from corral.node._operations import apply_deploy
 from corral.node._requests import MAX_APP_DOMAINS, DeployRequest, check_domain, parse_domains
 from corral.registry import AppRecord, Deployment

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from corral.node._errors import ConfigError
+from corral.node import ConfigError
 from corral.node._identity import (
     ensure_node_id,
     ensure_secret_file,

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from corral.node._artifacts import parse_manifest
-from corral.node._errors import ArtifactInvalid
+from corral.node import ArtifactInvalid, parse_manifest
 from corral.registry import Deployment, HealthSpec
 
 BASE = b'command = ["python3", "server.py"]\n'

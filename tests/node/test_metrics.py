@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -10,7 +11,9 @@ import trio
 import trio.testing
 from prometheus_client.parser import text_string_to_metric_families
 
+from corral.actors.coordinator import CoordinatorPass, CoordinatorState, NodeStatus, PassCounts
 from corral.actors.membership import MemberInfo, MembershipView
+from corral.actors.planner import Deferred, Policy, Unplaced
 from corral.actors.routing import RouteTable, encode_table_json
 from corral.node._api import ApiServices, build_api, build_metrics_app
 from corral.node._artifact_store import ArtifactStore
@@ -37,16 +40,21 @@ TREE: dict[str, Any] = {
         {"path": "/agent/reconciler", "mailbox_depth": "junk", "restarts": 3},
     ],
 }
-COORDINATOR: dict[str, Any] = {
-    "node": "n1",
-    "coordinating": True,
-    "fence": 7,
-    "passes": {"skipped": 12, "applied": 3, "acquired": 1},
-    "last_pass": {"time": 10.0, "duration": 0.04},
-    "unplaced": [{"app": "db"}],
-    "deferred": [{"app": "a"}, {"app": "b"}],
-    "stranded": [],
-}
+COORDINATOR = CoordinatorState(
+    node="n1",
+    coordinating=True,
+    holder="n1",
+    fence=7,
+    lease_ttl=45.0,
+    policy=Policy(),
+    passes=PassCounts(skipped=12, applied=3, acquired=1),
+    last_pass=CoordinatorPass(
+        time=10.0, duration=0.04, wall_time=1000.0, trigger="tick", outcome="applied",
+        skipped=False,
+    ),
+    unplaced=(Unplaced("db", "placement-unavailable", "no node"),),
+    deferred=(Deferred("a", "n1", "cooldown"), Deferred("b", "n1", "cooldown")),
+)
 PROCESSES = [
     {"app": "web", "state": "running", "restarts": 2, "crash_loop": False},
     {"app": "boom", "state": "backoff", "restarts": 5, "crash_loop": True},
@@ -300,16 +308,13 @@ async def test_members_per_swim_state_and_the_lease_holders_node_states() -> Non
         health=0,
         members=(member("n1", "alive"), member("n2", "alive"), member("n3", "suspect")),
     )
-    coordinator = {
-        **COORDINATOR,
-        "node_states": [
-            {"node": "n1", "state": "alive"},
-            {"node": "n2", "state": "down"},
-            {"node": "n3", "state": "cordoned"},
-            {"node": "n4", "state": "bogus"},
-            "junk",
-        ],
-    }
+    coordinator = replace(
+        COORDINATOR,
+        node_states=tuple(
+            NodeStatus(node, state, None, None, None, None, record=True, reason="")
+            for node, state in (("n1", "alive"), ("n2", "down"), ("n3", "cordoned"))
+        ),
+    )
     metrics = NodeMetrics("n1", sources(membership=answer_with(view), coordinator=coordinator))
     got = samples(await metrics.scrape())
     members = {k[1][0][1]: v for k, v in got.items() if k[0] == "corral_membership_members"}
@@ -317,7 +322,7 @@ async def test_members_per_swim_state_and_the_lease_holders_node_states() -> Non
     nodes = {k[1][0][1]: v for k, v in got.items() if k[0] == "corral_coordinator_node_states"}
     assert nodes == {"alive": 1, "suspect": 0, "down": 1, "cordoned": 1, "left": 0}
     # Not the lease holder (or no view yet): neither series, never a failed scrape.
-    idle = {**coordinator, "coordinating": False}
+    idle = replace(coordinator, coordinating=False)
     busy = answer_with({"error": "no reply from /membership within 2.0 s"})
     got = samples(await NodeMetrics("n1", sources(membership=busy, coordinator=idle)).scrape())
     assert not [k for k in got if k[0].endswith(("_members", "_node_states"))]

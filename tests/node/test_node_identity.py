@@ -13,8 +13,8 @@ import trio
 from hypothesis import given
 from hypothesis import strategies as st
 
+from corral.node import ConfigError
 from corral.node._config import NodeConfig, resolve_node_config
-from corral.node._errors import ConfigError
 from corral.node._identity import process_running, secret_fingerprint
 from corral.node._local_cluster import free_port
 from corral.node._node import (

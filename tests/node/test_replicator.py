@@ -13,8 +13,8 @@ from typing import Any
 import trio
 import trio.testing
 
+from corral.node import pack_directory
 from corral.node._artifact_store import ArtifactStore, run_inline
-from corral.node._artifacts import pack_directory
 from corral.node._replicator import ArtifactReplicator, GetArtifactState
 from corral.registry import (
     COORDINATOR_LEASE_KEY,

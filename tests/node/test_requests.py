@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from corral.node._errors import RequestInvalid
+from corral.node import RequestInvalid
 from corral.node._requests import (
     check_name,
     exec_string_problem,

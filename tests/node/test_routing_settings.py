@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from corral.node import ConfigError
 from corral.node._config import resolve_node_config
-from corral.node._errors import ConfigError
 from corral.node._format import routes_text
 
 

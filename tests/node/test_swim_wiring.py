@@ -10,8 +10,8 @@ import trio
 import trio.testing
 
 from corral.actors.membership import SwimConfig
+from corral.node import ConfigError
 from corral.node._config import resolve_node_config
-from corral.node._errors import ConfigError
 from corral.node._events import EventLog
 from corral.node._node import NodeServices, prepare_runtime, root_spec, swim_config
 from corral.node._peers import PeerDirectory

@@ -17,8 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from corral.registry import MemoryRegistry, Registry
-from corral.registry._sqlite import SQLiteRegistry
+from corral.registry import MemoryRegistry, Registry, SQLiteRegistry
 from corral.testing import (
     ManualClock,
     RegistryHarness,

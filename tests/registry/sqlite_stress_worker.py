@@ -25,8 +25,7 @@ import traceback
 
 import trio
 
-from corral.registry import Compare, Get, LeaseNotFound, Put
-from corral.registry._sqlite import SQLiteRegistry
+from corral.registry import Compare, Get, LeaseNotFound, Put, SQLiteRegistry
 
 COUNTER = "apps/counter"
 

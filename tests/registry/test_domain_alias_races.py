@@ -13,9 +13,8 @@ from collections.abc import Sequence
 import pytest
 import trio
 
+from corral.node import Conflict, Manifest, NotFound, OperationRefused
 from corral.node import _operations as ops
-from corral.node._artifacts import Manifest
-from corral.node._errors import Conflict, NotFound, OperationRefused
 from corral.node._requests import DeployRequest
 from corral.registry import (
     AliasRecord,

@@ -13,8 +13,8 @@ import httpx
 import pytest
 import trio
 
+from corral.node import ConfigError
 from corral.node._config import resolve_node_config
-from corral.node._errors import ConfigError
 from corral.registry import (
     EtcdRegistry,
     InvalidRegistryUrl,

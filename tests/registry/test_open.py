@@ -7,14 +7,14 @@ from pathlib import Path
 import pytest
 
 from corral.registry import (
+    EtcdRegistry,
     InvalidRegistryUrl,
     MemoryRegistry,
     RegistryUrl,
+    SQLiteRegistry,
     open_registry,
     parse_registry_url,
 )
-from corral.registry._etcd import EtcdRegistry
-from corral.registry._sqlite import SQLiteRegistry
 
 
 @pytest.mark.parametrize(

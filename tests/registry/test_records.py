@@ -16,12 +16,12 @@ from corral.registry import (
     AliasRecord,
     AppRecord,
     Artifact,
-    Capacity,
     CoordinatorLease,
     Deployment,
     InvalidKey,
     InvalidName,
     KeyKind,
+    MeasuredCapacity,
     NodeDown,
     NodeIntent,
     NodeRecord,
@@ -76,7 +76,7 @@ EXAMPLES: list[tuple[str, Record]] = [
             peer_address="10.0.0.1:7000",
             api_address="127.0.0.1:7001",
             advertise_host="10.0.0.1",
-            capacity=Capacity(1024, 512, 10_000, 9_000),
+            capacity=MeasuredCapacity(1024, 512, 10_000, 9_000),
             serving={"web": ServingEntry(DIGEST, 24001, 24002, "running", 2)},
             change_token=7,
             started_at=100.0,
@@ -85,7 +85,9 @@ EXAMPLES: list[tuple[str, Record]] = [
     (intent_key("n1"), NodeIntent(cordoned=True, draining=True)),
     (
         down_key("n1"),
-        NodeDown("n1", 12.5, {"zone": "a"}, "r1", "dc1", Capacity(1024, 512, 10_000, 9_000)),
+        NodeDown(
+            "n1", 12.5, {"zone": "a"}, "r1", "dc1", MeasuredCapacity(1024, 512, 10_000, 9_000)
+        ),
     ),
     (down_key("n2"), NodeDown("n2")),
     (placement_key("web"), PlacementRecord(["n2", "n1"], 5.0, 9, {"n1": 4.0})),

@@ -17,10 +17,10 @@ from corral.registry import (
     Put,
     RegistryUnavailable,
     RevisionCompacted,
+    SQLiteRegistry,
     default_registry_url,
     open_registry,
 )
-from corral.registry._sqlite import SQLiteRegistry
 from corral.testing import ManualClock, take_events
 
 

@@ -17,8 +17,8 @@ import trio
 import trio.testing
 
 import corral.registry._sqlite as sqlite_backend
-from corral.registry import Put, RegistryUnavailable
-from corral.registry._sqlite import SQLiteRegistry, _Slot, _Tx
+from corral.registry import Put, RegistryUnavailable, SQLiteRegistry
+from corral.registry._sqlite import _Slot, _Tx
 from corral.testing import take_events
 
 WORKER = Path(__file__).with_name("sqlite_stress_worker.py")

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import trio
 
-from corral.registry import RegistryReplaced, default_registry_url, open_registry
-from corral.registry._sqlite import PROBE_WINDOW, SQLiteRegistry, host_clock, lease_epoch
+from corral.registry import RegistryReplaced, SQLiteRegistry, default_registry_url, open_registry
+from corral.registry._sqlite import PROBE_WINDOW, host_clock, lease_epoch
 from corral.testing import ManualClock
 
 

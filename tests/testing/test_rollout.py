@@ -298,9 +298,10 @@ async def test_a_revision_never_ready_halts_and_leaves_the_rest_on_the_old_one(
         holder = await cluster.wait_for_coordinator()
         state = await cluster.coordinator_state(holder)
         assert state is not None
-        (shown,) = state["rollouts"]
-        assert shown["app"] == APP
-        assert shown["status"] == f"halted: {rollout.halted}"
+        (shown,) = state.rollouts
+        assert shown.app == APP
+        assert shown.status == f"halted: {shown.rollout.halted}"
+        assert shown.rollout == rollout
 
         # A rollback rolls the tried node back; the others never restart.
         for node in nodes:

@@ -23,15 +23,16 @@ import trio.testing
 
 from corral.supervision import ActorSystem, open_actor_system
 from corral.testing import check_transport
-from corral.transport import PeerUnavailable, Transport
-from corral.transport._websocket import (
+from corral.transport import (
     PeerState,
+    PeerUnavailable,
+    ReconnectPolicy,
+    Transport,
     WebSocketConfig,
     WebSocketTransport,
     open_websocket_transport,
 )
 from corral.transport._ws_net import MemoryStreamNetwork, StreamNetwork
-from corral.transport._ws_rules import ReconnectPolicy
 
 from ._contract import (
     CONTRACT_CHECKS,

@@ -18,14 +18,16 @@ import trio
 import trio.testing
 
 from corral.supervision import Actor, ActorSystem, ChildSpec, open_actor_system
-from corral.transport import MemoryNetwork, PeerUnavailable, message
-from corral.transport._websocket import (
+from corral.transport import (
+    MemoryNetwork,
+    PeerUnavailable,
+    ReconnectPolicy,
     WebSocketConfig,
     WebSocketTransport,
+    message,
     open_websocket_transport,
 )
 from corral.transport._ws_net import MemoryStreamNetwork
-from corral.transport._ws_rules import ReconnectPolicy
 
 DEADLINE = 600.0  # what the asks would wait without loss reports
 SECRET = b"loss-secret"

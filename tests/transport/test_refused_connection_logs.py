@@ -16,6 +16,7 @@ import trio
 import trio.testing
 import trio_websocket
 
+from corral.transport import WebSocketConfig, open_websocket_transport
 from corral.transport._handshake import (
     NONCE_SIZE,
     ClientHandshake,
@@ -23,7 +24,7 @@ from corral.transport._handshake import (
     NonceLog,
     Refused,
 )
-from corral.transport._websocket import RESOURCE, WebSocketConfig, open_websocket_transport
+from corral.transport._websocket import RESOURCE
 from corral.transport._ws_net import MemoryStreamNetwork, TcpNetwork
 from corral.transport._ws_rules import parse_peer_address
 

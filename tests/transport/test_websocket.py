@@ -18,8 +18,17 @@ import pytest
 import trio
 import trio_websocket
 
-from corral.transport._base import Frame
-from corral.transport._errors import FrameTooLarge, PeerBusy, PeerUnavailable
+from corral.transport import (
+    Frame,
+    FrameTooLarge,
+    PeerBusy,
+    PeerState,
+    PeerUnavailable,
+    ReconnectPolicy,
+    WebSocketConfig,
+    WebSocketTransport,
+    open_websocket_transport,
+)
 from corral.transport._handshake import (
     NONCE_SIZE,
     ClientHandshake,
@@ -29,18 +38,8 @@ from corral.transport._handshake import (
     Refused,
     ServerHandshake,
 )
-from corral.transport._websocket import (
-    RESOURCE,
-    PeerState,
-    WebSocketConfig,
-    WebSocketTransport,
-    open_websocket_transport,
-)
-from corral.transport._ws_rules import (
-    ReconnectPolicy,
-    frame_refusal_message,
-    parse_peer_address,
-)
+from corral.transport._websocket import RESOURCE
+from corral.transport._ws_rules import frame_refusal_message, parse_peer_address
 from corral.transport._ws_wire import pack
 
 LOGGER = "corral.transport.websocket"

@@ -207,6 +207,33 @@ def test_malformed_hello_is_refused_not_raised(message: bytes | str) -> None:
     assert refused.code in (CloseCode.PROTOCOL_ERROR, CloseCode.UNSUPPORTED_VERSION)
 
 
+def test_a_field_of_the_wrong_type_is_refused_naming_it() -> None:
+    client = ClientHandshake(A, SECRET, nonce(1), NonceLog(), expect="node-b", dial_seq=1)
+    hello = cbor2.loads(client.hello())
+    hello["max_frame"] = "big"
+    refused = ServerHandshake(B, SECRET, nonce(2), NonceLog()).receive_hello(cbor2.dumps(hello))
+    assert refused == Refused(CloseCode.PROTOCOL_ERROR, "hello.max_frame: expected int, got str")
+    del hello["max_frame"]
+    refused = ServerHandshake(B, SECRET, nonce(2), NonceLog()).receive_hello(cbor2.dumps(hello))
+    assert isinstance(refused, Refused)
+    assert "missing max_frame" in refused.reason
+
+
+def test_a_hello_from_a_later_version_still_negotiates() -> None:
+    # A newer peer offers version 3 too and says more in its hello: this node answers
+    # with the version both speak, ignoring the fields it does not know.
+    client = ClientHandshake(
+        A, SECRET, nonce(1), NonceLog(), expect="node-b", dial_seq=1, versions=(2, 3)
+    )
+    hello = cbor2.loads(client.hello())
+    hello["compression"] = ["zstd"]
+    challenge = ServerHandshake(B, SECRET, nonce(2), NonceLog()).receive_hello(
+        cbor2.dumps(hello)
+    )
+    assert isinstance(challenge, bytes)
+    assert cbor2.loads(challenge)["version"] == 2
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.binary(max_size=200))
 def test_arbitrary_bytes_never_authenticate(data: bytes) -> None:

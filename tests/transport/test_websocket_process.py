@@ -14,14 +14,14 @@ import textwrap
 import pytest
 import trio
 
-from corral.transport._base import Frame
-from corral.transport._errors import PeerUnavailable
-from corral.transport._websocket import (
+from corral.transport import (
+    Frame,
+    PeerUnavailable,
+    ReconnectPolicy,
     WebSocketConfig,
     WebSocketTransport,
     open_websocket_transport,
 )
-from corral.transport._ws_rules import ReconnectPolicy
 
 pytestmark = pytest.mark.slow
 

@@ -17,16 +17,19 @@ import pytest
 import trio
 import trio.testing
 
-from corral.transport._base import Frame, PeerLost
-from corral.transport._errors import PeerBusy, PeerUnavailable
-from corral.transport._websocket import (
+from corral.transport import (
+    Frame,
+    PeerBusy,
+    PeerLost,
     PeerState,
+    PeerUnavailable,
+    ReconnectPolicy,
     WebSocketConfig,
     WebSocketTransport,
     open_websocket_transport,
 )
 from corral.transport._ws_net import MemoryStreamNetwork
-from corral.transport._ws_rules import ReconnectPolicy, parse_peer_address, reconnect_delay
+from corral.transport._ws_rules import parse_peer_address, reconnect_delay
 from corral.transport._ws_wire import pack
 
 SECRET = b"virtual-secret"

@@ -6,10 +6,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from corral.transport import ReconnectPolicy
 from corral.transport._ws_rules import (
     ConnectionKey,
     FrameRefusal,
-    ReconnectPolicy,
     check_listen_address,
     format_address,
     frame_refusal_message,

@@ -11,7 +11,10 @@ around three pure pieces, public so they can be tested and reused:
   runs each tick and, through a watch of the input prefixes, promptly after a change);
 * :func:`plan_writes` — decisions to fenced, ordered transaction batches;
 * :func:`plan_rollout` — a rolling deploy's next actions, run for every app each
-  pass and kept in its placement record (:func:`plan_rollout_writes`).
+  pass and kept in its placement record (:func:`plan_rollout_writes`);
+* :class:`ReportLog` — when a report over unchanged inputs is repeated.
+
+It answers :class:`GetCoordinatorState` with a :class:`CoordinatorState`.
 """
 
 from corral.actors.coordinator._actor import (
@@ -49,6 +52,7 @@ from corral.actors.coordinator._membership import (
     effective_state,
     node_states,
 )
+from corral.actors.coordinator._reports import ReportKey, ReportLog
 from corral.actors.coordinator._rollout import (
     ROLLOUT_CHANGES,
     ObservedInstance,
@@ -65,6 +69,12 @@ from corral.actors.coordinator._rollout import (
     restart_phase,
     rollout_inputs,
     rollout_status,
+)
+from corral.actors.coordinator._state import (
+    AppRollout,
+    CoordinatorPass,
+    CoordinatorState,
+    PassCounts,
 )
 from corral.actors.coordinator._writes import (
     DEFAULT_MAX_WRITES,
@@ -86,8 +96,11 @@ __all__ = [
     "INPUT_PREFIXES",
     "MEMBER_STATES",
     "ROLLOUT_CHANGES",
+    "AppRollout",
     "Coordinator",
     "CoordinatorError",
+    "CoordinatorPass",
+    "CoordinatorState",
     "CurrentDown",
     "CurrentPlacement",
     "DownBatch",
@@ -101,9 +114,12 @@ __all__ = [
     "NodeStates",
     "NodeStatus",
     "ObservedInstance",
+    "PassCounts",
     "PlacementWrite",
     "PutBack",
     "RegistryView",
+    "ReportKey",
+    "ReportLog",
     "RolloutAction",
     "RolloutDone",
     "RolloutHalted",

@@ -66,9 +66,10 @@ a pass run again only because it waits on time (a cooldown, a grace period)
 a deferral's kind — cooldown or disruption budget —, a stranded reason or a
 refusal changed) or when the policy's ``cooldown_s`` has passed since that
 report was last made: at most one repeat per app (and node) per cooldown,
-so ``corral events`` stays readable while an operator is still reminded.
-The state (:class:`GetCoordinatorState`) always carries the current lists,
-the deferred moves with the time each may go (``until``), and the policy.
+so ``corral events`` stays readable while an operator is still reminded
+(:class:`~._reports.ReportLog` decides). The state (:class:`GetCoordinatorState`)
+always carries the current lists, the deferred moves with the time each may go
+(``until``), and the policy.
 
 Hand-back
 ---------
@@ -109,6 +110,7 @@ from corral.actors.coordinator._membership import (
     NodeStates,
     NodeStatus,
 )
+from corral.actors.coordinator._reports import ReportLog
 from corral.actors.coordinator._rollout import (
     RolloutDone,
     RolloutHalted,
@@ -117,6 +119,12 @@ from corral.actors.coordinator._rollout import (
     plan_rollout,
     rollout_inputs,
     rollout_status,
+)
+from corral.actors.coordinator._state import (
+    AppRollout,
+    CoordinatorPass,
+    CoordinatorState,
+    PassCounts,
 )
 from corral.actors.coordinator._writes import (
     DEFAULT_MAX_WRITES,
@@ -128,10 +136,16 @@ from corral.actors.coordinator._writes import (
 )
 from corral.actors.planner import (
     Decisions,
+    Deferred,
+    Pause,
     PlacementUnavailable,
     PlanInput,
     Policy,
+    Refusal,
     ScoreCache,
+    Stranded,
+    Unplaced,
+    decisions_to_json,
     plan,
 )
 from corral.registry import (
@@ -183,12 +197,9 @@ _ROLLOUT_PREFIXES = (ROUTING_KEY, PROXIES_PREFIX)
 @message("coordinator.state")
 @dataclass(frozen=True)
 class GetCoordinatorState:
-    """Ask for the coordinator's state: holder, fence, last pass, the ``policy`` it plans
-    with, and what the last deciding pass reported (``unplaced`` apps, ``deferred`` moves
-    with the wall-clock time each may go, ``stranded`` instances, ``refused`` relocations or
-    drains, ``paused`` on undecodable keys), and the ``node_states`` of its last pass
-    (:class:`~._membership.NodeStatus` each, as JSON) with ``membership`` saying whether a
-    membership view is wired in."""
+    """Ask for the coordinator's state: answered with a :class:`~._state.CoordinatorState`
+    (holder, fence, last pass, the policy it plans with, what the last deciding pass
+    reported, and the node states of its last pass)."""
 
 
 @message("coordinator.kick")
@@ -289,20 +300,20 @@ class Coordinator(Actor):
         self._read_revision = 0
         self._own_revisions: set[int] = set()
         # Last report per (event kind, app, node): what it said, and when (trio time).
-        self._reported: dict[tuple[str, str, str], tuple[str, float]] = {}
+        self._reports = ReportLog(self._policy.cooldown_s)
         self._cache = ScoreCache()
         self._holder: str | None = None
         self._holder_fence: int | None = None
         self._stale_leases: set[int] = set()
         self._last_digest: str | None = None
         self._waiting_on_time = False
-        self._unplaced: tuple[dict[str, str], ...] = ()
+        self._unplaced: tuple[Unplaced, ...] = ()
         # What the last deciding pass reported besides unplaced apps (for the state).
-        self._stranded: tuple[dict[str, str], ...] = ()
-        self._deferred: tuple[dict[str, Any], ...] = ()
-        self._refused: dict[str, Any] | None = None
-        self._paused: dict[str, Any] | None = None
-        self._last_pass: dict[str, Any] | None = None
+        self._stranded: tuple[Stranded, ...] = ()
+        self._deferred: tuple[Deferred, ...] = ()
+        self._refused: Refusal | None = None
+        self._paused: Pause | None = None
+        self._last_pass: CoordinatorPass | None = None
         # The last record seen of each node (for nodes whose record lapsed), the node
         # states of the last pass, and the timer of the next grace deadline.
         self._remembered: Mapping[str, NodeRecord] = {}
@@ -714,7 +725,7 @@ class Coordinator(Actor):
             self._stranded, self._refused, self._paused = (), None, None
             self._deferred = ()
             self._unplaced = tuple(
-                {"app": app.name, "reason": PlacementUnavailable.code, "message": str(exc)}
+                Unplaced(app.name, PlacementUnavailable.code, str(exc))
                 for app in inputs.apps
                 if not (app.retired or app.blocked)
             )
@@ -727,8 +738,7 @@ class Coordinator(Actor):
         if decisions.paused is not None:
             self._last_digest = digest
             self._waiting_on_time = False
-            pause = decisions.paused
-            self._paused = {"keys": list(pause.keys), "message": pause.message}
+            self._paused = decisions.paused
             self._counts["applied"] += 1
             self._record_pass(started, trigger, "paused", digest=digest, decisions=decisions)
             self.ctx.emit(
@@ -743,17 +753,10 @@ class Coordinator(Actor):
         after = self._inputs(view, now, states)
         self._last_digest = inputs_digest(after)
         self._waiting_on_time = needs_time(inputs, decisions)
-        self._unplaced = tuple(
-            {"app": u.app, "reason": u.reason, "message": u.message} for u in decisions.unplaced
-        )
-        self._stranded = tuple(
-            {"app": s.app, "node": s.node, "reason": s.reason} for s in decisions.stranded
-        )
-        self._deferred = tuple(
-            {"app": d.app, "node": d.node, "reason": d.reason, "until": d.until}
-            for d in decisions.deferred
-        )
-        self._refused = _refusal(decisions)
+        self._unplaced = decisions.unplaced
+        self._stranded = decisions.stranded
+        self._deferred = decisions.deferred
+        self._refused = decisions.refused
         self._paused = None
         self._counts["applied"] += 1
         self._record_pass(
@@ -898,16 +901,12 @@ class Coordinator(Actor):
         if due is not None:
             self._rollout_timer = self.ctx.after(max(0.0, due - now), _RolloutDue())
 
-    def _rollouts_state(self) -> list[dict[str, Any]]:
+    def _rollouts_state(self) -> tuple[AppRollout, ...]:
         """The rollouts in progress or halted, for the state reply (by app)."""
-        return [
-            {
-                "app": app,
-                "status": rollout_status(record),
-                **record.to_json(),
-            }
+        return tuple(
+            AppRollout(app, rollout_status(record) or "", record)
             for app, record in sorted(self._rollouts.items())
-        ]
+        )
 
     async def _apply_down(
         self, view: RegistryView, states: NodeStates
@@ -1008,54 +1007,43 @@ class Coordinator(Actor):
         self, kind: str, subject: tuple[str, str], says: str, fields: Mapping[str, Any], *,
         repeat: bool,
     ) -> None:
-        """Emit ``kind`` with ``fields`` about ``subject`` (app, node); when ``repeat``
-        (same inputs as the last report), only if it ``says`` something new or a cooldown
-        has passed since it was last emitted."""
-        key = (kind, *subject)
-        now = trio.current_time()
-        last = self._reported.get(key)
-        if (
-            repeat
-            and last is not None
-            and last[0] == says
-            and now - last[1] < self._policy.cooldown_s
-        ):
-            return
-        self._reported[key] = (says, now)
-        self.ctx.emit(kind, **fields)
+        """Emit ``kind`` with ``fields`` about ``subject`` (app, node), as the report log
+        (:mod:`._reports`) admits it."""
+        app, node = subject
+        if self._reports.admit((kind, app, node), says, trio.current_time(), repeat=repeat):
+            self.ctx.emit(kind, **fields)
 
     def _forget_reports(self, kind: str, current: set[tuple[str, str]]) -> None:
         """Drop the memory of ``kind`` reports no longer current: if one comes back, it
         is reported at once."""
-        for key in [k for k in self._reported if k[0] == kind and (k[1], k[2]) not in current]:
-            del self._reported[key]
+        self._reports.keep_only(kind, current)
 
     def _emit_pending(self, *, skipped: bool) -> None:
         kind = "placement.pending"
-        self._forget_reports(kind, {(e["app"], "") for e in self._unplaced})
-        for entry in self._unplaced:
-            fields = {"skipped": skipped, **entry}
-            self._report(kind, (entry["app"], ""), entry["message"], fields, repeat=skipped)
+        self._forget_reports(kind, {(u.app, "") for u in self._unplaced})
+        for u in self._unplaced:
+            fields = {"skipped": skipped, "app": u.app, "reason": u.reason, "message": u.message}
+            self._report(kind, (u.app, ""), u.message, fields, repeat=skipped)
 
     def _emit_outcomes(self, decisions: Decisions, *, repeat: bool) -> None:
         self._emit_pending(skipped=False)
+        # Each event's fields are the item as ``corral plan`` prints it.
+        doc = decisions_to_json(decisions)
         kind = "placement.deferred"
         self._forget_reports(kind, {(d.app, d.node) for d in decisions.deferred})
-        for d in decisions.deferred:
-            fields = {"app": d.app, "node": d.node, "reason": d.reason, "until": d.until}
+        for d, fields in zip(decisions.deferred, doc["deferred"], strict=True):
             # What it says is its kind (cooldown, disruption budget): the text counts seconds.
             says = d.reason.partition(":")[0]
             self._report(kind, (d.app, d.node), says, fields, repeat=repeat)
         kind = "placement.stranded"
         self._forget_reports(kind, {(s.app, s.node) for s in decisions.stranded})
-        for s in decisions.stranded:
-            fields = {"app": s.app, "node": s.node, "reason": s.reason}
+        for s, fields in zip(decisions.stranded, doc["stranded"], strict=True):
             self._report(kind, (s.app, s.node), s.reason, fields, repeat=repeat)
         kind = "placement.refused"
-        refused = _refusal(decisions)
+        refused = decisions.refused
         self._forget_reports(kind, set() if refused is None else {("", "")})
         if refused is not None:
-            self._report(kind, ("", ""), refused["message"], refused, repeat=repeat)
+            self._report(kind, ("", ""), refused.message, doc["refused"], repeat=repeat)
 
     def _record_pass(
         self,
@@ -1085,18 +1073,18 @@ class Coordinator(Actor):
                 stranded=len(decisions.stranded),
             )
         holding = self._holding
-        self._last_pass = {
-            "time": started,
-            "duration": trio.current_time() - started,
-            "wall_time": self._wall_clock(),
-            "trigger": trigger,
-            "outcome": outcome,
-            "skipped": outcome == "skipped",
-            "digest": digest,
-            "fence": None if holding is None else holding.fence,
-            "counts": counts,
-            "error": error,
-        }
+        self._last_pass = CoordinatorPass(
+            time=started,
+            duration=trio.current_time() - started,
+            wall_time=self._wall_clock(),
+            trigger=trigger,
+            outcome=outcome,
+            skipped=outcome == "skipped",
+            digest=digest,
+            fence=None if holding is None else holding.fence,
+            counts=counts,
+            error=error,
+        )
         if outcome != "skipped":
             self.ctx.emit(
                 "coordinator.pass",
@@ -1104,48 +1092,30 @@ class Coordinator(Actor):
                 trigger=trigger,
                 writes=counts.get("writes", 0),
                 error=error,
-                duration=self._last_pass["duration"],
+                duration=self._last_pass.duration,
             )
 
-    def _state(self) -> dict[str, Any]:
+    def _state(self) -> CoordinatorState:
         coordinating = self._coordinating()
         holding = self._holding
-        return {
-            "node": self._node_id,
-            "coordinating": coordinating,
-            "holder": self._holder,
-            "fence": holding.fence if holding is not None else self._holder_fence,
-            "lease_ttl": self._lease_ttl,
-            "policy": {
-                "cooldown_s": self._policy.cooldown_s,
-                "grace_period_s": self._policy.grace_period_s,
-                "disruption_budget": self._policy.disruption_budget,
-                "min_usable_fraction": self._policy.min_usable_fraction,
-            },
-            "last_pass": None if self._last_pass is None else dict(self._last_pass),
-            "passes": dict(self._counts),
-            "unplaced": [dict(entry) for entry in self._unplaced],
-            "deferred": [dict(entry) for entry in self._deferred],
-            "stranded": [dict(entry) for entry in self._stranded],
-            "refused": None if self._refused is None else dict(self._refused),
-            "paused": None if self._paused is None else dict(self._paused),
-            "membership": self._membership is not None,
-            "node_states": [status.to_json() for status in self._statuses]
-            if coordinating
-            else [],
-            "rollouts": self._rollouts_state() if coordinating else [],
-        }
-
-
-def _refusal(decisions: Decisions) -> dict[str, Any] | None:
-    refused = decisions.refused
-    if refused is None:
-        return None
-    return {
-        "reason": refused.reason,
-        "message": refused.message,
-        "drains": [{"node": d.node, "apps": list(d.apps)} for d in refused.drains],
-    }
+        return CoordinatorState(
+            node=self._node_id,
+            coordinating=coordinating,
+            holder=self._holder,
+            fence=holding.fence if holding is not None else self._holder_fence,
+            lease_ttl=self._lease_ttl,
+            policy=self._policy,
+            last_pass=self._last_pass,
+            passes=PassCounts(**self._counts),
+            unplaced=self._unplaced,
+            deferred=self._deferred,
+            stranded=self._stranded,
+            refused=self._refused,
+            paused=self._paused,
+            membership=self._membership is not None,
+            node_states=self._statuses if coordinating else (),
+            rollouts=self._rollouts_state() if coordinating else (),
+        )
 
 
 class _Conflict(RegistryError):

@@ -58,8 +58,8 @@ from corral.actors.coordinator._membership import (
 from corral.actors.coordinator._writes import CurrentPlacement
 from corral.actors.planner import (
     AppSpec,
-    Capacity,
     Decisions,
+    NodeCapacity,
     Placement,
     PlanInput,
     Policy,
@@ -325,7 +325,7 @@ def inputs_digest(inputs: PlanInput) -> str:
     return hashlib.sha256(encoded.encode()).hexdigest()
 
 
-def _capacity_input(cap: Capacity) -> dict[str, Any]:
+def _capacity_input(cap: NodeCapacity) -> dict[str, Any]:
     """The part of a node's capacity that decides even when no app declares resources:
     whether its disk is readable, and whether its free disk is above the floor."""
     return {

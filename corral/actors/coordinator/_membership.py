@@ -65,9 +65,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Final, Literal
 
-from corral.actors.planner import Capacity as PlannerCapacity
-from corral.actors.planner import NodeInfo, NodeState
-from corral.registry import Capacity, NodeDown, NodeIntent, NodeRecord
+from corral.actors.planner import NodeCapacity, NodeInfo, NodeState
+from corral.registry import MeasuredCapacity, NodeDown, NodeIntent, NodeRecord
 
 __all__ = [
     "MEMBER_STATES",
@@ -209,10 +208,10 @@ def effective_state(
     return state
 
 
-def _capacity(capacity: Capacity | None) -> PlannerCapacity | None:
+def _capacity(capacity: MeasuredCapacity | None) -> NodeCapacity | None:
     if capacity is None:
         return None
-    return PlannerCapacity(
+    return NodeCapacity(
         memory_mb=capacity.memory_mb,
         memory_free_mb=capacity.memory_free_mb,
         disk_mb=capacity.disk_mb,

@@ -48,7 +48,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from corral.registry import Capacity, NodeRecord, validate_name
+from corral.registry import MeasuredCapacity, NodeRecord, validate_name
 
 __all__ = [
     "HeldElsewhere",
@@ -200,7 +200,7 @@ def taken_by(
 
 
 def _with_identity(
-    record: NodeRecord, identity: NodeIdentity, capacity: Capacity | None
+    record: NodeRecord, identity: NodeIdentity, capacity: MeasuredCapacity | None
 ) -> NodeRecord:
     return dataclasses.replace(
         record,
@@ -220,7 +220,7 @@ def _with_identity(
 def fresh_record(
     identity: NodeIdentity,
     *,
-    capacity: Capacity | None,
+    capacity: MeasuredCapacity | None,
     started_at: float,
     previous: NodeRecord | None,
 ) -> NodeRecord:
@@ -246,7 +246,7 @@ def fresh_record(
 def rewritten_record(
     identity: NodeIdentity,
     *,
-    capacity: Capacity | None,
+    capacity: MeasuredCapacity | None,
     last_seen: NodeRecord,
     stored: NodeRecord | None,
 ) -> NodeRecord:
@@ -268,7 +268,7 @@ def rewritten_record(
 
 
 def capacity_update(
-    identity: NodeIdentity, *, capacity: Capacity | None, stored: NodeRecord
+    identity: NodeIdentity, *, capacity: MeasuredCapacity | None, stored: NodeRecord
 ) -> NodeRecord | None:
     """Refresh identity and capacity in the stored record.
 

@@ -5,7 +5,7 @@ How to call it
 ::
 
     from corral.actors.planner import (
-        AppSpec, Capacity, NodeInfo, Placement, Policy, ScoreCache, next_placements, plan,
+        AppSpec, NodeCapacity, NodeInfo, Placement, Policy, ScoreCache, next_placements, plan,
     )
 
     cache = ScoreCache()            # optional memo, one per coordinator; never changes results
@@ -14,7 +14,7 @@ How to call it
         apps=[AppSpec("shop", replicas=2, selector={"region": "eu"})],
         nodes=[
             NodeInfo("n1", labels={"region": "eu"}, rack="r1",
-                     capacity=Capacity(memory_mb=8192, memory_free_mb=8192,
+                     capacity=NodeCapacity(memory_mb=8192, memory_free_mb=8192,
                                        disk_mb=102400, disk_free_mb=90000)),
             NodeInfo("n2", state="suspect", labels={"region": "eu"}, rack="r2"),
         ],
@@ -27,7 +27,7 @@ How to call it
     decisions.placements    # {"shop": ("n1", "n2")}: the whole target of every app
     decisions.removals      # () -- apply removals first...
     decisions.additions     # (("shop", "n1"),) -- ...then additions
-    decisions.to_json()     # the ``corral plan`` output (same as decisions_to_json)
+    decisions_to_json(decisions)  # the ``corral plan`` output
     placements = next_placements(placements, decisions, 1000.0)  # stamps placed_at
 
 ``plan`` raises :class:`PlacementUnavailable` when no node is live at all. A paused pass
@@ -60,9 +60,9 @@ from corral.actors.planner._types import (
     NODE_STATES,
     PLACEMENT_UNAVAILABLE,
     AppSpec,
-    Capacity,
     Decisions,
     Deferred,
+    NodeCapacity,
     NodeInfo,
     NodeState,
     Pause,
@@ -81,10 +81,10 @@ __all__ = [
     "NODE_STATES",
     "PLACEMENT_UNAVAILABLE",
     "AppSpec",
-    "Capacity",
     "Decisions",
     "Deferred",
     "InvalidPlanInput",
+    "NodeCapacity",
     "NodeInfo",
     "NodeState",
     "Pause",

@@ -39,8 +39,8 @@ from corral.actors.planner._errors import InvalidPlanInput
 from corral.actors.planner._types import (
     NODE_STATES,
     AppSpec,
-    Capacity,
     Decisions,
+    NodeCapacity,
     NodeInfo,
     Placement,
     PlanInput,
@@ -166,7 +166,7 @@ def _policy(value: object) -> Policy:
     )
 
 
-def _capacity(value: object, where: str) -> Capacity | None:
+def _capacity(value: object, where: str) -> NodeCapacity | None:
     if value is None:
         return None
     obj = _object(value, where, _CAPACITY)
@@ -175,7 +175,7 @@ def _capacity(value: object, where: str) -> Capacity | None:
         if name not in obj:
             raise InvalidPlanInput(f"{where}.{name}", "required (MiB, a whole number >= 0)")
         sizes[name] = _whole(obj[name], f"{where}.{name}")
-    return Capacity(**sizes)
+    return NodeCapacity(**sizes)
 
 
 def _node(value: object, where: str) -> NodeInfo:

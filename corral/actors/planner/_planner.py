@@ -107,9 +107,9 @@ from corral.actors.planner._types import (
     NODE_STATES,
     PLACEMENT_UNAVAILABLE,
     AppSpec,
-    Capacity,
     Decisions,
     Deferred,
+    NodeCapacity,
     NodeInfo,
     Pause,
     Placement,
@@ -171,7 +171,7 @@ class _Node:
         self.forced = info.drain_forced
         self.keeps = gone is None
         self.takes = state == "alive"
-        self.cap: Capacity | None = info.capacity
+        self.cap: NodeCapacity | None = info.capacity
         self.rack = info.rack
         self.dc = info.datacenter
         self.group: Group = (info.rack, info.datacenter)
@@ -1383,7 +1383,7 @@ def reserved_by_placements(
     return memory, disk
 
 
-def allocatable(cap: Capacity, reserved_mem: int, reserved_disk: int) -> tuple[int, int]:
+def allocatable(cap: NodeCapacity, reserved_mem: int, reserved_disk: int) -> tuple[int, int]:
     """What a node can still promise: total minus reservations (minus the disk floor).
 
     Returns:

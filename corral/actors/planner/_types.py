@@ -22,9 +22,9 @@ __all__ = [
     "NODE_STATES",
     "PLACEMENT_UNAVAILABLE",
     "AppSpec",
-    "Capacity",
     "Decisions",
     "Deferred",
+    "NodeCapacity",
     "NodeInfo",
     "NodeState",
     "Pause",
@@ -90,8 +90,9 @@ def _check_finite(value: object, where: str, *, minimum: float | None = None) ->
 
 
 @dataclass(frozen=True, slots=True)
-class Capacity:
-    """What a node reported about its resources, in MiB.
+class NodeCapacity:
+    """What a node reported about its resources, in MiB, as the planner weighs them
+    (the record the node publishes is :class:`corral.registry.MeasuredCapacity`).
 
     A node reporting ``disk_mb == 0`` could not read its disk and is given no work.
     """
@@ -138,7 +139,7 @@ class NodeInfo:
     rack: str | None = None
     datacenter: str | None = None
     down_since: float | None = None
-    capacity: Capacity | None = None
+    capacity: NodeCapacity | None = None
     drain_forced: bool = False
 
     def __post_init__(self) -> None:
@@ -159,8 +160,8 @@ class NodeInfo:
                 )
         if self.down_since is not None:
             _check_finite(self.down_since, f"{where}.down_since")
-        if self.capacity is not None and not isinstance(self.capacity, Capacity):
-            raise InvalidPlanInput(f"{where}.capacity", "must be a Capacity or None")
+        if self.capacity is not None and not isinstance(self.capacity, NodeCapacity):
+            raise InvalidPlanInput(f"{where}.capacity", "must be a NodeCapacity or None")
         if not isinstance(self.drain_forced, bool):
             raise InvalidPlanInput(f"{where}.drain_forced", "must be true or false")
         if self.drain_forced and self.state != "left":
@@ -409,12 +410,6 @@ class Decisions:
     def changed(self) -> bool:
         """True when applying these decisions would start or stop anything."""
         return bool(self.removals or self.additions)
-
-    def to_json(self) -> dict[str, Any]:
-        """The dry-run document for these decisions (see :func:`decisions_to_json`)."""
-        from corral.actors.planner._document import decisions_to_json
-
-        return decisions_to_json(self)
 
 
 def next_placements(

@@ -35,7 +35,7 @@ from corral.actors.reconciler._plan import (
     Action,
     PassInputs,
     Remove,
-    Restart,
+    Replace,
     Start,
     Stop,
     app_views,
@@ -588,7 +588,7 @@ class Reconciler(Actor):
 
     def _waiting(self, action: Action) -> str | None:
         """Why a start must wait out the unpack backoff, or None when it may go."""
-        if not isinstance(action, Start | Restart):
+        if not isinstance(action, Start | Replace):
             return None
         failure = self._failed.get(action.app)
         now = trio.current_time()
@@ -636,7 +636,7 @@ class Reconciler(Actor):
         app = action.app
         try:
             match action:
-                case Start() | Restart():
+                case Start() | Replace():
                     # the current deployment, or the previous one mid-rollout
                     deployment = records[app].deployment_at(action.revision)
                     assert deployment is not None
@@ -653,7 +653,7 @@ class Reconciler(Actor):
         raise AssertionError(f"unknown action {action!r}")
 
     async def _start(
-        self, action: Start | Restart, deployment: Deployment, memory_mb: int
+        self, action: Start | Replace, deployment: Deployment, memory_mb: int
     ) -> str | None:
         app = action.app
         try:
@@ -699,7 +699,7 @@ class Reconciler(Actor):
         )
         if not accepted:
             return f"app {app}: the process supervisor is shutting down"
-        kind = "restart" if isinstance(action, Restart) else "start"
+        kind = "restart" if isinstance(action, Replace) else "start"
         log.info(
             "%s app %s revision %s on ports %d/%d",
             kind,

@@ -116,7 +116,7 @@ class Start:
 
 
 @dataclass(frozen=True, slots=True)
-class Restart:
+class Replace:
     """Replace ``app``'s process running ``previous`` with one running ``revision``."""
 
     app: str
@@ -158,7 +158,7 @@ class Remove:
         }
 
 
-Action: TypeAlias = Start | Restart | Stop | Remove
+Action: TypeAlias = Start | Replace | Stop | Remove
 
 
 def plan_pass(inputs: PassInputs) -> tuple[Action, ...]:
@@ -185,7 +185,7 @@ def plan_pass(inputs: PassInputs) -> tuple[Action, ...]:
             if phase == "live":
                 assert process is not None
                 if process.revision != view.revision:
-                    starts.append(Restart(name, view.revision, process.revision))
+                    starts.append(Replace(name, view.revision, process.revision))
             else:
                 starts.append(Start(name, view.revision, after_stop=phase == "stopping"))
         elif phase == "live":

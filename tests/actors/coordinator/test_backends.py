@@ -21,11 +21,11 @@ from corral.registry import (
     MemoryRegistry,
     PlacementRecord,
     Registry,
+    SQLiteRegistry,
     app_key,
     decode_record,
     placement_key,
 )
-from corral.registry._sqlite import SQLiteRegistry
 from corral.testing import open_cluster
 
 
@@ -109,9 +109,9 @@ async def check_fencing(registry: Registry, *, ttl: float, slack: float) -> None
         old_state = await cluster.coordinator_state(old)
         assert new_state is not None
         assert old_state is not None
-        assert beta.fence == new_state["fence"]
-        assert old_state["coordinating"] is False
-        assert old_state["holder"] == new
+        assert beta.fence == new_state.fence
+        assert old_state.coordinating is False
+        assert old_state.holder == new
         cluster.assert_single_coordinator()
 
 

@@ -9,7 +9,7 @@ import trio
 
 from corral.actors.coordinator import coordinator_child_spec
 from corral.actors.node_record import node_registration_child_spec
-from corral.registry import AppRecord, Capacity
+from corral.registry import AppRecord, MeasuredCapacity
 from corral.supervision import ChildSpec, SupervisorSpec
 from corral.testing import NodeContext, open_cluster
 
@@ -21,7 +21,7 @@ REFRESH = 5.0
 Children = Callable[[NodeContext], list[ChildSpec | SupervisorSpec]]
 
 
-def refreshing_children(measured: dict[str, Capacity]) -> Children:
+def refreshing_children(measured: dict[str, MeasuredCapacity]) -> Children:
     def children(ctx: NodeContext) -> list[ChildSpec | SupervisorSpec]:
         return [
             node_registration_child_spec(
@@ -43,7 +43,7 @@ def refreshing_children(measured: dict[str, Capacity]) -> Children:
 async def run_refreshes(apps: list[AppRecord]) -> tuple[int, int, int]:
     """Settle ``apps``, then let free memory drift: (applied, skipped, capacity writes)."""
     ids = ["node-1", "node-2", "node-3"]
-    measured = {i: Capacity(8192, 6000, 100_000, 60_000) for i in ids}
+    measured = {i: MeasuredCapacity(8192, 6000, 100_000, 60_000) for i in ids}
     children = refreshing_children(measured)
     async with open_cluster(ids, lease_ttl=TTL, children=children) as cluster:
         holder = await cluster.wait_for_coordinator()
@@ -55,14 +55,15 @@ async def run_refreshes(apps: list[AppRecord]) -> tuple[int, int, int]:
         cluster.registry.reset()
         for step in range(12):
             for i in ids:
-                measured[i] = Capacity(8192, 6000 - 100 * (step + 1), 100_000, 60_000 - step)
+                free = 6000 - 100 * (step + 1)
+                measured[i] = MeasuredCapacity(8192, free, 100_000, 60_000 - step)
             await trio.sleep(REFRESH)
         writes = cluster.registry.writes_under("nodes/")
         after = await cluster.coordinator_state(holder)
         assert after is not None
         return (
-            after["passes"]["applied"] - before["passes"]["applied"],
-            after["passes"]["skipped"] - before["passes"]["skipped"],
+            after.passes.applied - before.passes.applied,
+            after.passes.skipped - before.passes.skipped,
             writes,
         )
 

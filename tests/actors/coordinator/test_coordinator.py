@@ -69,7 +69,7 @@ async def test_one_coordinator_across_crashes_and_clean_stops(autojump_clock: ob
         intervals = cluster.assert_single_coordinator()
         assert [i.node for i in intervals] == [first, second, third]
         states = await cluster.coordinator_states()
-        assert {s["holder"] for s in states.values() if s} == {third}
+        assert {s.holder for s in states.values() if s} == {third}
 
 
 async def test_paused_holder_writes_nothing_after_its_lease_lapsed(autojump_clock: object) -> None:
@@ -77,7 +77,7 @@ async def test_paused_holder_writes_nothing_after_its_lease_lapsed(autojump_cloc
         old = await cluster.wait_for_coordinator()
         old_state = await cluster.coordinator_state(old)
         assert old_state is not None
-        old_fence = old_state["fence"]
+        old_fence = old_state.fence
 
         # The holder's next write hangs in flight (a paused process, a partition).
         cluster.cut_registry(old, hang=True, ops={"txn"})
@@ -91,7 +91,7 @@ async def test_paused_holder_writes_nothing_after_its_lease_lapsed(autojump_cloc
         new = await cluster.wait_for_coordinator(exclude={old}, poll=0.01)
         new_state = await cluster.coordinator_state(new)
         assert new_state is not None
-        assert new_state["fence"] > old_fence
+        assert new_state.fence > old_fence
         failed_before = cluster.registry.failed_txns
 
         cluster.restore_registry(old)  # the stale write arrives now
@@ -100,8 +100,8 @@ async def test_paused_holder_writes_nothing_after_its_lease_lapsed(autojump_cloc
         assert await cluster.placement("alpha") is None
         old_after = await cluster.coordinator_state(old)
         assert old_after is not None
-        assert old_after["coordinating"] is False
-        assert old_after["holder"] == new
+        assert old_after.coordinating is False
+        assert old_after.holder == new
         lost = [e for n, e in cluster.events("coordinator.lost") if n == old]
         assert len(lost) == 1
         assert "rejected" in lost[0].fields["error"]
@@ -119,15 +119,15 @@ async def test_lost_renewal_stops_coordinating_before_the_next_write(
         await trio.sleep(TICK)
         state = await cluster.coordinator_state(old)
         assert state is not None
-        assert state["coordinating"] is False
-        assert state["last_pass"] is None or state["last_pass"]["counts"].get("writes", 0) == 0
+        assert state.coordinating is False
+        assert state.last_pass is None or state.last_pass.counts.get("writes", 0) == 0
         new = await cluster.wait_for_coordinator(exclude={old}, poll=0.01)
         await trio.sleep(1.0)
         record = await cluster.placement("beta")
         assert record is not None
         new_state = await cluster.coordinator_state(new)
         assert new_state is not None
-        assert record.fence == new_state["fence"]
+        assert record.fence == new_state.fence
         cluster.restore_registry(old)
         await trio.sleep(2 * TICK)
         assert await cluster.coordinators() == [new]
@@ -150,10 +150,10 @@ async def test_unchanged_ticks_write_nothing(autojump_clock: object) -> None:
         assert cluster.registry.failed_txns == 0
         after = await cluster.coordinator_state(holder)
         assert after is not None
-        assert after["passes"]["applied"] == before["passes"]["applied"]
-        assert after["passes"]["skipped"] == before["passes"]["skipped"] + 10
-        assert after["last_pass"]["skipped"] is True
-        assert after["last_pass"]["digest"] == before["last_pass"]["digest"]
+        assert after.passes.applied == before.passes.applied
+        assert after.passes.skipped == before.passes.skipped + 10
+        assert after.last_pass.skipped is True
+        assert after.last_pass.digest == before.last_pass.digest
 
         # A deploy (new revision, domains, labels) is not a planner input: still nothing.
         web = AppRecord("web", replicas=2, domains=["web.example"], labels={"rev": "2"})
@@ -163,7 +163,7 @@ async def test_unchanged_ticks_write_nothing(autojump_clock: object) -> None:
         assert cluster.registry.writes == 0
         final = await cluster.coordinator_state(holder)
         assert final is not None
-        assert final["passes"]["applied"] == before["passes"]["applied"]
+        assert final.passes.applied == before.passes.applied
 
 
 async def test_adding_a_node_triggers_exactly_one_pass(autojump_clock: object) -> None:
@@ -196,16 +196,16 @@ async def test_selector_matching_nothing_is_unplaced_never_written(
         await trio.sleep(3 * TICK + 1)
         state = await cluster.coordinator_state(holder)
         assert state is not None
-        assert [u["app"] for u in state["unplaced"]] == ["gpu-job"]
-        (unplaced,) = state["unplaced"]
-        assert unplaced["reason"] == "placement-unavailable"
-        assert "gpu" in unplaced["message"]
+        assert [u.app for u in state.unplaced] == ["gpu-job"]
+        (unplaced,) = state.unplaced
+        assert unplaced.reason == "placement-unavailable"
+        assert "gpu" in unplaced.message
         assert await cluster.placement("gpu-job") is None
         # Reported by the pass that ran; the skipped ticks after it do not repeat it
         # within the cooldown (see test_events for the rule).
         pending = [e for n, e in cluster.events("placement.pending") if n == holder]
         assert len(pending) == 1
-        assert pending[0].fields["message"] == unplaced["message"]
+        assert pending[0].fields["message"] == unplaced.message
         assert pending[0].fields["skipped"] is False
 
         # A node carrying the label joins: the app is placed, and no longer listed.
@@ -216,7 +216,7 @@ async def test_selector_matching_nothing_is_unplaced_never_written(
         assert record.nodes == ["node-9"]
         state = await cluster.coordinator_state(holder)
         assert state is not None
-        assert state["unplaced"] == []
+        assert state.unplaced == ()
 
 
 async def test_no_live_node_reports_placement_unavailable(autojump_clock: object) -> None:
@@ -234,8 +234,8 @@ async def test_no_live_node_reports_placement_unavailable(autojump_clock: object
         assert decided["outcome"] == "placement-unavailable"
         assert decided["trigger"] == "watch"
         assert "no live node" in decided["error"]
-        assert state["last_pass"]["outcome"] == "skipped"
-        assert [u["app"] for u in state["unplaced"]] == ["lonely"]
+        assert state.last_pass.outcome == "skipped"
+        assert [u.app for u in state.unplaced] == ["lonely"]
         assert await cluster.placement("lonely") is None
         assert cluster.events("placement.unavailable")
 
@@ -248,8 +248,8 @@ async def test_undecodable_key_pauses_the_pass(autojump_clock: object) -> None:
         await trio.sleep(TICK + 1)
         state = await cluster.coordinator_state(holder)
         assert state is not None
-        assert state["last_pass"]["outcome"] in ("paused", "skipped")
-        assert state["paused"] is not None
+        assert state.last_pass.outcome in ("paused", "skipped")
+        assert state.paused is not None
         assert await cluster.placement("now") is None
         (paused,) = [e for _, e in cluster.events("placement.paused")]
         assert paused.fields["keys"] == ["apps/future"]
@@ -302,11 +302,11 @@ async def test_deferred_moves_are_events_and_keep_passes_running(autojump_clock:
         assert app in {e.fields["app"] for e in deferred}
         state = await cluster.coordinator_state(holder)
         assert state is not None
-        assert state["last_pass"]["skipped"] is False  # waiting on time: never skipped
+        assert state.last_pass.skipped is False  # waiting on time: never skipped
         assert (await cluster.placement(app)).nodes == [where]  # type: ignore[union-attr]
-        named = [d for d in state["deferred"] if d["app"] == app]
-        assert [(d["node"], d["until"]) for d in named] == [(where, None)]  # budget: no end
-        assert named[0]["reason"].startswith("disruption budget")
+        named = [d for d in state.deferred if d.app == app]
+        assert [(d.node, d.until) for d in named] == [(where, None)]  # budget: no end
+        assert named[0].reason.startswith("disruption budget")
         # The passes keep running, but the same deferral is said once (within the cooldown).
         assert len([e for e in deferred if e.fields["app"] == app]) == 1
 
@@ -329,8 +329,8 @@ async def test_state_answers_for_followers(autojump_clock: object) -> None:
         state = await cluster.node(follower).coordinator.ask(GetCoordinatorState())
         holder_state = await cluster.coordinator_state(holder)
         assert holder_state is not None
-        assert state["coordinating"] is False
-        assert state["holder"] == holder
-        assert state["fence"] == holder_state["fence"]
-        assert state["last_pass"] is None
-        assert state["unplaced"] == []
+        assert state.coordinating is False
+        assert state.holder == holder
+        assert state.fence == holder_state.fence
+        assert state.last_pass is None
+        assert state.unplaced == ()

@@ -87,12 +87,12 @@ async def test_a_killed_node_is_down_then_its_apps_move_once_after_the_grace(
         assert TTL * 2 / 3 <= down_at - killed_at <= TTL + 1
         state = await cluster.coordinator_state(holder)
         assert state is not None
-        (status,) = [s for s in state["node_states"] if s["node"] == victim]
-        assert status["state"] == "down"
-        assert status["down_since"] == entry.down_since
-        assert status["grace_until"] == entry.down_since + GRACE
-        assert status["incarnation"] is None
-        assert status["record"] is False
+        (status,) = [s for s in state.node_states if s.node == victim]
+        assert status.state == "down"
+        assert status.down_since == entry.down_since
+        assert status.grace_until == entry.down_since + GRACE
+        assert status.incarnation is None
+        assert status.record is False
         assert [n for n, e in cluster.events("node.down")] == [holder]
 
         # It keeps its work for the whole grace period ...
@@ -114,7 +114,7 @@ async def test_a_killed_node_is_down_then_its_apps_move_once_after_the_grace(
         assert await down_entry(cluster, victim) is None
         state = await cluster.coordinator_state(holder)
         assert state is not None
-        assert victim not in {s["node"] for s in state["node_states"]}
+        assert victim not in {s.node for s in state.node_states}
 
 
 async def _none_left(cluster: Cluster, node: str) -> bool:
@@ -138,9 +138,9 @@ async def test_membership_dead_is_down_before_the_record_lapses(autojump_clock: 
         assert trio_time_of(entry.down_since) - killed_at <= TICK  # the next tick saw it
         state = await cluster.coordinator_state(holder)
         assert state is not None
-        assert state["membership"] is True
-        (status,) = [s for s in state["node_states"] if s["node"] == victim]
-        assert (status["state"], status["incarnation"]) == ("down", 1)
+        assert state.membership is True
+        (status,) = [s for s in state.node_states if s.node == victim]
+        assert (status.state, status.incarnation) == ("down", 1)
         moved_at = await until(lambda: _none_left(cluster, victim), within=GRACE + 2)
         assert moved_at - trio_time_of(entry.down_since) >= GRACE
         assert cluster.registry.writes_under("placement/") == len(apps)
@@ -167,9 +167,9 @@ async def test_a_lapsed_record_that_membership_reaches_moves_nothing(
         assert entry.capacity is not None
         state = await cluster.coordinator_state(holder)
         assert state is not None
-        (status,) = [s for s in state["node_states"] if s["node"] == victim]
-        assert (status["state"], status["record"]) == ("alive", False)
-        assert "lapsed" in status["reason"]
+        (status,) = [s for s in state.node_states if s.node == victim]
+        assert (status.state, status.record) == ("alive", False)
+        assert "lapsed" in status.reason
         # Reconnected: its record is back, the entry goes, still nothing moved.
         cluster.restore_registry(victim)
         await until(lambda: _no_entry(cluster, victim), within=TTL)
@@ -210,9 +210,9 @@ async def test_a_hand_off_during_the_grace_keeps_down_since(autojump_clock: obje
         await trio.sleep(TICK)  # the next pass forgets it
         state = await cluster.coordinator_state(successor)
         assert state is not None
-        statuses = {s["node"]: s for s in state["node_states"]}
+        statuses = {s.node: s for s in state.node_states}
         assert victim not in statuses  # relocated and forgotten
-        assert statuses[holder]["state"] == "down"  # the clean stop is a lost record too
+        assert statuses[holder].state == "down"  # the clean stop is a lost record too
 
 
 async def test_a_node_back_before_the_grace_keeps_its_apps(autojump_clock: object) -> None:
@@ -231,8 +231,8 @@ async def test_a_node_back_before_the_grace_keeps_its_apps(autojump_clock: objec
         assert [n for n, _ in cluster.events("node.back")] == [holder]
         state = await cluster.coordinator_state(holder)
         assert state is not None
-        (status,) = [s for s in state["node_states"] if s["node"] == victim]
-        assert (status["state"], status["down_since"]) == ("alive", None)
+        (status,) = [s for s in state.node_states if s.node == victim]
+        assert (status.state, status.down_since) == ("alive", None)
 
 
 async def test_a_member_that_left_moves_at_once(autojump_clock: object) -> None:

@@ -26,18 +26,18 @@ from corral.actors.planner import (
     AppSpec,
     Decisions,
     Deferred,
+    NodeCapacity,
     NodeInfo,
     NodeState,
     Placement,
     PlanInput,
     Policy,
 )
-from corral.actors.planner import Capacity as PlannerCapacity
 from corral.registry import (
     AppRecord,
-    Capacity,
     Deployment,
     KeyValue,
+    MeasuredCapacity,
     NodeDown,
     NodeIntent,
     NodeRecord,
@@ -164,7 +164,7 @@ def test_plan_input_carries_exactly_the_planner_fields() -> None:
         labels={"zone": "a"},
         rack="r1",
         datacenter="dc1",
-        capacity=Capacity(1024, 512, 10_000, 5_000),
+        capacity=MeasuredCapacity(1024, 512, 10_000, 5_000),
     )
     placement = PlacementRecord(nodes=["n1"], decided_at=1.0, fence=3, placed_at={"n1": 1.0})
     view = RegistryView(
@@ -197,7 +197,7 @@ def test_plan_input_carries_exactly_the_planner_fields() -> None:
                 rack="r1",
                 datacenter="dc1",
                 down_since=100.0,
-                capacity=PlannerCapacity(1024, 512, 10_000, 5_000),
+                capacity=NodeCapacity(1024, 512, 10_000, 5_000),
             ),
         ),
         placements={"shop": Placement(nodes=("n1",), placed_at={"n1": 1.0})},
@@ -230,7 +230,7 @@ nodes_strategy = st.lists(
         state=st.sampled_from(STATES),
         labels=st.dictionaries(st.sampled_from(["zone", "tier"]), st.sampled_from(["x", "y"])),
         rack=st.one_of(st.none(), st.sampled_from(["r1", "r2"])),
-        capacity=st.one_of(st.none(), st.builds(Capacity, *[st.integers(0, 9)] * 4)),
+        capacity=st.one_of(st.none(), st.builds(MeasuredCapacity, *[st.integers(0, 9)] * 4)),
         change_token=st.integers(0, 5),
     ),
     unique_by=lambda n: n.id,
@@ -332,7 +332,7 @@ def test_digest_moves_with_every_planner_input(
         "state": dataclasses.replace(node, state=other_state),
         # Reported or not always counts (see the capacity tests below for the figures).
         "capacity": dataclasses.replace(
-            node, capacity=None if node.capacity else Capacity(99, 99, 99, 99)
+            node, capacity=None if node.capacity else MeasuredCapacity(99, 99, 99, 99)
         ),
         "labels": dataclasses.replace(node, labels={**node.labels, "extra": "z"}),
         "rack": dataclasses.replace(node, rack="r-other"),
@@ -407,7 +407,7 @@ def test_a_forced_drain_reaches_the_planner_and_stopped_instances_come_back() ->
 # ------------------------------------------------------- capacity in the digest
 
 
-def capacity_digest(apps: list[AppRecord], capacity: Capacity, placed: bool = True) -> str:
+def capacity_digest(apps: list[AppRecord], capacity: MeasuredCapacity, placed: bool = True) -> str:
     nodes = [NodeRecord("n1", capacity=capacity), NodeRecord("n2", capacity=capacity)]
     view = (
         view_of(apps, nodes)
@@ -419,19 +419,20 @@ def capacity_digest(apps: list[AppRecord], capacity: Capacity, placed: bool = Tr
 
 def test_measured_drift_is_no_input_when_no_app_declares_resources() -> None:
     apps = [AppRecord("web", replicas=2), AppRecord("big", memory_mb=512, retired=True)]
-    before = capacity_digest(apps, Capacity(8192, 4000, 100_000, 50_000))
-    assert capacity_digest(apps, Capacity(8192, 1000, 100_000, 40_000)) == before
-    assert capacity_digest(apps, Capacity(16384, 1000, 200_000, 40_000)) == before
+    before = capacity_digest(apps, MeasuredCapacity(8192, 4000, 100_000, 50_000))
+    assert capacity_digest(apps, MeasuredCapacity(8192, 1000, 100_000, 40_000)) == before
+    assert capacity_digest(apps, MeasuredCapacity(16384, 1000, 200_000, 40_000)) == before
     # Falling below the free-disk floor decides, even for apps declaring nothing.
-    assert capacity_digest(apps, Capacity(8192, 4000, 100_000, 9_999)) != before
-    assert capacity_digest(apps, Capacity(8192, 4000, 0, 0)) != before
+    assert capacity_digest(apps, MeasuredCapacity(8192, 4000, 100_000, 9_999)) != before
+    assert capacity_digest(apps, MeasuredCapacity(8192, 4000, 0, 0)) != before
 
 
 def test_with_resources_only_allocatable_figures_count() -> None:
     apps = [AppRecord("web", replicas=2), AppRecord("db", memory_mb=512)]
-    before = capacity_digest(apps, Capacity(8192, 4000, 100_000, 50_000))
+    before = capacity_digest(apps, MeasuredCapacity(8192, 4000, 100_000, 50_000))
     # Free memory and disk move all the time: the allocatable figures do not.
-    assert capacity_digest(apps, Capacity(8192, 1000, 100_000, 40_000)) == before
+    assert capacity_digest(apps, MeasuredCapacity(8192, 1000, 100_000, 40_000)) == before
     # Totals change allocatable; so do the placements that reserve it.
-    assert capacity_digest(apps, Capacity(16384, 4000, 100_000, 50_000)) != before
-    assert capacity_digest(apps, Capacity(8192, 4000, 100_000, 50_000), placed=False) != before
+    assert capacity_digest(apps, MeasuredCapacity(16384, 4000, 100_000, 50_000)) != before
+    smaller = MeasuredCapacity(8192, 4000, 100_000, 50_000)
+    assert capacity_digest(apps, smaller, placed=False) != before

@@ -14,11 +14,11 @@ from corral.actors.coordinator import (
     node_states,
     plan_down_writes,
 )
-from corral.actors.planner import Capacity as PlannerCapacity
+from corral.actors.planner import NodeCapacity
 from corral.registry import (
-    Capacity,
     Compare,
     Delete,
+    MeasuredCapacity,
     NodeDown,
     NodeIntent,
     NodeRecord,
@@ -28,7 +28,7 @@ from corral.registry import (
 
 NOW = 1000.0
 GRACE = 300.0
-CAP = Capacity(1024, 512, 10_000, 9_000)
+CAP = MeasuredCapacity(1024, 512, 10_000, 9_000)
 REC = NodeRecord("n1", labels={"zone": "a"}, rack="r1", datacenter="d1", capacity=CAP,
                  started_at=10.0)
 ENTRY = NodeDown("n1", 900.0, {"zone": "a"}, "r1", "d1", CAP)
@@ -99,10 +99,10 @@ def test_the_state_table(
     death = member.incarnation if member is not None and member.state == "dead" else None
     (info,) = decided.nodes
     assert (info.state, info.down_since) == (state, down_since)
-    # Capacity and labels come from the record, or the last known one.
+    # MeasuredCapacity and labels come from the record, or the last known one.
     assert dict(info.labels) == {"zone": "a"}
     assert (info.rack, info.datacenter) == ("r1", "d1")
-    assert info.capacity == PlannerCapacity(1024, 512, 10_000, 9_000)
+    assert info.capacity == NodeCapacity(1024, 512, 10_000, 9_000)
     expected = {
         "none": {},
         "delete": {"n1": None},
@@ -142,7 +142,7 @@ def test_a_successor_knows_a_lapsed_node_from_its_entry_alone() -> None:
     decided = decide(record=False, entry=ENTRY, remembered=False)
     (info,) = decided.nodes
     assert (info.state, info.down_since, dict(info.labels)) == ("down", 900.0, {"zone": "a"})
-    assert info.capacity == PlannerCapacity(1024, 512, 10_000, 9_000)
+    assert info.capacity == NodeCapacity(1024, 512, 10_000, 9_000)
     assert decided.next_deadline == 900.0 + GRACE
     assert decided.remembered["n1"].labels == {"zone": "a"}
 

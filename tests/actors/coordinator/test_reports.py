@@ -43,7 +43,7 @@ async def test_skipped_ticks_repeat_a_pending_app_once_per_cooldown(
         assert len(pending) == 3  # 12 ticks: the pass, then two reminders
         state = await cluster.coordinator_state(holder)
         assert state is not None
-        assert state["passes"]["skipped"] >= 11
+        assert state.passes.skipped >= 11
 
 
 def app_that_ranks_first_on(node: str, nodes: list[str]) -> str:
@@ -73,17 +73,12 @@ async def test_a_cooldown_deferral_is_named_in_the_state_and_reported_once(
         await trio.sleep(1)
         state = await cluster.coordinator_state(holder)
         assert state is not None
-        assert state["policy"] == {
-            "cooldown_s": cooldown,
-            "grace_period_s": Policy().grace_period_s,
-            "disruption_budget": Policy().disruption_budget,
-            "min_usable_fraction": Policy().min_usable_fraction,
-        }
-        (deferred,) = state["deferred"]
-        assert deferred["app"] == name
-        assert deferred["node"] == where
-        assert str(deferred["reason"]).startswith("cooldown: placed ")
-        assert deferred["until"] == placed_at + cooldown
+        assert state.policy == Policy(cooldown_s=cooldown)
+        (deferred,) = state.deferred
+        assert deferred.app == name
+        assert deferred.node == where
+        assert deferred.reason.startswith("cooldown: placed ")
+        assert deferred.until == placed_at + cooldown
         assert placed_at + cooldown > VIRTUAL_EPOCH + trio.current_time()
 
         # Every tick runs again (it waits on time), but says it once.
@@ -94,7 +89,7 @@ async def test_a_cooldown_deferral_is_named_in_the_state_and_reported_once(
         ]
         state = await cluster.coordinator_state(holder)
         assert state is not None
-        assert [d["app"] for d in state["deferred"]] == [name]
+        assert [d.app for d in state.deferred] == [name]
 
         # Once the cooldown is over the move goes, and nothing is deferred any more.
         await trio.sleep(5 * TICK)
@@ -103,4 +98,4 @@ async def test_a_cooldown_deferral_is_named_in_the_state_and_reported_once(
         assert record.nodes == ["node-4"]
         state = await cluster.coordinator_state(holder)
         assert state is not None
-        assert state["deferred"] == []
+        assert state.deferred == ()

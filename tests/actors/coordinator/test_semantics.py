@@ -9,7 +9,7 @@ from typing import Any
 
 import trio
 
-from corral.actors.planner import Policy
+from corral.actors.planner import Pause, Policy, Refusal, RefusedDrain
 from corral.actors.reconciler import STOP_NOT_SERVED
 from corral.registry import (
     AppRecord,
@@ -81,8 +81,8 @@ async def test_a_paused_pass_writes_nothing_and_names_the_keys(autojump_clock: o
         assert "apps/future" in paused[0]["message"]
         state = await cluster.coordinator_state(holder)
         assert state is not None
-        assert state["last_pass"]["outcome"] in ("paused", "skipped")
-        assert state["paused"] == {"keys": paused[0]["keys"], "message": paused[0]["message"]}
+        assert state.last_pass.outcome in ("paused", "skipped")
+        assert state.paused == Pause(tuple(paused[0]["keys"]), paused[0]["message"])
         assert holder_events(cluster, holder, "coordinator.pass")[-1]["outcome"] == "paused"
 
         # Once every key reads again, the pass acts: retired and deleted apps lose theirs.
@@ -94,7 +94,7 @@ async def test_a_paused_pass_writes_nothing_and_names_the_keys(autojump_clock: o
         assert await cluster.placement("new") is not None
         state = await cluster.coordinator_state(holder)
         assert state is not None
-        assert state["paused"] is None
+        assert state.paused is None
 
 
 async def test_a_shortfall_writes_what_fits_and_reports_the_rest(autojump_clock: object) -> None:
@@ -108,15 +108,15 @@ async def test_a_shortfall_writes_what_fits_and_reports_the_rest(autojump_clock:
         assert await placed_nodes(cluster, "db") == ["node-1", "node-2"]
         state = await cluster.coordinator_state(holder)
         assert state is not None
-        (unplaced,) = state["unplaced"]
-        assert unplaced["app"] == "db"
-        assert unplaced["reason"] == "placement-unavailable"
-        assert unplaced["message"] == (
+        (unplaced,) = state.unplaced
+        assert unplaced.app == "db"
+        assert unplaced.reason == "placement-unavailable"
+        assert unplaced.message == (
             "cannot place 1 of 3 replica(s) of db: of 2 matching node(s): 2 already run it"
         )
         pending = holder_events(cluster, holder, "placement.pending")
         assert pending
-        assert {e["message"] for e in pending} == {unplaced["message"]}
+        assert {e["message"] for e in pending} == {unplaced.message}
         assert all(e["app"] == "db" for e in pending)
 
 
@@ -158,7 +158,7 @@ async def test_a_retired_app_loses_its_record_first_and_stops(autojump_clock: ob
         assert {f["reason"] for _, f in stops} == {STOP_NOT_SERVED}
         state = await cluster.coordinator_state(holder)
         assert state is not None
-        assert state["unplaced"] == []  # retired is not unplaced
+        assert state.unplaced == ()  # retired is not unplaced
 
 
 async def test_a_drain_that_would_interrupt_pinned_work_is_refused(autojump_clock: object) -> None:
@@ -186,7 +186,9 @@ async def test_a_drain_that_would_interrupt_pinned_work_is_refused(autojump_cloc
         assert "db" in refused["message"]
         state = await cluster.coordinator_state(holder)
         assert state is not None
-        assert state["refused"] == refused
+        assert state.refused == Refusal(
+            refused["reason"], refused["message"], (RefusedDrain(where, ("db",)),)
+        )
 
 
 async def test_refused_relocations_keep_and_strand_what_ran_on_vanished_nodes(
@@ -218,8 +220,8 @@ async def test_refused_relocations_keep_and_strand_what_ran_on_vanished_nodes(
         assert all("relocations are refused" in e["reason"] for e in stranded)
         state = await cluster.coordinator_state(holder)
         assert state is not None
-        assert {(e["app"], e["node"]) for e in state["stranded"]} == {("web", n) for n in others}
-        assert state["refused"]["reason"] == "too-few-usable-nodes"
+        assert {(e.app, e.node) for e in state.stranded} == {("web", n) for n in others}
+        assert state.refused.reason == "too-few-usable-nodes"
 
 
 async def test_a_forced_drain_stops_pinned_work_and_never_starts_it_elsewhere(
@@ -248,13 +250,13 @@ async def test_a_forced_drain_stops_pinned_work_and_never_starts_it_elsewhere(
 
         state = await cluster.coordinator_state(holder)
         assert state is not None
-        assert state["refused"] is None
-        (stranded,) = state["stranded"]
-        assert (stranded["app"], stranded["node"]) == ("db", where)
-        assert stranded["reason"].startswith(
+        assert state.refused is None
+        (stranded,) = state.stranded
+        assert (stranded.app, stranded.node) == ("db", where)
+        assert stranded.reason.startswith(
             f"the forced drain of {where} stopped it; db is pinned, so it is not started elsewhere"
         )
-        assert state["unplaced"] == []
+        assert state.unplaced == ()
         events = holder_events(cluster, holder, "placement.stranded")
         assert [(e["app"], e["node"]) for e in events] == [("db", where)]  # said once
 
@@ -266,4 +268,4 @@ async def test_a_forced_drain_stops_pinned_work_and_never_starts_it_elsewhere(
         assert record.nodes == [where]
         state = await cluster.coordinator_state(holder)
         assert state is not None
-        assert state["stranded"] == []
+        assert state.stranded == ()

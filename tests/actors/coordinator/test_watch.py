@@ -68,7 +68,7 @@ async def test_a_burst_of_changes_is_one_pass(autojump_clock: object) -> None:
         holder = await settle(cluster)
         state = await cluster.coordinator_state(holder)
         assert state is not None
-        counts = dict(state["passes"])
+        counts = state.passes
         before = len(passes(cluster, holder))
         t0 = trio.current_time()
         for i in range(5):
@@ -82,8 +82,8 @@ async def test_a_burst_of_changes_is_one_pass(autojump_clock: object) -> None:
             assert await cluster.placement(f"app-{i}") is not None
         state = await cluster.coordinator_state(holder)
         assert state is not None
-        assert state["passes"]["applied"] == counts["applied"] + 1
-        assert state["passes"]["skipped"] == counts["skipped"]  # its own writes: not news
+        assert state.passes.applied == counts.applied + 1
+        assert state.passes.skipped == counts.skipped  # its own writes: not news
 
 
 async def test_changes_that_decide_nothing_write_nothing(autojump_clock: object) -> None:
@@ -100,8 +100,8 @@ async def test_changes_that_decide_nothing_write_nothing(autojump_clock: object)
         assert passes(cluster, holder)[before:] == []
         state = await cluster.coordinator_state(holder)
         assert state is not None
-        assert state["last_pass"]["trigger"] == "watch"
-        assert state["last_pass"]["skipped"] is True
+        assert state.last_pass.trigger == "watch"
+        assert state.last_pass.skipped is True
 
 
 async def test_the_successor_watches_too(autojump_clock: object) -> None:

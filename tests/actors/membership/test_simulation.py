@@ -5,8 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from corral.actors.membership._simulation import SwimSimulation
-from corral.actors.membership._swim import MemberState, SwimConfig, suspicion_bounds
+from corral.actors.membership import MemberState, SwimConfig, SwimSimulation, suspicion_bounds
 
 LAN = SwimConfig()
 _configs = st.sampled_from([LAN, LAN.plain()])

@@ -10,24 +10,22 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from corral.actors.membership._messages import (
+from corral.actors.membership import (
     MAX_UPDATES_PER_MESSAGE,
     Ack,
     Gossip,
+    MemberState,
     Nack,
     Ping,
     PingReq,
-    StateSync,
-    SwimMessage,
-    Update,
-)
-from corral.actors.membership._swim import (
-    MemberState,
     Send,
+    StateSync,
     Step,
     Swim,
     SwimConfig,
+    SwimMessage,
     Transition,
+    Update,
     retransmit_limit,
     suspicion_bounds,
     suspicion_timeout,

@@ -17,6 +17,7 @@ from contextlib import AbstractAsyncContextManager
 
 import trio
 
+from corral.actors.coordinator import NodeStatus
 from corral.actors.membership import SwimConfig, suspicion_bounds
 from corral.actors.planner import Policy
 from corral.registry import AppRecord, NodeDown, decode_record, down_key
@@ -63,11 +64,11 @@ async def placed_on(cluster: Cluster, node: str) -> list[str]:
     return named
 
 
-async def status_of(cluster: Cluster, holder: str, node: str) -> dict[str, object]:
+async def status_of(cluster: Cluster, holder: str, node: str) -> NodeStatus:
     state = await cluster.coordinator_state(holder)
     assert state is not None
-    (status,) = [s for s in state["node_states"] if s["node"] == node]
-    return dict(status)
+    (status,) = [s for s in state.node_states if s.node == node]
+    return status
 
 
 def trio_time_of(wall: float) -> float:
@@ -131,8 +132,8 @@ async def test_a_stall_shorter_than_the_suspicion_timeout_is_at_most_suspect(
         assert await down_entry(cluster, victim) is None
         assert await placed_on(cluster, victim) == apps
         status = await status_of(cluster, holder, victim)
-        assert status["state"] == "alive"
-        since = status["since"]
+        assert status.state == "alive"
+        since = status.since
         assert isinstance(since, float)
         assert since <= virtual_wall_clock()  # SWIM's wall clock is the harness's
         assert cluster.events("node.down") == []
@@ -157,9 +158,9 @@ async def test_a_killed_member_is_down_then_its_work_moves_once_after_the_grace(
         assert down_at - killed_at <= bound
         assert down_at - killed_at < NODE_TTL
         status = await status_of(cluster, holder, victim)
-        assert status["state"] == "down"
-        assert status["reason"] == "membership declared it dead"
-        assert isinstance(status["incarnation"], int)
+        assert status.state == "down"
+        assert status.reason == "membership declared it dead"
+        assert isinstance(status.incarnation, int)
         assert "down" in states_seen(cluster, victim)
 
         assert cluster.registry.writes_under("placement/") == 0
@@ -192,7 +193,7 @@ async def test_a_coordinator_hand_off_during_the_grace_keeps_down_since(
             lambda: _state_in(cluster, successor, victim, "down"), within=TICK + 1
         )
         status = await status_of(cluster, successor, victim)
-        assert status["down_since"] == entry.down_since  # not restarted by the successor
+        assert status.down_since == entry.down_since  # not restarted by the successor
         after = await down_entry(cluster, victim)
         assert after is not None
         assert after.down_since == entry.down_since
@@ -202,9 +203,9 @@ async def test_a_coordinator_hand_off_during_the_grace_keeps_down_since(
 
 async def _state_in(cluster: Cluster, holder: str, node: str, state: str) -> bool:
     current = await cluster.coordinator_state(holder)
-    if current is None or not current["coordinating"]:
+    if current is None or not current.coordinating:
         return False
-    return any(s["node"] == node and s["state"] == state for s in current["node_states"])
+    return any(s.node == node and s.state == state for s in current.node_states)
 
 
 async def test_the_registry_cut_off_from_a_live_node_moves_nothing(
@@ -217,9 +218,9 @@ async def test_the_registry_cut_off_from_a_live_node_moves_nothing(
         await until(lambda: _no_record(cluster, victim), within=NODE_TTL + 2)
         await trio.sleep(GRACE + TICK)
         status = await status_of(cluster, holder, victim)
-        assert status["state"] == "alive"
-        assert status["record"] is False
-        assert "lapsed but membership still reaches it" in str(status["reason"])
+        assert status.state == "alive"
+        assert status.record is False
+        assert "lapsed but membership still reaches it" in str(status.reason)
         assert cluster.registry.writes_under("placement/") == 0
         assert await placed_on(cluster, victim) == apps
         assert cluster.events("node.down") == []
@@ -259,8 +260,8 @@ async def test_a_killed_member_back_within_the_grace_is_alive_and_kept_its_work(
         await cluster.restart(victim)  # a new life: it refutes the old death
         await until(lambda: _state_in(cluster, holder, victim, "alive"), within=GRACE / 2)
         status = await status_of(cluster, holder, victim)
-        assert isinstance(status["incarnation"], int)
-        assert status["incarnation"] >= 1
+        assert isinstance(status.incarnation, int)
+        assert status.incarnation >= 1
         await until(lambda: _no_entry(cluster, victim), within=TICK + 1)
         await trio.sleep(GRACE)
         assert cluster.registry.writes_under("placement/") == 0

@@ -14,7 +14,7 @@ from corral.actors.node_record import (
     fresh_record,
     rewritten_record,
 )
-from corral.registry import Capacity, NodeRecord, ServingEntry
+from corral.registry import MeasuredCapacity, NodeRecord, ServingEntry
 
 IDENTITY = NodeIdentity(
     "n1",
@@ -25,7 +25,9 @@ IDENTITY = NodeIdentity(
     api_address="127.0.0.1:7400",
     advertise_host="127.0.0.1",
 )
-CAPACITY = Capacity(memory_mb=4096, memory_free_mb=2048, disk_mb=100_000, disk_free_mb=50_000)
+CAPACITY = MeasuredCapacity(
+    memory_mb=4096, memory_free_mb=2048, disk_mb=100_000, disk_free_mb=50_000
+)
 SERVING = {"shop": ServingEntry(revision="a" * 64, public_port=24001, internal_port=24002)}
 
 

@@ -12,8 +12,8 @@ from corral.actors.node_record import (
     node_registration_child_spec,
 )
 from corral.registry import (
-    Capacity,
     Compare,
+    MeasuredCapacity,
     MemoryRegistry,
     NodeRecord,
     Put,
@@ -25,7 +25,7 @@ from corral.supervision import open_actor_system
 from corral.testing import RegistryGate
 
 IDENTITY = NodeIdentity("n1", labels={"zone": "a"}, peer_address="127.0.0.1:7000")
-CAPACITY = Capacity(memory_mb=1024, memory_free_mb=512, disk_mb=10_000, disk_free_mb=5_000)
+CAPACITY = MeasuredCapacity(memory_mb=1024, memory_free_mb=512, disk_mb=10_000, disk_free_mb=5_000)
 
 
 async def read_node(registry: MemoryRegistry) -> NodeRecord | None:
@@ -65,7 +65,7 @@ async def test_capacity_refresh_preserves_the_reconcilers_fields(autojump_clock:
     registry = MemoryRegistry()
     free = [512]
 
-    def probe() -> Capacity:
+    def probe() -> MeasuredCapacity:
         return dataclasses.replace(CAPACITY, memory_free_mb=free[0])
 
     spec = node_registration_child_spec(

@@ -11,8 +11,8 @@ import pytest
 
 from corral.actors.planner import (
     AppSpec,
-    Capacity,
     InvalidPlanInput,
+    NodeCapacity,
     NodeInfo,
     Placement,
     Policy,
@@ -80,7 +80,7 @@ def test_parse_the_documented_example() -> None:
             labels={"region": "eu"},
             rack="r1",
             datacenter="dc1",
-            capacity=Capacity(8192, 8192, 102400, 90000),
+            capacity=NodeCapacity(8192, 8192, 102400, 90000),
         ),
     )
     assert data.apps == (AppSpec("shop", selector={"region": "eu"}),)

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from corral.actors.planner import (
     AppSpec,
-    Capacity,
+    NodeCapacity,
     NodeInfo,
     Placement,
     Policy,
@@ -22,8 +22,10 @@ from corral.actors.planner import (
 NOW = 100_000.0
 
 
-def cap(mem: int = 8192, mem_free: int = 8192, disk: int = 102_400, free: int = 90_000) -> Capacity:
-    return Capacity(memory_mb=mem, memory_free_mb=mem_free, disk_mb=disk, disk_free_mb=free)
+def cap(
+    mem: int = 8192, mem_free: int = 8192, disk: int = 102_400, free: int = 90_000
+) -> NodeCapacity:
+    return NodeCapacity(memory_mb=mem, memory_free_mb=mem_free, disk_mb=disk, disk_free_mb=free)
 
 
 def test_an_instance_not_yet_started_still_holds_its_memory() -> None:

@@ -8,8 +8,8 @@ import pytest
 
 from corral.actors.planner import (
     AppSpec,
-    Capacity,
     Decisions,
+    NodeCapacity,
     NodeInfo,
     Placement,
     PlacementUnavailable,
@@ -30,8 +30,10 @@ def run(
     return plan(apps, nodes, placements or {}, Policy(**policy), now)  # type: ignore[arg-type]
 
 
-def cap(mem_free: int = 8192, disk_free: int = 90_000, disk: int = 102_400) -> Capacity:
-    return Capacity(memory_mb=16384, memory_free_mb=mem_free, disk_mb=disk, disk_free_mb=disk_free)
+def cap(mem_free: int = 8192, disk_free: int = 90_000, disk: int = 102_400) -> NodeCapacity:
+    return NodeCapacity(
+        memory_mb=16384, memory_free_mb=mem_free, disk_mb=disk, disk_free_mb=disk_free
+    )
 
 
 def at(*nodes: str) -> Placement:

@@ -9,19 +9,20 @@ import pytest
 
 from corral.actors.planner import (
     AppSpec,
-    Capacity,
     Decisions,
     InvalidPlanInput,
+    NodeCapacity,
     NodeInfo,
     Placement,
     Policy,
+    decisions_to_json,
     next_placements,
     parse_plan_document,
     plan,
 )
 
 NOW = 10_000.0
-CAP = Capacity(memory_mb=8192, memory_free_mb=8192, disk_mb=100_000, disk_free_mb=90_000)
+CAP = NodeCapacity(memory_mb=8192, memory_free_mb=8192, disk_mb=100_000, disk_free_mb=90_000)
 
 
 def run(
@@ -146,7 +147,7 @@ def test_resource_apps_are_stopped_too_and_come_back_when_there_is_room(
         assert d.additions == ()
     placements = next_placements({}, d, NOW)
     # The drain ends, but n1 is full: it stays stopped; once there is room, it is back.
-    full = Capacity(memory_mb=8192, memory_free_mb=100, disk_mb=100_000, disk_free_mb=90_000)
+    full = NodeCapacity(memory_mb=8192, memory_free_mb=100, disk_mb=100_000, disk_free_mb=90_000)
     stuck = run(apps, [NodeInfo("n1", capacity=full), NodeInfo("n2", capacity=CAP)], placements)
     assert stuck.stopped == {"db": ("n1",)}
     assert "n1 lacks the room db needs" in stuck.stranded[0].reason
@@ -177,7 +178,7 @@ def test_the_document_accepts_a_forced_drain_and_stopped_instances() -> None:
     assert data.nodes[0] == forced("n1")
     assert data.nodes[1] == NodeInfo("n2", state="left")
     assert data.placements["db"] == Placement(nodes=(), stopped=("n1",))
-    out = plan(data.apps, data.nodes, data.placements, data.policy, data.now).to_json()
+    out = decisions_to_json(plan(data.apps, data.nodes, data.placements, data.policy, data.now))
     assert out["stopped"] == {"db": ["n1"]}
     assert out["placements"] == {}
 
@@ -214,7 +215,7 @@ def test_a_cooldown_deferral_says_until_when() -> None:
     )
     (deferred,) = d.deferred
     assert deferred.until == NOW - 100 + 600
-    assert d.to_json()["deferred"][0]["until"] == NOW + 500
+    assert decisions_to_json(d)["deferred"][0]["until"] == NOW + 500
     budget = plan(
         [AppSpec("web", replicas=1)],
         [NodeInfo(i) for i in ("a", "b", "c")],

@@ -10,7 +10,7 @@ import pytest
 import corral.actors.planner as planner
 from corral.actors.planner import (
     AppSpec,
-    Capacity,
+    NodeCapacity,
     NodeInfo,
     Policy,
     ScoreCache,
@@ -30,7 +30,7 @@ def fleet(count: int) -> list[NodeInfo]:
             labels={"region": "eu" if i % 2 else "us"},
             rack=f"r{i % 5}",
             datacenter=f"d{i % 3}",
-            capacity=Capacity(16384, 8000 + 37 * i, 102_400, 60_000),
+            capacity=NodeCapacity(16384, 8000 + 37 * i, 102_400, 60_000),
         )
         for i in range(count)
     ]
@@ -146,7 +146,7 @@ def test_clear_empties_the_memo() -> None:
 
 def test_public_names_are_exported_sorted() -> None:
     expected = {
-        "NODE_STATES", "PLACEMENT_UNAVAILABLE", "AppSpec", "Capacity", "Decisions",
+        "NODE_STATES", "PLACEMENT_UNAVAILABLE", "AppSpec", "NodeCapacity", "Decisions",
         "Deferred", "InvalidPlanInput", "NodeInfo", "NodeState", "Pause", "Placement",
         "PlacementUnavailable", "PlanInput", "PlannerError", "Policy", "Refusal",
         "RefusedDrain", "Replicas", "ScoreCache", "Stranded", "Unplaced", "allocatable",

@@ -8,8 +8,8 @@ import pytest
 
 from corral.actors.planner import (
     AppSpec,
-    Capacity,
     Decisions,
+    NodeCapacity,
     NodeInfo,
     Placement,
     PlacementUnavailable,
@@ -31,8 +31,10 @@ def run(
     return plan(apps, nodes, placements or {}, Policy(**policy), NOW)  # type: ignore[arg-type]
 
 
-def cap(mem_free: int = 8192) -> Capacity:
-    return Capacity(memory_mb=16384, memory_free_mb=mem_free, disk_mb=102_400, disk_free_mb=90_000)
+def cap(mem_free: int = 8192) -> NodeCapacity:
+    return NodeCapacity(
+        memory_mb=16384, memory_free_mb=mem_free, disk_mb=102_400, disk_free_mb=90_000
+    )
 
 
 def messages(d: Decisions) -> dict[str, str]:
@@ -80,7 +82,7 @@ def test_message_when_the_matching_nodes_are_down() -> None:
 def test_message_counts_each_cause() -> None:
     nodes = [
         NodeInfo("mem", capacity=cap(mem_free=100)),
-        NodeInfo("blind", capacity=Capacity(16384, 16384, 0, 0)),
+        NodeInfo("blind", capacity=NodeCapacity(16384, 16384, 0, 0)),
         NodeInfo("unknown"),
         NodeInfo("cordoned", state="cordoned", capacity=cap()),
     ]
@@ -93,7 +95,7 @@ def test_message_counts_each_cause() -> None:
 
 def test_message_counts_disk_floor_and_memory_as_the_seed_does() -> None:
     def node(name: str, mem_free: int, disk_free: int) -> NodeInfo:
-        return NodeInfo(name, capacity=Capacity(16384, mem_free, 102_400, disk_free))
+        return NodeInfo(name, capacity=NodeCapacity(16384, mem_free, 102_400, disk_free))
 
     # The floor of a 100 GiB disk is 10 GiB: 25 GiB free cannot take 20 GiB more.
     nodes = [node("n1", 8192, 25_600), node("n2", 8192, 25_600), node("n3", 1024, 90_000)]
@@ -135,13 +137,13 @@ def test_documented_example_output() -> None:
             labels={"region": "eu"},
             rack="r1",
             datacenter="dc1",
-            capacity=Capacity(8192, 8192, 102400, 90000),
+            capacity=NodeCapacity(8192, 8192, 102400, 90000),
         )
     ]
     apps = [AppSpec("shop", replicas="all", selector={"region": "eu"})]
     placements = {"shop": Placement(nodes=("n1",), placed_at={"n1": 900.0})}
     d = plan(apps, nodes, placements, Policy(), 1000.0)
-    assert d.to_json() == {
+    assert decisions_to_json(d) == {
         "placements": {"shop": ["n1"]},
         "removals": [],
         "additions": [],
@@ -152,7 +154,6 @@ def test_documented_example_output() -> None:
         "paused": None,
         "stopped": {},
     }
-    assert decisions_to_json(d) == d.to_json()
 
 
 def test_json_of_every_kind_of_entry() -> None:
@@ -163,7 +164,7 @@ def test_json_of_every_kind_of_entry() -> None:
         AppSpec("x", memory_mb=1),
     ]
     placements = {"db": Placement(nodes=("n1",)), "web": Placement(nodes=("n2",))}
-    out = run(apps, nodes, placements).to_json()
+    out = decisions_to_json(run(apps, nodes, placements))
     assert out["placements"] == {"db": ["n1"], "web": ["n2"]}
     assert out["refused"] == {
         "reason": "drain-would-interrupt-pinned",
@@ -172,7 +173,7 @@ def test_json_of_every_kind_of_entry() -> None:
     }
     assert out["unplaced"][0]["app"] == "x"
     assert set(out["unplaced"][0]) == {"app", "reason", "message"}
-    paused = plan(apps, nodes, placements, Policy(), NOW, undecodable=["k"]).to_json()
+    paused = decisions_to_json(plan(apps, nodes, placements, Policy(), NOW, undecodable=["k"]))
     assert paused["paused"]["keys"] == ["k"]
     assert paused["placements"] == {"db": ["n1"], "web": ["n2"]}
 

@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 from corral.actors.planner import (
     NODE_STATES,
     AppSpec,
-    Capacity,
     Decisions,
+    NodeCapacity,
     NodeInfo,
     Placement,
     PlacementUnavailable,
@@ -34,7 +34,7 @@ FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthChe
 capacities = st.one_of(
     st.none(),
     st.builds(
-        lambda mem, mem_free, disk, disk_free: Capacity(
+        lambda mem, mem_free, disk, disk_free: NodeCapacity(
             memory_mb=mem,
             memory_free_mb=min(mem_free, mem),
             disk_mb=disk,

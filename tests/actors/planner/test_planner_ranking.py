@@ -7,8 +7,8 @@ from collections.abc import Mapping, Sequence
 
 from corral.actors.planner import (
     AppSpec,
-    Capacity,
     Decisions,
+    NodeCapacity,
     NodeInfo,
     Placement,
     Policy,
@@ -43,8 +43,8 @@ def app_whose_order_starts(prefix: Sequence[str], nodes: Sequence[str]) -> str:
     raise AssertionError("no such app name")
 
 
-def cap(mem_free: int, disk_free: int = 90_000) -> Capacity:
-    return Capacity(
+def cap(mem_free: int, disk_free: int = 90_000) -> NodeCapacity:
+    return NodeCapacity(
         memory_mb=16384, memory_free_mb=mem_free, disk_mb=102_400, disk_free_mb=disk_free
     )
 

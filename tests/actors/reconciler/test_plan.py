@@ -13,7 +13,7 @@ from corral.actors.reconciler import (
     PassInputs,
     ProcessView,
     Remove,
-    Restart,
+    Replace,
     Start,
     Stop,
     app_views,
@@ -86,7 +86,7 @@ def test_the_table() -> None:
         local_state=frozenset({"deleted-dir-only", "keep", "deleted-stopping"}),
     )
     assert plan_pass(inputs) == (
-        Restart("new-rev", R2, R1),
+        Replace("new-rev", R2, R1),
         Start("start-me", R1),
         Stop("blocked", STOP_NOT_SERVED),
         Stop("deleted-live", STOP_NOT_SERVED),
@@ -231,7 +231,7 @@ def test_plan_properties(
     assert len(touched) == len(set(touched)), "one action per app per pass"
     assert not set(touched) & unknown
     kinds = [
-        0 if isinstance(a, Start | Restart) else 1 if isinstance(a, Stop) else 2 for a in actions
+        0 if isinstance(a, Start | Replace) else 1 if isinstance(a, Stop) else 2 for a in actions
     ]
     assert kinds == sorted(kinds), "starts, then stops, then removals"
     for group in range(3):
@@ -245,7 +245,7 @@ def test_plan_properties(
             assert app.should_run
             assert proc is None or proc.phase != "live"
             assert action.revision == app.revision
-        elif isinstance(action, Restart):
+        elif isinstance(action, Replace):
             assert app is not None
             assert app.should_run
             assert proc is not None

@@ -32,14 +32,14 @@ from corral.actors.reconciler import (
     Materialize,
     RunPass,
 )
-from corral.node._artifacts import Manifest
+from corral.node import Manifest
 from corral.node._operations import deploy as deploy_app
 from corral.node._requests import DeployRequest
 from corral.registry import (
     AppRecord,
-    Capacity,
     Deployment,
     KeyValue,
+    MeasuredCapacity,
     MemoryRegistry,
     NodeRecord,
     NodeRollout,
@@ -250,7 +250,7 @@ async def test_another_nodes_capacity_write_costs_this_nodes_pass_one_read(
         agent.registry.reset()
         # Another node refreshes its capacity, other apps deploy and move: the global
         # revision moves, this node's assignment does not.
-        other = NodeRecord("node-b", capacity=Capacity(8192, 4000, 100_000, 50_000))
+        other = NodeRecord("node-b", capacity=MeasuredCapacity(8192, 4000, 100_000, 50_000))
         await agent.registry.put(node_key("node-b"), other.encode())
         await deploy(agent.registry, "elsewhere", revision=R2)
         await place(agent.registry, "elsewhere", "node-b", "node-c")

@@ -9,7 +9,7 @@ import trio
 import trio.testing
 
 from corral.actors.reconciler import record_failure, serving_set
-from corral.node._errors import ArtifactNotFound
+from corral.node import ArtifactNotFound
 from corral.registry import Deployment
 
 from .test_reconciler import NODE, R1, deploy, place, running_agent

@@ -23,13 +23,13 @@ from corral.registry import (
     Registry,
     RolloutRecord,
     ServingEntry,
+    SQLiteRegistry,
     alias_key,
     alias_previous_key,
     app_key,
     node_key,
     placement_key,
 )
-from corral.registry._sqlite import SQLiteRegistry
 
 REV = "a" * 64
 
