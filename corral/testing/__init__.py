@@ -59,6 +59,13 @@ from corral.testing._fleet import (
     random_faults,
 )
 from corral.testing._registry import CountingRegistry, GateMode, RegistryGate
+from corral.testing._traffic import (
+    PhaseSummary,
+    RequestOutcome,
+    TrafficGenerator,
+    TrafficReport,
+    percentile,
+)
 
 __all__ = [
     "DEFAULT_TEST_CAPACITY",
@@ -76,9 +83,13 @@ __all__ = [
     "InvariantChecker",
     "ManualClock",
     "NodeContext",
+    "PhaseSummary",
     "RegistryGate",
     "RegistryHarness",
+    "RequestOutcome",
     "SecureEtcd",
+    "TrafficGenerator",
+    "TrafficReport",
     "TransportPair",
     "Violation",
     "agent_node_children",
@@ -89,6 +100,7 @@ __all__ = [
     "open_cluster",
     "open_fleet",
     "open_test_etcd_registry",
+    "percentile",
     "random_faults",
     "run_secure_etcd",
     "take_events",
