@@ -1,0 +1,453 @@
+"""The user-facing figure: requests through a real HAProxy while the cluster changes.
+
+Run: ``.venv/bin/python bench/traffic.py`` (about 90 s of wall time, of which about
+60 s under load; ``--rate`` changes the load). Needs ``/usr/sbin/haproxy``.
+
+Three real ``corral node run`` processes on one SQLite registry, a real HAProxy
+under ``corral proxy run``, and a 3-replica HTTP app (with a ``[health] path``)
+behind it under the alias ``www.test``. An open-loop load generator
+(:class:`corral.testing.TrafficGenerator`) sends ``GET /`` at a fixed rate, a new
+connection per request, while these phases run one after the other, each until
+the cluster has settled again:
+
+* ``steady``: nothing happens (the proxy's own cost);
+* ``redeploy``: a new revision of the app (an env change);
+* ``alias-flip``: ``corral alias flip www.test web-b``, then ``corral alias rollback``;
+* ``drain``: ``corral node drain`` one node, then ``corral node uncordon`` it;
+* ``sigterm``: SIGTERM a node that does not hold the lease, then start it again;
+* ``hand-back``: SIGTERM the lease holder (it hands the lease back), then start it again.
+
+Baseline, in the same run: the same load sent straight to one backend of the app
+(no proxy). Per phase the table shows requests sent, failed (a non-2xx answer or
+a connection error, by kind), p50 and p99 latency of the successful ones, and
+p99 as a ratio of the direct p99. Then a 1-replica app is redeployed under the
+same load: the time its requests fail is ``single_instance_gap_ms``.
+
+Figures (last line, one JSON object): ``failed_requests`` over all the phases
+(target 0), ``p99_ratio`` (the phases' p99 through the proxy / direct; target
+<= 3), ``single_instance_gap_ms``, and the per-phase numbers. Everything started
+is stopped by pid.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from corral.node._local_cluster import LocalCluster, LocalNode, free_port, wait_for
+from corral.proxy import DEFAULT_HAPROXY
+from corral.proxy._local import LocalProxy
+from corral.testing import PhaseSummary, TrafficGenerator, TrafficReport
+
+HOST = "www.test"
+SETTLE = 1.0  # seconds of load after a phase's change settled, still counted in it
+STEP = 60.0  # the longest wait for one thing to happen
+
+#: The app: answers with its node and revision marker; /healthz for readiness. On
+#: SIGTERM it stops accepting (new connections are refused, so the proxy retries
+#: them elsewhere) and finishes the requests it has, as a well-behaved app does.
+APP = r"""
+import os, signal, threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+BODY = ('{"node": "%s", "says": "%s"}' % (
+    os.environ["CORRAL_NODE"], os.environ.get("GREETING", ""))).encode()
+
+
+class Handler(BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(BODY)))
+        self.end_headers()
+        self.wfile.write(BODY)
+
+    def log_message(self, *args):
+        pass
+
+
+class Server(ThreadingHTTPServer):
+    daemon_threads = False
+    block_on_close = True
+    request_queue_size = 256
+
+
+server = Server((os.environ["CORRAL_BIND_HOST"], int(os.environ["PORT"])), Handler)
+
+
+def stop(signum, frame):
+    threading.Thread(target=server.shutdown).start()
+
+
+signal.signal(signal.SIGTERM, stop)
+server.serve_forever(poll_interval=0.05)
+server.server_close()
+"""
+
+TOML = """command = ["python3", "server.py"]
+[health]
+path = "/healthz"
+interval_ms = 200
+timeout_ms = 500
+"""
+
+
+def write_app(root: Path) -> Path:
+    app = root / "app"
+    app.mkdir(parents=True, exist_ok=True)
+    (app / "server.py").write_text(APP)
+    (app / "corral.toml").write_text(TOML)
+    return app
+
+
+# --------------------------------------------------------------------------- the cluster
+
+
+class Bench:
+    """The cluster, the proxy, and the operator's moves (blocking; run in threads)."""
+
+    def __init__(self, root: Path, app_dir: Path, proxy_dir: Path) -> None:
+        self.root = root
+        self.app_dir = app_dir
+        self.cluster = LocalCluster(
+            root, lease_ttl_ms=3000, node_ttl_ms=3000, shutdown_grace_ms=5000
+        )
+        tag = uuid.uuid4().hex[:6]
+        for index in range(3):
+            start = 27000 + 200 * index
+            self.cluster.add_node(f"tr{tag}-{index + 1}", port_range=(start, start + 199))
+        self.proxy_dir = proxy_dir
+        self.proxy: LocalProxy | None = None
+        self.revision = 0
+
+    @property
+    def nodes(self) -> list[LocalNode]:
+        return list(self.cluster.nodes.values())
+
+    def cli(self, *args: str) -> str:
+        node = self.cluster.running_nodes()[0]
+        done = subprocess.run(
+            [sys.executable, "-m", "corral", *args, "--api", node.api_url, "--token", node.token()],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"corral {' '.join(args)} failed: {done.stderr.strip()}")
+        return done.stdout
+
+    def deploy(self, name: str, greeting: str, *extra: str) -> str:
+        out = self.cli(
+            "deploy", str(self.app_dir), "--name", name, "--env", f"GREETING={greeting}",
+            "--json", *extra,
+        )  # fmt: skip
+        return str(json.loads(out)["app"]["deployment"]["revision"])
+
+    def rows(self, app: str) -> list[dict[str, Any]]:
+        with self.cluster.any_client() as client:
+            return [row for row in client.ps() if row["app"] == app]
+
+    def backends(self, domain: str) -> list[str]:
+        with self.cluster.any_client() as client:
+            return list(client.routes()["routes"].get(domain, []))
+
+    def holder(self) -> str | None:
+        with self.cluster.any_client() as client:
+            holder = client.ps_answer().get("coordinator", {}).get("holder")
+        return str(holder) if holder else None
+
+    def proxy_says(self, domain: str) -> set[str]:
+        """What 12 requests through the proxy answer (``says``), or empty on any failure."""
+        import httpx
+
+        assert self.proxy is not None
+        said = set()
+        for _ in range(12):
+            try:
+                response = httpx.get(
+                    f"http://127.0.0.1:{self.proxy.listen}/",
+                    headers={"Host": domain},
+                    timeout=3.0,
+                )
+            except httpx.HTTPError:
+                return set()
+            if response.status_code != 200:
+                return set()
+            said.add(response.json()["says"])
+        return said
+
+    def settled(self, app: str, revision: str, count: int, domain: str) -> bool:
+        rows = self.rows(app)
+        return (
+            len(rows) == count
+            and all(r["revision"] == revision and r["state"] == "running" for r in rows)
+            and len(self.backends(domain)) == count
+        )
+
+    def wait_settled(self, app: str, revision: str, count: int, domain: str, what: str) -> None:
+        wait_for(what, lambda: self.settled(app, revision, count, domain), timeout=STEP)
+
+    # ------------------------------------------------------------------ setup
+
+    def start(self) -> dict[str, str]:
+        self.cluster.start_all()
+        revisions = {
+            "web": self.deploy("web", "web-1", "--replicas", "3", "--domain", "web.test"),
+            "web-b": self.deploy("web-b", "b", "--replicas", "3", "--domain", "webb.test"),
+            "solo": self.deploy("solo", "solo-1", "--replicas", "1", "--domain", "solo.test"),
+        }
+        self.cli("alias", "set", HOST, "web")
+        self.proxy = LocalProxy.start(
+            "haproxy",
+            listen=free_port(),
+            registry_url=self.cluster.registry_url,
+            data_dir=self.proxy_dir,
+            proxy_id="bench-haproxy",
+        )
+        self.wait_settled("web", revisions["web"], 3, HOST, "web on three nodes, routed")
+        self.wait_settled("web-b", revisions["web-b"], 3, "webb.test", "web-b on three nodes")
+        self.wait_settled("solo", revisions["solo"], 1, "solo.test", "solo on one node")
+        wait_for(
+            "www.test to answer through the proxy",
+            lambda: self.proxy_says(HOST) == {"web-1"},
+            timeout=STEP,
+        )
+        return revisions
+
+    def direct_target(self) -> tuple[str, int]:
+        url = sorted(self.backends("web.test"))[0]
+        host, port = url.removeprefix("http://").rsplit(":", 1)
+        return host, int(port)
+
+    def close(self) -> list[int]:
+        leftovers: list[int] = []
+        if self.proxy is not None:
+            leftovers += self.proxy.stop()
+        self.cluster.stop_all()
+        leftovers += self.cluster.kill_leftovers()
+        return leftovers
+
+    # ------------------------------------------------------------------ phases
+
+    def redeploy(self) -> None:
+        revision = self.deploy("web", "web-2")
+        self.wait_settled("web", revision, 3, HOST, "web's new revision on three nodes")
+        wait_for(
+            "www.test to answer as web-2", lambda: self.proxy_says(HOST) == {"web-2"}, timeout=STEP
+        )
+
+    def alias_flip(self) -> None:
+        self.cli("alias", "flip", HOST, "web-b")
+        wait_for(
+            "www.test to answer as web-b", lambda: self.proxy_says(HOST) == {"b"}, timeout=STEP
+        )
+        time.sleep(SETTLE)
+        self.cli("alias", "rollback", HOST)
+        wait_for("www.test back on web", lambda: self.proxy_says(HOST) == {"web-2"}, timeout=STEP)
+
+    def drain(self) -> None:
+        node = self.nodes[1]
+        before = self.rows("web")[0]["revision"]
+        self.cli("node", "drain", node.node_id)
+        wait_for(
+            f"web to leave {node.node_id}",
+            lambda: (
+                node.node_id not in {r["node"] for r in self.rows("web")}
+                and len(self.backends(HOST)) == 2
+            ),
+            timeout=STEP,
+        )
+        time.sleep(SETTLE)
+        self.cli("node", "uncordon", node.node_id)
+        self.wait_settled("web", before, 3, HOST, f"web back on {node.node_id}")
+
+    def _restart(self, node: LocalNode) -> None:
+        revision = self.rows("web")[0]["revision"]
+        self.cluster.stop(node)
+        wait_for(
+            f"{node.node_id} to leave the table",
+            lambda: len(self.backends(HOST)) == 2,
+            timeout=STEP,
+        )
+        time.sleep(SETTLE)
+        self.cluster.start(node)
+        self.cluster.wait_ready(node)
+        self.wait_settled("web", revision, 3, HOST, f"web back on {node.node_id}")
+
+    def sigterm(self) -> None:
+        holder = self.holder()
+        victim = next(n for n in reversed(self.nodes) if n.node_id != holder)
+        self._restart(victim)
+
+    def hand_back(self) -> None:
+        holder = wait_for("a lease holder", self.holder, timeout=STEP)
+        (node,) = [n for n in self.nodes if n.node_id == holder]
+        self._restart(node)
+        wait_for("a lease holder again", self.holder, timeout=STEP)
+
+    def solo_redeploy(self) -> None:
+        revision = self.deploy("solo", "solo-2")
+        self.wait_settled("solo", revision, 1, "solo.test", "solo's new revision")
+        wait_for(
+            "solo.test to answer as solo-2",
+            lambda: self.proxy_says("solo.test") == {"solo-2"},
+            timeout=STEP,
+        )
+
+
+# --------------------------------------------------------------------------- the run
+
+
+async def under_load(
+    target: tuple[str, int],
+    host: str,
+    rate: float,
+    steps: list[tuple[str, Callable[[], None]]],
+) -> tuple[TrafficReport, dict[str, float]]:
+    """Run each step (blocking, in a thread) under load, each its own phase."""
+    traffic = TrafficGenerator(target, host=host, rate=rate, timeout=3.0, phase="warm-up")
+    took: dict[str, float] = {}
+    async with trio.open_nursery() as nursery:
+        await nursery.start(traffic.run)
+        await trio.sleep(0.5)
+        for name, step in steps:
+            traffic.mark(name)
+            started = time.monotonic()
+            await trio.to_thread.run_sync(step)
+            await trio.sleep(SETTLE)
+            took[name] = time.monotonic() - started
+        traffic.stop()
+    return traffic.report(), took
+
+
+def idle(seconds: float) -> Callable[[], None]:
+    return lambda: time.sleep(seconds)
+
+
+def gap_ms(summary: PhaseSummary, rate: float) -> float:
+    """How long requests failed: first to last failure, plus the one interval each stands for."""
+    if summary.failed == 0:
+        return 0.0
+    return round((summary.failure_window + 1.0 / rate) * 1000, 1)
+
+
+def ratio(value: float | None, base: float | None) -> float | None:
+    if value is None or not base:
+        return None
+    return round(value / base, 2)
+
+
+async def bench(rate: float, direct_seconds: float, steady_seconds: float) -> dict[str, Any]:
+    root = Path(tempfile.mkdtemp(prefix="corral-traffic-"))
+    proxy_dir = Path(tempfile.mkdtemp(prefix="corral-tp-", dir="/tmp"))
+    run = Bench(root, write_app(root), proxy_dir)
+    leftovers: list[int] = []
+    try:
+        await trio.to_thread.run_sync(run.start)
+        assert run.proxy is not None
+        direct, _ = await under_load(
+            run.direct_target(), "web.test", rate, [("direct", idle(direct_seconds))]
+        )
+        phases = [
+            ("steady", idle(steady_seconds)),
+            ("redeploy", run.redeploy),
+            ("alias-flip", run.alias_flip),
+            ("drain", run.drain),
+            ("sigterm", run.sigterm),
+            ("hand-back", run.hand_back),
+        ]
+        proxied, took = await under_load(("127.0.0.1", run.proxy.listen), HOST, rate, phases)
+        solo, solo_took = await under_load(
+            ("127.0.0.1", run.proxy.listen),
+            "solo.test",
+            rate,
+            [("solo-redeploy", run.solo_redeploy)],
+        )
+    finally:
+        leftovers = await trio.to_thread.run_sync(run.close)
+        shutil.rmtree(proxy_dir, ignore_errors=True)
+        shutil.rmtree(root, ignore_errors=True)
+
+    base = direct.phase("direct")
+    rows = [base] + [proxied.phase(name) for name, _ in phases]
+    changes = [name for name, _ in phases if name != "steady"]
+    during = proxied.total(phases=changes)
+    single = solo.phase("solo-redeploy")
+    result: dict[str, Any] = {
+        "rate_per_s": rate,
+        "failed_requests": during.failed,
+        "sent_requests": during.sent,
+        "p99_ms": round((during.p99 or 0) * 1000, 2),
+        "direct_p99_ms": round((base.p99 or 0) * 1000, 2),
+        "p99_ratio": ratio(during.p99, base.p99),
+        "steady_p99_ratio": ratio(proxied.phase("steady").p99, base.p99),
+        "single_instance_gap_ms": gap_ms(single, rate),
+        "single_instance_failed": single.failed,
+        "phases": {
+            row.phase: {
+                **{k: v for k, v in row.to_dict().items() if k != "phase"},
+                "p99_ratio": ratio(row.p99, base.p99),
+                "seconds": round(took.get(row.phase, direct_seconds), 1),
+            }
+            for row in rows
+        },
+        "solo": {**single.to_dict(), "seconds": round(solo_took["solo-redeploy"], 1)},
+        "leftover_processes": len(leftovers),
+    }
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rate", type=float, default=200.0, help="requests per second")
+    parser.add_argument("--direct-s", type=float, default=6.0, help="seconds of direct load")
+    parser.add_argument("--steady-s", type=float, default=4.0, help="seconds of steady load")
+    args = parser.parse_args()
+    if not os.access(DEFAULT_HAPROXY, os.X_OK):
+        sys.exit(f"haproxy is not installed at {DEFAULT_HAPROXY} (apt-get install haproxy)")
+    result = trio.run(bench, args.rate, args.direct_s, args.steady_s)
+    print(
+        f"traffic through HAProxy, 3 nodes, {args.rate:g} req/s open loop, "
+        f"no keep-alive, cores={os.cpu_count()}"
+    )
+    print(
+        f"{'phase':<15}{'s':>6}{'sent':>7}{'failed':>8}{'p50 ms':>9}{'p99 ms':>9}"
+        f"{'p99/direct':>12}  failures"
+    )
+    for name, row in result["phases"].items():
+        kinds = ", ".join(f"{k} {v}" for k, v in row["failures"].items()) or "-"
+        print(
+            f"{name:<15}{row['seconds']:>6}{row['sent']:>7}{row['failed']:>8}"
+            f"{row['p50_ms'] or 0:>9.2f}{row['p99_ms'] or 0:>9.2f}"
+            f"{row['p99_ratio'] or 0:>12.2f}  {kinds}"
+        )
+    solo = result["solo"]
+    kinds = ", ".join(f"{k} {v}" for k, v in solo["failures"].items()) or "-"
+    print(
+        f"{'solo-redeploy':<15}{solo['seconds']:>6}{solo['sent']:>7}{solo['failed']:>8}"
+        f"{solo['p50_ms'] or 0:>9.2f}{solo['p99_ms'] or 0:>9.2f}{'':>12}  {kinds}"
+    )
+    print(
+        f"failed requests during the changes: {result['failed_requests']} of "
+        f"{result['sent_requests']} (target 0); p99 {result['p99_ms']} ms = "
+        f"{result['p99_ratio']} x direct {result['direct_p99_ms']} ms (target <= 3); "
+        f"1-replica redeploy gap {result['single_instance_gap_ms']} ms"
+    )
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
