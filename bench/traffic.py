@@ -55,61 +55,9 @@ HOST = "www.test"
 SETTLE = 1.0  # seconds of load after a phase's change settled, still counted in it
 STEP = 60.0  # the longest wait for one thing to happen
 
-#: The app: answers with its node and revision marker; /healthz for readiness. On
-#: SIGTERM it stops accepting (new connections are refused, so the proxy retries
-#: them elsewhere) and finishes the requests it has, as a well-behaved app does.
-APP = r"""
-import os, signal, threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-BODY = ('{"node": "%s", "says": "%s"}' % (
-    os.environ["CORRAL_NODE"], os.environ.get("GREETING", ""))).encode()
-
-
-class Handler(BaseHTTPRequestHandler):
-    def do_GET(self):
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(BODY)))
-        self.end_headers()
-        self.wfile.write(BODY)
-
-    def log_message(self, *args):
-        pass
-
-
-class Server(ThreadingHTTPServer):
-    daemon_threads = False
-    block_on_close = True
-    request_queue_size = 256
-
-
-server = Server((os.environ["CORRAL_BIND_HOST"], int(os.environ["PORT"])), Handler)
-
-
-def stop(signum, frame):
-    threading.Thread(target=server.shutdown).start()
-
-
-signal.signal(signal.SIGTERM, stop)
-server.serve_forever(poll_interval=0.05)
-server.server_close()
-"""
-
-TOML = """command = ["python3", "server.py"]
-[health]
-path = "/healthz"
-interval_ms = 200
-timeout_ms = 500
-"""
-
-
-def write_app(root: Path) -> Path:
-    app = root / "app"
-    app.mkdir(parents=True, exist_ok=True)
-    (app / "server.py").write_text(APP)
-    (app / "corral.toml").write_text(TOML)
-    return app
+#: The app: a 200 for every GET with its ``GREETING``, ``/healthz`` for readiness, and on
+#: SIGTERM it stops accepting and finishes the requests it has.
+STEADY = Path(__file__).resolve().parents[1] / "examples" / "apps" / "steady"
 
 
 # --------------------------------------------------------------------------- the cluster
@@ -353,7 +301,7 @@ def ratio(value: float | None, base: float | None) -> float | None:
 async def bench(rate: float, direct_seconds: float, steady_seconds: float) -> dict[str, Any]:
     root = Path(tempfile.mkdtemp(prefix="corral-traffic-"))
     proxy_dir = Path(tempfile.mkdtemp(prefix="corral-tp-", dir="/tmp"))
-    run = Bench(root, write_app(root), proxy_dir)
+    run = Bench(root, STEADY, proxy_dir)
     leftovers: list[int] = []
     try:
         await trio.to_thread.run_sync(run.start)
