@@ -1,12 +1,13 @@
-"""A redeploy under load, end to end: three real nodes, a real HAProxy, no failed request.
+"""Changes under load, end to end: three real nodes, a real HAProxy, no failed request.
 
 The app (``examples/apps/steady``: a ``[health] path``, a graceful SIGTERM) runs
 three replicas behind ``corral proxy run --kind haproxy``. An open-loop load
 generator sends 50 requests a second through the proxy, each on a new
 connection, while the app is redeployed with a new environment (a new
-revision). What a user of the proxy must see: every request answered 2xx, and
-the new revision answering once the deploy is done. Every process is stopped by
-pid.
+revision), or while a node is stopped. What a user of the proxy must see: every
+request answered 2xx; after a redeploy, the new revision answering; a stopped
+node's instance out of the table before its process ends. Every process is
+stopped by pid.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -24,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 import pytest
 import trio
 
@@ -138,11 +141,10 @@ def answers(proxy: LocalProxy, count: int = 12) -> list[dict[str, Any]]:
     return bodies
 
 
-def test_a_three_replica_redeploy_under_load_fails_no_request(
-    cluster: LocalCluster, proxy: LocalProxy
-) -> None:
-    first = deploy(cluster, "one", "--replicas", "3", "--domain", DOMAIN)
-    wait_for("three instances routed", lambda: rolled_out(cluster, first), timeout=STEP)
+def settle(cluster: LocalCluster, proxy: LocalProxy) -> str:
+    """Deploy three replicas and wait until the proxy reaches every node; the revision."""
+    revision = deploy(cluster, "one", "--replicas", "3", "--domain", DOMAIN)
+    wait_for("three instances routed", lambda: rolled_out(cluster, revision), timeout=STEP)
     wait_for(
         "every node to answer through the proxy",
         lambda: (
@@ -151,7 +153,13 @@ def test_a_three_replica_redeploy_under_load_fails_no_request(
         ),
         timeout=STEP,
     )
+    return revision
 
+
+def test_a_three_replica_redeploy_under_load_fails_no_request(
+    cluster: LocalCluster, proxy: LocalProxy
+) -> None:
+    settle(cluster, proxy)
     traffic = TrafficGenerator(
         ("127.0.0.1", proxy.listen), host=DOMAIN, rate=RATE, timeout=3.0, phase="before"
     )
@@ -193,3 +201,50 @@ def test_a_three_replica_redeploy_under_load_fails_no_request(
     )
     assert after.failed == 0, f"failures after the redeploy: {after.failures}"
     assert rolled_out(cluster, second[0])
+
+
+def test_a_stopped_node_leaves_the_table_before_its_app_ends_and_no_request_fails(
+    cluster: LocalCluster, proxy: LocalProxy
+) -> None:
+    settle(cluster, proxy)
+    victim = list(cluster.nodes.values())[2]
+    with victim.client() as client:
+        (row,) = [p for p in client.state()["processes"] if p["app"] == "steady"]
+    url = f"http://127.0.0.1:{row['public_port']}"
+    assert url in backends(cluster)
+    app = psutil.Process(row["pid"])
+    traffic = TrafficGenerator(
+        ("127.0.0.1", proxy.listen), host=DOMAIN, rate=RATE, timeout=3.0, phase="stop"
+    )
+    seen: dict[str, bool] = {}
+
+    def stop_node() -> None:
+        time.sleep(0.5)
+        cluster.signal(victim, signal.SIGTERM)
+        # Left the table while its process still ran: drained, not cut off.
+        wait_for(
+            "the instance to leave the table", lambda: url not in backends(cluster), timeout=STEP
+        )
+        seen["alive_when_unrouted"] = app.is_running() and app.status() != psutil.STATUS_ZOMBIE
+        assert victim.process is not None
+        victim.process.wait(30)
+        wait_for("two instances routed", lambda: len(backends(cluster)) == 2, timeout=STEP)
+
+    async def under_load() -> None:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(traffic.run)
+            await trio.to_thread.run_sync(stop_node)
+            await trio.sleep(1.0)
+            traffic.stop()
+
+    trio.run(under_load)
+    assert seen["alive_when_unrouted"], "the app was stopped before it left the routing table"
+    assert victim.process is not None
+    assert victim.process.returncode == 0, victim.log_tail()
+    summary = traffic.report().phase("stop")
+    assert summary.sent >= RATE * 2
+    assert summary.failed == 0, (
+        f"{summary.failed} of {summary.sent} requests failed while a node stopped "
+        f"({summary.failures})"
+    )
+    assert {b["says"] for b in answers(proxy)} == {"one"}
