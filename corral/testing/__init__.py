@@ -11,6 +11,13 @@ Embed corral in your own test suite the way its own tests do::
             assert await cluster.wait_for_coordinator(exclude={holder}) != holder
             cluster.assert_single_coordinator()
 
+Load through a proxy, as its users see it: :class:`TrafficGenerator` sends
+requests to a loopback address at a fixed rate (open loop, a new connection
+per request, each with a timeout), tags each with the phase current when it
+was sent, and reports failures by kind and p50/p99 per phase
+(:class:`TrafficReport`); ``bench/traffic.py`` and the rolling-deploy end-to-end
+test use it.
+
 A pytest plugin with a ``corral_cluster`` fixture lives in
 ``corral.testing.pytest_plugin`` (``pytest_plugins = ["corral.testing.pytest_plugin"]``).
 
