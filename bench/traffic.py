@@ -18,10 +18,11 @@ one after the other, each until the cluster has settled again:
 * ``hand-back``: SIGTERM the lease holder (it hands the lease back), then start it again.
 
 Baseline, in the same run: the same load sent straight to one backend of the app
-(no proxy), before the phases and after them; the quieter of the two (lower
-p99) is the baseline. Per phase the table shows requests sent, failed (a non-2xx answer or
-a connection error, by kind), p50 and p99 latency of the successful ones, and
-p99 as a ratio of the direct p99. Then a 1-replica app is redeployed under the
+(no proxy), in slices before, between and after the phases, so that it meets
+the same background load as they do (the machine may be shared). Per phase the
+table shows requests sent, failed (a non-2xx answer or a connection error, by
+kind), p50 and p99 latency of the successful ones, and p99 as a ratio of the
+direct p99. Then a 1-replica app is redeployed under the
 same load: the time its requests fail is ``single_instance_gap_ms``.
 
 Figures (last line, one JSON object): ``failed_requests`` through the proxy over
@@ -50,7 +51,7 @@ import trio
 from corral.node._local_cluster import LocalCluster, LocalNode, free_port, wait_for
 from corral.proxy import DEFAULT_HAPROXY
 from corral.proxy._local import LocalProxy
-from corral.testing import PhaseSummary, TrafficGenerator, TrafficReport
+from corral.testing import PhaseSummary, RequestOutcome, TrafficGenerator, summarize
 
 HOST = "www.test"
 SETTLE = 1.0  # seconds of load after a phase's change settled, still counted in it
@@ -261,25 +262,23 @@ class Bench:
 
 
 async def under_load(
-    target: tuple[str, int],
-    host: str,
-    rate: float,
-    steps: list[tuple[str, Callable[[], None]]],
-) -> tuple[TrafficReport, dict[str, float]]:
-    """Run each step (blocking, in a thread) under load, each its own phase."""
+    target: tuple[str, int], host: str, rate: float, name: str, step: Callable[[], None]
+) -> tuple[list[RequestOutcome], float]:
+    """Run ``step`` (blocking, in a thread) under load; its requests and its seconds.
+
+    The load starts half a second before the step (not counted: the generator's
+    own start) and goes on for ``SETTLE`` seconds after it, counted."""
     traffic = TrafficGenerator(target, host=host, rate=rate, timeout=3.0, phase="warm-up")
-    took: dict[str, float] = {}
     async with trio.open_nursery() as nursery:
         await nursery.start(traffic.run)
         await trio.sleep(0.5)
-        for name, step in steps:
-            traffic.mark(name)
-            started = time.monotonic()
-            await trio.to_thread.run_sync(step)
-            await trio.sleep(SETTLE)
-            took[name] = time.monotonic() - started
+        traffic.mark(name)
+        started = time.monotonic()
+        await trio.to_thread.run_sync(step)
+        await trio.sleep(SETTLE)
+        took = time.monotonic() - started
         traffic.stop()
-    return traffic.report(), took
+    return [row for row in traffic.report().outcomes if row.phase == name], took
 
 
 def idle(seconds: float) -> Callable[[], None]:
@@ -304,12 +303,22 @@ async def bench(rate: float, direct_seconds: float, steady_seconds: float) -> di
     proxy_dir = Path(tempfile.mkdtemp(prefix="corral-tp-", dir="/tmp"))
     run = Bench(root, STEADY, proxy_dir)
     leftovers: list[int] = []
+    proxied: dict[str, tuple[list[RequestOutcome], float]] = {}
+    direct: list[RequestOutcome] = []
+    direct_took: list[float] = []
     try:
         await trio.to_thread.run_sync(run.start)
         assert run.proxy is not None
-        direct, _ = await under_load(
-            run.direct_target(), "web.test", rate, [("direct", idle(direct_seconds))]
-        )
+        through_proxy = ("127.0.0.1", run.proxy.listen)
+        backend = run.direct_target()
+
+        async def direct_slice() -> None:
+            # The baseline is sampled between the phases, so it meets the same
+            # background load (this machine is shared) as the phases do.
+            rows, took = await under_load(backend, "web.test", rate, "direct", idle(direct_seconds))
+            direct.extend(rows)
+            direct_took.append(took)
+
         phases = [
             ("steady", idle(steady_seconds)),
             ("redeploy", run.redeploy),
@@ -318,28 +327,23 @@ async def bench(rate: float, direct_seconds: float, steady_seconds: float) -> di
             ("sigterm", run.sigterm),
             ("hand-back", run.hand_back),
         ]
-        proxied, took = await under_load(("127.0.0.1", run.proxy.listen), HOST, rate, phases)
-        after, _ = await under_load(
-            run.direct_target(), "web.test", rate, [("direct-after", idle(direct_seconds))]
-        )
+        await direct_slice()
+        for name, step in phases:
+            proxied[name] = await under_load(through_proxy, HOST, rate, name, step)
+            await direct_slice()
         solo, solo_took = await under_load(
-            ("127.0.0.1", run.proxy.listen),
-            "solo.test",
-            rate,
-            [("solo-redeploy", run.solo_redeploy)],
+            through_proxy, "solo.test", rate, "solo-redeploy", run.solo_redeploy
         )
     finally:
         leftovers = await trio.to_thread.run_sync(run.close)
         shutil.rmtree(proxy_dir, ignore_errors=True)
         shutil.rmtree(root, ignore_errors=True)
 
-    # The baseline is the quieter of the two direct runs (before and after the phases):
-    # the one that makes the proxy look worse.
-    directs = [direct.phase("direct"), after.phase("direct-after")]
-    base = min(directs, key=lambda row: row.p99 if row.p99 is not None else float("inf"))
-    rows = [*directs, *(proxied.phase(name) for name, _ in phases)]
-    during = proxied.total(phases=[name for name, _ in phases])
-    single = solo.phase("solo-redeploy")
+    base = summarize("direct", direct)
+    rows = [(base, sum(direct_took))]
+    rows += [(summarize(name, proxied[name][0]), proxied[name][1]) for name, _ in phases]
+    during = summarize("all", [row for outcomes, _ in proxied.values() for row in outcomes])
+    single = summarize("solo-redeploy", solo)
     result: dict[str, Any] = {
         "rate_per_s": rate,
         "failed_requests": during.failed,
@@ -347,19 +351,20 @@ async def bench(rate: float, direct_seconds: float, steady_seconds: float) -> di
         "p99_ms": round((during.p99 or 0) * 1000, 2),
         "direct_p99_ms": round((base.p99 or 0) * 1000, 2),
         "direct_p50_ms": round((base.p50 or 0) * 1000, 2),
+        "direct_failed": base.failed,
         "p99_ratio": ratio(during.p99, base.p99),
-        "steady_p99_ratio": ratio(proxied.phase("steady").p99, base.p99),
+        "steady_p99_ratio": ratio(summarize("steady", proxied["steady"][0]).p99, base.p99),
         "single_instance_gap_ms": gap_ms(single, rate),
         "single_instance_failed": single.failed,
         "phases": {
             row.phase: {
                 **{k: v for k, v in row.to_dict().items() if k != "phase"},
                 "p99_ratio": ratio(row.p99, base.p99),
-                "seconds": round(took.get(row.phase, direct_seconds), 1),
+                "seconds": round(seconds, 1),
             }
-            for row in rows
+            for row, seconds in rows
         },
-        "solo": {**single.to_dict(), "seconds": round(solo_took["solo-redeploy"], 1)},
+        "solo": {**single.to_dict(), "seconds": round(solo_took, 1)},
         "leftover_processes": len(leftovers),
     }
     return result
@@ -368,7 +373,9 @@ async def bench(rate: float, direct_seconds: float, steady_seconds: float) -> di
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rate", type=float, default=200.0, help="requests per second")
-    parser.add_argument("--direct-s", type=float, default=6.0, help="seconds of direct load")
+    parser.add_argument(
+        "--direct-s", type=float, default=1.5, help="seconds of direct load before each phase"
+    )
     parser.add_argument("--steady-s", type=float, default=4.0, help="seconds of steady load")
     args = parser.parse_args()
     if not os.access(DEFAULT_HAPROXY, os.X_OK):

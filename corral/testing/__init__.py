@@ -72,6 +72,7 @@ from corral.testing._traffic import (
     TrafficGenerator,
     TrafficReport,
     percentile,
+    summarize,
 )
 
 __all__ = [
@@ -110,6 +111,7 @@ __all__ = [
     "percentile",
     "random_faults",
     "run_secure_etcd",
+    "summarize",
     "take_events",
     "virtual_wall_clock",
 ]

@@ -42,6 +42,7 @@ __all__ = [
     "TrafficGenerator",
     "TrafficReport",
     "percentile",
+    "summarize",
 ]
 
 #: Most bytes read of one response (status line, headers and body).
@@ -136,7 +137,8 @@ def _ms(seconds: float | None) -> float | None:
 
 
 def summarize(phase: str, outcomes: Iterable[RequestOutcome]) -> PhaseSummary:
-    """Summarize ``outcomes`` (all of them, whatever their phase) under the name ``phase``."""
+    """Summarize ``outcomes`` (all of them, whatever their phase) under the name ``phase``:
+    several runs' outcomes together, say."""
     rows = list(outcomes)
     good = [row.latency for row in rows if row.ok]
     bad = sorted((row for row in rows if not row.ok), key=lambda row: row.due)

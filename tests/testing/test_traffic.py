@@ -12,8 +12,7 @@ import trio
 from hypothesis import given
 from hypothesis import strategies as st
 
-from corral.testing import RequestOutcome, TrafficGenerator, percentile
-from corral.testing._traffic import summarize
+from corral.testing import RequestOutcome, TrafficGenerator, percentile, summarize
 
 Handler = Callable[[trio.SocketStream, int], Awaitable[None]]
 
