@@ -302,6 +302,7 @@ def ratio(value: float | None, base: float | None) -> float | None:
 
 
 async def bench(rate: float, direct_seconds: float, steady_seconds: float) -> dict[str, Any]:
+    load_before = os.getloadavg()[0]
     root = Path(tempfile.mkdtemp(prefix="corral-traffic-"))
     proxy_dir = Path(tempfile.mkdtemp(prefix="corral-tp-", dir="/tmp"))
     run = Bench(root, STEADY, proxy_dir)
@@ -374,6 +375,9 @@ async def bench(rate: float, direct_seconds: float, steady_seconds: float) -> di
         },
         "solo": {**single.to_dict(), "seconds": round(solo_took, 1)},
         "leftover_processes": len(leftovers),
+        # How busy the machine was (1-minute load average, before and after): on a
+        # shared machine the p99s move with it.
+        "loadavg": [round(load_before, 2), round(os.getloadavg()[0], 2)],
     }
     return result
 
@@ -391,7 +395,8 @@ def main() -> None:
     result = trio.run(bench, args.rate, args.direct_s, args.steady_s)
     print(
         f"traffic through HAProxy, 3 nodes, {args.rate:g} req/s open loop, "
-        f"no keep-alive, cores={os.cpu_count()}"
+        f"no keep-alive, cores={os.cpu_count()}, load average {result['loadavg'][0]:g} "
+        f"before, {result['loadavg'][1]:g} after"
     )
     print(
         f"{'phase':<15}{'s':>6}{'sent':>7}{'failed':>8}{'p50 ms':>9}{'p99 ms':>9}"
