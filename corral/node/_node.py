@@ -10,7 +10,11 @@
     ├── coordinator       Coordinator: campaigns for lease/coordinator, places apps
     └── api               ApiServer: the HTTP API (Starlette on Hypercorn's Trio worker)
 
-Children start in that order and stop in reverse: the API stops taking
+First the node takes its apps out of the routing table (the reconciler publishes
+each instance not ready) and gives their requests in flight each app's drain
+time (``drain_ms``, at most 5 s and half ``--shutdown-grace-ms``), so no proxy
+sends them new requests by the time they get SIGTERM. Then the children, which
+start in that order, stop in reverse: the API stops taking
 requests, the coordinator hands its lease back (a successor takes over at
 once), the agent stops every app process, membership leaves the cluster (every
 member hears ``left`` — the lease holder moves the node's work at once instead
@@ -77,7 +81,7 @@ from corral.actors.node_record import (
 from corral.actors.planner import Policy
 from corral.actors.port_allocator import ListPorts
 from corral.actors.process_supervisor import ListProcesses, enable_subreaper
-from corral.actors.reconciler import AgentSpec, LastPass
+from corral.actors.reconciler import AgentSpec, LastPass, Withdraw
 from corral.node._api import ApiServices, build_api, build_metrics_app, record_json
 from corral.node._artifact_store import ArtifactStore, Materializer
 from corral.node._artifacts import ArtifactLimits
@@ -348,6 +352,17 @@ class NodeServices:
     def recent_events(self) -> list[dict[str, Any]]:
         return self.events.recent()
 
+    async def withdraw_from_routing(self) -> None:
+        """Before the node stops its apps: take them out of the routing table and give
+        their requests in flight the drain time (see :class:`Withdraw`); never raises."""
+        drain = stop_drain(self.runtime.config)
+        with trio.move_on_after(drain + ASK_TIMEOUT):
+            answer = await self.ask(
+                f"/{AGENT}/{AgentSpec.RECONCILER}", Withdraw(max_drain=drain), wait_s=drain + 5
+            )
+            if isinstance(answer, dict):
+                log.warning("could not take the apps out of routing first: %s", answer["error"])
+
 
 #: name -> async function adding a view to GET /v1/state (filled in by the assembly).
 ACTOR_VIEWS: dict[str, Callable[[NodeServices, dict[str, Any]], Any]] = {}
@@ -436,6 +451,16 @@ def root_spec(
     return tuple(children)
 
 
+#: The most seconds an instance drains, out of the routing table, before it is stopped.
+MAX_STOP_DRAIN = 5.0
+
+
+def stop_drain(config: NodeConfig) -> float:
+    """How long an instance may drain before its stop: its app's ``drain_ms``, at most
+    :data:`MAX_STOP_DRAIN` and half the node's shutdown grace."""
+    return min(MAX_STOP_DRAIN, config.shutdown_grace_ms / 1000 / 2)
+
+
 def agent_specs(
     runtime: NodeRuntime, registry: Registry, materialize: Materializer
 ) -> list[ChildSpec | SupervisorSpec]:
@@ -452,6 +477,7 @@ def agent_specs(
         bind_host=config.advertise,
         grace=min(PROCESS_STOP_GRACE, config.shutdown_grace_ms / 1000),
         instance=runtime.instance,
+        max_drain=stop_drain(config),
         name=AGENT,
     )
     return [agent.supervisor_spec()]
@@ -818,6 +844,7 @@ async def run_node(
                     await halt.wait()
                     if not fatal:
                         log.info("node %s stopping", runtime.node_id)
+                    await services.withdraw_from_routing()
                 nursery.cancel_scope.cancel()
     if fatal:
         # The one line saying why (printed by the command line); the apps are stopped.

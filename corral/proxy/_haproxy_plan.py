@@ -28,9 +28,13 @@ running process holds (:class:`HaproxyState`):
 A domain removed from the table loses its map entry (so its host gets 404); its
 backend stays in the running process until the next reload drops it.
 
-Retries: ``retries 3``, ``option redispatch 1`` (every retry may go to another
+Retries: ``retries 3``, ``option redispatch 1`` (every retry goes to another
 server) and ``retry-on conn-failure empty-response response-timeout``, so an
-instance that died between two tables costs no request.
+instance that died between two tables costs no request. A request that could
+not be sent at all (a refused connection) is always retried; one the server may
+have acted on (it closed without an answer, or did not answer in time) is
+replayed only when its method is safe to repeat (GET, HEAD, OPTIONS): a POST
+is never sent twice (:data:`L7_RETRY_RULE`).
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ from corral.proxy._driver import dial_address
 from corral.proxy._errors import InvalidProxySetup
 
 __all__ = [
+    "L7_RETRY_RULE",
     "SERVER_OPTIONS",
     "UNKNOWN_BACKEND",
     "HaproxyFiles",
@@ -66,6 +71,10 @@ UNKNOWN_BACKEND = "corral-unknown"
 #: ``default-server``). Idle connections to a server keep HAProxy from deleting it;
 #: purging them within a second lets a removed server go at the next tidy-up.
 SERVER_OPTIONS = "pool-purge-delay 1s"
+
+#: HAProxy replays a request on ``empty-response`` and ``response-timeout`` whatever
+#: its method; this keeps those replays to methods that are safe to repeat.
+L7_RETRY_RULE = "http-request disable-l7-retry unless METH_GET or METH_OPTIONS"
 
 _UNSAFE_PATH_CHARS = frozenset(" \t\r\n\"'#,()\\;%")
 
@@ -274,6 +283,7 @@ def render_config(state: HaproxyState, files: HaproxyFiles) -> str:
         "",
         "frontend corral",
         f"    bind {files.listen}",
+        f"    {L7_RETRY_RULE}",
         f"    use_backend %[req.hdr(host),lower,field(1,:),map({files.map},{UNKNOWN_BACKEND})]",
         f"    default_backend {UNKNOWN_BACKEND}",
         "",

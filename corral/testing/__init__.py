@@ -11,6 +11,13 @@ Embed corral in your own test suite the way its own tests do::
             assert await cluster.wait_for_coordinator(exclude={holder}) != holder
             cluster.assert_single_coordinator()
 
+Load through a proxy, as its users see it: :class:`TrafficGenerator` sends
+requests to a loopback address at a fixed rate (open loop, a new connection
+per request, each with a timeout), tags each with the phase current when it
+was sent, and reports failures by kind and p50/p99 per phase
+(:class:`TrafficReport`); ``bench/traffic.py`` and the rolling-deploy end-to-end
+test use it.
+
 A pytest plugin with a ``corral_cluster`` fixture lives in
 ``corral.testing.pytest_plugin`` (``pytest_plugins = ["corral.testing.pytest_plugin"]``).
 
@@ -59,6 +66,14 @@ from corral.testing._fleet import (
     random_faults,
 )
 from corral.testing._registry import CountingRegistry, GateMode, RegistryGate
+from corral.testing._traffic import (
+    PhaseSummary,
+    RequestOutcome,
+    TrafficGenerator,
+    TrafficReport,
+    percentile,
+    summarize,
+)
 
 __all__ = [
     "DEFAULT_TEST_CAPACITY",
@@ -76,9 +91,13 @@ __all__ = [
     "InvariantChecker",
     "ManualClock",
     "NodeContext",
+    "PhaseSummary",
     "RegistryGate",
     "RegistryHarness",
+    "RequestOutcome",
     "SecureEtcd",
+    "TrafficGenerator",
+    "TrafficReport",
     "TransportPair",
     "Violation",
     "agent_node_children",
@@ -89,8 +108,10 @@ __all__ = [
     "open_cluster",
     "open_fleet",
     "open_test_etcd_registry",
+    "percentile",
     "random_faults",
     "run_secure_etcd",
+    "summarize",
     "take_events",
     "virtual_wall_clock",
 ]

@@ -13,9 +13,7 @@ TTL = 30.0
 
 
 async def test_nodes_register_with_their_labels(autojump_clock: object) -> None:
-    async with open_cluster(
-        ["a", "b"], lease_ttl=TTL, labels={"a": {"zone": "x"}}
-    ) as cluster:
+    async with open_cluster(["a", "b"], lease_ttl=TTL, labels={"a": {"zone": "x"}}) as cluster:
         assert cluster.running == ["a", "b"]
         record = await cluster.node_record("a")
         assert record is not None
@@ -88,8 +86,9 @@ async def test_assert_single_coordinator_spots_overlaps(autojump_clock: object) 
         (interval,) = cluster.assert_single_coordinator()
         assert interval == CoordinatorInterval(holder, interval.fence, 0.0, float("inf"))
         # Forge a second acquisition on the other node, overlapping the first.
-        forged = Event(1.0, "coordinator.acquired", "/node/coordinator",
-                       {"fence": interval.fence + 1})
+        forged = Event(
+            1.0, "coordinator.acquired", "/node/coordinator", {"fence": interval.fence + 1}
+        )
         cluster.node(other).history.append(forged)
         with pytest.raises(AssertionError, match="two coordinators at once"):
             cluster.assert_single_coordinator()

@@ -12,6 +12,7 @@ from corral.actors.reconciler._actor import (
     Reconciler,
     RunPass,
     Tick,
+    Withdraw,
 )
 from corral.actors.reconciler._agent import AgentSpec
 from corral.actors.reconciler._backoff import (
@@ -63,6 +64,7 @@ __all__ = [
     "Start",
     "Stop",
     "Tick",
+    "Withdraw",
     "app_views",
     "desired_revision",
     "forget_settled",

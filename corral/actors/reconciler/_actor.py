@@ -3,6 +3,7 @@ publishes what this node serves."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
@@ -64,6 +65,7 @@ from corral.registry import (
     Put,
     Registry,
     RegistryError,
+    RolloutOptions,
     ServingEntry,
     Undecodable,
     WatchEvent,
@@ -108,6 +110,21 @@ class RunPass:
     a full pass even when nothing moved."""
 
     force: bool = False
+
+
+@message("reconciler.withdraw")
+@dataclass(frozen=True)
+class Withdraw:
+    """Take every instance this node serves out of the routing table, then wait for the
+    requests in flight: publish each one not ready (and keep doing so until this actor
+    stops), then sleep the longest ``drain_ms`` of the apps that were ready, at most
+    ``max_drain`` seconds. Replies with the names of the apps withdrawn, once drained.
+
+    The node sends it before it stops, so its apps are SIGTERMed only once no proxy
+    sends them new requests.
+    """
+
+    max_drain: float = 5.0
 
 
 @message("reconciler.last_pass")
@@ -251,6 +268,10 @@ class Reconciler(Actor):
         instance: this node process's instance token; when set, the serving set is
             published only onto a node record that carries it, never onto one another
             process with the same node id holds.
+        max_drain: the most seconds a ready instance is left out of the routing table
+            before it is stopped (its app's ``drain_ms``, capped by this): the stop of
+            an app no longer served here publishes it not ready first, so requests in
+            flight finish and no new ones come before its process gets SIGTERM.
     """
 
     def __init__(
@@ -271,6 +292,7 @@ class Reconciler(Actor):
         materialize_backoff: float = DEFAULT_BASE,
         materialize_backoff_cap: float = DEFAULT_CAP,
         instance: str | None = None,
+        max_drain: float = 5.0,
     ) -> None:
         super().__init__()
         self._node_id = node_id
@@ -309,6 +331,11 @@ class Reconciler(Actor):
         self._unknown: set[str] = set()
         # The mod revision of this node's record as the last pass left it.
         self._own_revision = -1
+        # Apps published not ready while they drain before a stop; every app, once
+        # the node withdrew from routing on its way out.
+        self._draining: set[str] = set()
+        self._withdrawn = False
+        self._max_drain = max_drain
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -343,6 +370,8 @@ class Reconciler(Actor):
                 return self._last.to_dict()
             case LastPass():
                 return None if self._last is None else self._last.to_dict()
+            case Withdraw():
+                return await self._withdraw(None, message.max_drain)
         raise UnhandledMessage(message)
 
     def _request(self, reason: str, *, force: bool = False) -> None:
@@ -543,6 +572,9 @@ class Reconciler(Actor):
                 local_state=frozenset(local),
             )
         )
+        stopping = {action.app for action in actions if isinstance(action, Stop)}
+        if stopping:
+            await self._withdraw(stopping, self._max_drain, rows)
         for action in actions:
             outcome = action.to_dict()
             waiting = self._waiting(action)
@@ -560,6 +592,7 @@ class Reconciler(Actor):
                 )
             summary.actions.append(outcome)
 
+        self._draining -= stopping  # stopped now: no longer in the serving set
         rows = await self._processes.ask(ListProcesses(), self._ask_timeout)
         serving = serving_set(rows, self._failed.values())
         summary.serving = len(serving)
@@ -732,9 +765,60 @@ class Reconciler(Actor):
         self.ctx.emit("reconcile.remove", app=app, released=reply["released"])
         return None
 
+    def _routed_out(self, serving: dict[str, ServingEntry]) -> dict[str, ServingEntry]:
+        """``serving`` with every app withdrawn from routing published not ready."""
+        if not self._withdrawn and not self._draining.intersection(serving):
+            return serving
+        return {
+            app: dataclasses.replace(entry, ready=False)
+            if self._withdrawn or app in self._draining
+            else entry
+            for app, entry in serving.items()
+        }
+
+    def _drain_of(self, app: str) -> float:
+        record = self._records.get(app)
+        # An app whose record is gone (deleted) drains for the default time.
+        options = record.rollout if record is not None else RolloutOptions()
+        return options.drain_ms / 1000
+
+    async def _withdraw(
+        self, apps: set[str] | None, max_drain: float, rows: list[Any] | None = None
+    ) -> list[str]:
+        """Publish ``apps`` (None: every app, from now on) not ready and wait the longest
+        drain time of those that were ready, at most ``max_drain`` seconds; returns them.
+        Nothing is waited for when none was ready, or the withdrawal was not published
+        (no proxy routes to this node's record then either)."""
+        if rows is None:
+            rows = await self._processes.ask(ListProcesses(), self._ask_timeout)
+        serving = serving_set(rows, self._failed.values())
+        # Ready as published: one already withdrawn has nothing left to drain.
+        ready = sorted(
+            app
+            for app, entry in self._routed_out(serving).items()
+            if entry.ready and (apps is None or app in apps)
+        )
+        if apps is None:
+            self._withdrawn = True
+        else:
+            self._draining |= set(ready)
+        if not ready:
+            return []
+        summary = PassSummary(time=self._wall(), token=None, skipped=False)
+        if not await self._publish(serving, summary):
+            log.info("not waiting to drain %s: %s", ", ".join(ready), "; ".join(summary.errors))
+            return ready
+        drain = max(0.0, min(max_drain, max(self._drain_of(app) for app in ready)))
+        log.info("%s out of routing; %.1f s to drain before the stop", ", ".join(ready), drain)
+        self.ctx.emit("reconcile.withdrawn", apps=ready, drain=drain, everything=apps is None)
+        await trio.sleep(drain)
+        return ready
+
     async def _publish(self, serving: dict[str, ServingEntry], summary: PassSummary) -> bool:
         key = node_key(self._node_id)
         for _ in range(5):
+            # Read at every attempt: a withdrawal made while this one waited wins.
+            serving = self._routed_out(serving)
             current = await self._registry.get(key)
             if current is None:
                 summary.errors.append(

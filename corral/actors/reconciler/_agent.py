@@ -52,6 +52,8 @@ class AgentSpec:
         instance: this node process's instance token; when set, the serving set is
             published only onto a node record carrying it (a record another process
             took over is left to that process).
+        max_drain: the most seconds a ready instance is left out of the routing table
+            before it is stopped (its app's ``drain_ms``, capped by this).
         name: the supervisor's name in the tree.
     """
 
@@ -80,6 +82,7 @@ class AgentSpec:
     ready_timeout: float = 30.0
     materialize_backoff: float = DEFAULT_BASE
     materialize_backoff_cap: float = DEFAULT_CAP
+    max_drain: float = 5.0
     name: str = "agent"
 
     def children(self) -> list[ChildSpec]:
@@ -134,6 +137,7 @@ class AgentSpec:
                     materialize_backoff=self.materialize_backoff,
                     materialize_backoff_cap=self.materialize_backoff_cap,
                     instance=self.instance,
+                    max_drain=self.max_drain,
                 ),
                 restart=Restart.PERMANENT,
                 shutdown_grace=5.0,
