@@ -484,11 +484,14 @@ class SQLiteRegistry(Registry):
         success, failure = tuple(on_success), tuple(on_failure)
 
         def job(tx: _Tx) -> TxnResult:
-            conn = tx.conn
+            execute = tx.conn.execute
             known: dict[str, KeyValue | None] = {}
             succeeded = True
             for compare in compares:  # every key is read: a Put reuses what was read
-                kv = known[compare.key] = self._get_row(conn, compare.key)
+                # Not through _Reuse: a guarded write changes the row it compared, so
+                # remembering it would only churn the cache.
+                row = execute(_GET, (compare.key,)).fetchone()
+                kv = known[compare.key] = None if row is None else KeyValue(*row)
                 succeeded = succeeded and compare_holds(compare, kv)
             responses = _apply(tx, success if succeeded else failure, known)
             return TxnResult(succeeded, tx.revision, tuple(responses))
@@ -1093,22 +1096,22 @@ def _apply(
 
     ``known`` holds keys read by the txn's compares; a Put reuses them instead of
     reading the key again (a branch writes each key at most once, so they are
-    still current when the Put runs)."""
+    still current when the Put runs). An op that raises (a lease that does not
+    exist) raises out of the transaction, which the caller rolls back whole."""
     conn = tx.conn
-    for op in ops:
-        if isinstance(op, Put) and op.lease is not None:
-            _check_lease(conn, op.lease)
     revision = tx.revision + 1
     seq = 0
     responses: list[list[KeyValue] | int | None] = []
     for op in ops:
-        if isinstance(op, Get):
-            responses.append(_range(conn, op.key) if op.prefix else _listed(_get(conn, op.key)))
-        elif isinstance(op, Put):
+        if isinstance(op, Put):
+            if op.lease is not None:
+                _check_lease(conn, op.lease)
             previous = known.get(op.key, _UNKNOWN) if known else _UNKNOWN
             _put(conn, revision, seq, op.key, bytes(op.value), op.lease, previous)
             seq += 1
             responses.append(None)
+        elif isinstance(op, Get):
+            responses.append(_range(conn, op.key) if op.prefix else _listed(_get(conn, op.key)))
         else:
             matching = _range(conn, op.key) if op.prefix else _listed(_get(conn, op.key))
             gone = [kv.key for kv in matching]
