@@ -477,7 +477,10 @@ class SQLiteRegistry(Registry):
         on_success: Sequence[TxnOp],
         on_failure: Sequence[TxnOp] = (),
     ) -> TxnResult:
-        check_txn_branch(on_success, self._key_check)
+        if len(on_success) == 1 and type(on_success[0]) is Put:
+            self._key_check(on_success[0].key)  # a lone put: nothing to conflict with
+        else:
+            check_txn_branch(on_success, self._key_check)
         if on_failure:
             check_txn_branch(on_failure, self._key_check)
         compares = tuple(compares)
@@ -702,6 +705,16 @@ class SQLiteRegistry(Registry):
             await _cancel_point()
             while self._checkpoint_done is not None:
                 await self._checkpoint_done.wait()
+            if not self._closed and self._lost is None:
+                try:  # _on_loop's first attempt, without its coroutine
+                    value = _run_one(self._conn, job, self._when())
+                except sqlite3.Error:
+                    pass  # busy or failing: _on_loop retries, waits, and reports
+                else:
+                    if self._committed():
+                        with trio.CancelScope(shield=True):
+                            await self._checkpoint()
+                    return value
             return await self._on_loop(_run_one, job)
         return await self._write_grouped(job)
 
@@ -806,16 +819,21 @@ class SQLiteRegistry(Registry):
                 patience = patience or _Patience(self._busy_timeout)
                 if not await patience.wait(exc):  # another process holds the write lock
                     raise _unavailable(self._path, exc) from exc
-        if self._changed:  # a watcher is parked (an empty unpark_all costs 5% of a write)
-            self._changed.unpark_all()
-        self._commits_since_checkpoint += 1
-        if (
-            self._commits_since_checkpoint >= self._checkpoint_every
-            and self._checkpoint_done is None
-        ):
+        if self._committed():
             with trio.CancelScope(shield=True):
                 await self._checkpoint()
         return value
+
+    def _committed(self) -> bool:
+        """After a commit on the loop: wake this process's watchers; True when a
+        checkpoint is due (the caller runs it, shielded)."""
+        if self._changed:  # a watcher is parked (an empty unpark_all costs 5% of a write)
+            self._changed.unpark_all()
+        self._commits_since_checkpoint += 1
+        return (
+            self._commits_since_checkpoint >= self._checkpoint_every
+            and self._checkpoint_done is None
+        )
 
     async def _commit_in_thread(self, batch: list[_Slot[Any]]) -> None:
         """Commit ``batch`` on the syncing connection in a worker thread, retrying
