@@ -239,11 +239,12 @@ class _WriteLock:
 
     async def __aenter__(self) -> None:
         await trio.lowlevel.checkpoint_if_cancelled()
-        if self._held:
-            while self._held:  # woken, another writer may have taken it first
-                await self._waiting.park()
-        else:
+        if not self._held:
+            self._held = True  # taken before the schedule point, as trio.Lock does
             await trio.lowlevel.cancel_shielded_checkpoint()
+            return
+        while self._held:  # woken, another writer may have taken it first
+            await self._waiting.park()
         self._held = True
 
     async def __aexit__(self, *_exc: object) -> None:
