@@ -243,7 +243,7 @@ class _WriteLock:
             self._held = True  # taken before the schedule point, as trio.Lock does
             await trio.lowlevel.cancel_shielded_checkpoint()
             return
-        while self._held:  # woken, another writer may have taken it first
+        while self.locked():  # woken, another writer may have taken it first
             await self._waiting.park()
         self._held = True
 
