@@ -14,7 +14,10 @@ put) and concurrent puts/s (16 tasks). Each pair is measured five times,
 alternating, and the best run of each side is kept (the machine is shared). The last line
 is one JSON object; its ``*_ratio`` keys are backend / baseline (target >= 0.7), and
 ``load_average`` is the 1-minute load when the run ended (the machine is shared: run
-it a few times and compare medians).
+it a few times and compare medians). Beside them, ``*_ratio_median`` is the median
+of each round's own ratio (its two sides measured back to back), and for SQLite
+``*_cpu_us`` / ``*_cpu_ratio`` compare the CPU time this process spends per
+operation, which waits for a disk shared with other work do not move.
 """
 
 from __future__ import annotations
@@ -22,10 +25,12 @@ from __future__ import annotations
 import argparse
 import base64
 import json
+import math
 import os
 import shutil
 import socket
 import sqlite3
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -33,7 +38,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import httpx
 import trio
@@ -48,26 +53,37 @@ TASKS = 16
 # --------------------------------------------------------------------- timing
 
 
-def rate_sync(seconds: float, op: Callable[[int], None]) -> float:
-    done, start = 0, time.perf_counter()
+class Rate(NamedTuple):
+    """One measurement window: operations per second of wall time, and the CPU
+    time this process spent per operation (every thread of it: the SQLite
+    checkpoint thread too). On a shared machine the CPU figure moves far less
+    than the wall-clock one: waits for the disk and for other people's work
+    are not in it."""
+
+    per_s: float
+    cpu_us: float
+
+
+def rate_sync(seconds: float, op: Callable[[int], None]) -> Rate:
+    done, start, cpu = 0, time.perf_counter(), time.process_time()
     while True:
         for _ in range(50):
             op(done)
             done += 1
         elapsed = time.perf_counter() - start
         if elapsed >= seconds:
-            return done / elapsed
+            return Rate(done / elapsed, (time.process_time() - cpu) / done * 1e6)
 
 
-async def rate_async(seconds: float, op: Callable[[int], Awaitable[object]]) -> float:
-    done, start = 0, time.perf_counter()
+async def rate_async(seconds: float, op: Callable[[int], Awaitable[object]]) -> Rate:
+    done, start, cpu = 0, time.perf_counter(), time.process_time()
     while True:
         for _ in range(20):
             await op(done)
             done += 1
         elapsed = time.perf_counter() - start
         if elapsed >= seconds:
-            return done / elapsed
+            return Rate(done / elapsed, (time.process_time() - cpu) / done * 1e6)
 
 
 async def rate_concurrent(seconds: float, op: Callable[[int], Awaitable[object]]) -> float:
@@ -113,23 +129,42 @@ Pair = tuple[str, Callable[[int], Awaitable[object]], Callable[[int], Any]]
 ROUNDS = 5
 
 
-async def measure_pairs(
-    seconds: float, pairs: list[Pair]
-) -> tuple[dict[str, float], dict[str, float]]:
+class Measured(NamedTuple):
+    """Per figure: each side's best rate, the median over rounds of each round's
+    own ratio (both sides of it measured back to back), and each side's least
+    CPU time per operation."""
+
+    ours: dict[str, float]
+    base: dict[str, float]
+    ratio_median: dict[str, float]
+    ours_cpu_us: dict[str, float]
+    base_cpu_us: dict[str, float]
+
+
+async def measure_pairs(seconds: float, pairs: list[Pair]) -> Measured:
     """Alternate ours and raw for each figure ROUNDS times; keep each side's best
     (other work on a shared machine only ever slows a run down)."""
     ours = {name: 0.0 for name, _, _ in pairs}
     base = {name: 0.0 for name, _, _ in pairs}
+    ours_cpu = {name: math.inf for name, _, _ in pairs}
+    base_cpu = {name: math.inf for name, _, _ in pairs}
+    ratios: dict[str, list[float]] = {name: [] for name, _, _ in pairs}
     for _ in range(ROUNDS):
         for name, op, raw_op in pairs:
-            ours[name] = max(ours[name], await rate_async(seconds, op))
+            mine = await rate_async(seconds, op)
             probe = raw_op(0)
             if isinstance(probe, Awaitable):
                 await probe
-                base[name] = max(base[name], await rate_async(seconds, raw_op))
+                theirs = await rate_async(seconds, raw_op)
             else:
-                base[name] = max(base[name], rate_sync(seconds, raw_op))
-    return ours, base
+                theirs = rate_sync(seconds, raw_op)
+            ours[name] = max(ours[name], mine.per_s)
+            base[name] = max(base[name], theirs.per_s)
+            ours_cpu[name] = min(ours_cpu[name], mine.cpu_us)
+            base_cpu[name] = min(base_cpu[name], theirs.cpu_us)
+            ratios[name].append(mine.per_s / theirs.per_s)
+    medians = {name: statistics.median(values) for name, values in ratios.items()}
+    return Measured(ours, base, medians, ours_cpu, base_cpu)
 
 
 # --------------------------------------------------------------------- sqlite
@@ -199,7 +234,8 @@ async def bench_sqlite(seconds: float, directory: str, synchronous: str) -> dict
             ("get", lambda i: registry.get(KEYS[i % 64]), lambda i: raw.get(KEYS[i % 64])),
             ("txn", guarded_txn(registry), raw_guarded_txn(raw)),
         ]
-        ours, base = await measure_pairs(seconds, pairs)
+        measured = await measure_pairs(seconds, pairs)
+        ours, base = measured.ours, measured.base
         ours["concurrent_put"] = base["concurrent_put"] = 0.0
         for _ in range(ROUNDS):
             ours["concurrent_put"] = max(
@@ -214,6 +250,13 @@ async def bench_sqlite(seconds: float, directory: str, synchronous: str) -> dict
             figures[f"sqlite_{name}_per_s"] = round(ours[name])
             figures[f"sqlite_raw_{name}_per_s"] = round(base[name])
             figures[f"sqlite_{name}_ratio"] = round(ours[name] / base[name], 2)
+        for name in measured.ratio_median:
+            figures[f"sqlite_{name}_ratio_median"] = round(measured.ratio_median[name], 2)
+            figures[f"sqlite_{name}_cpu_us"] = round(measured.ours_cpu_us[name], 2)
+            figures[f"sqlite_raw_{name}_cpu_us"] = round(measured.base_cpu_us[name], 2)
+            figures[f"sqlite_{name}_cpu_ratio"] = round(
+                measured.base_cpu_us[name] / measured.ours_cpu_us[name], 2
+            )
     finally:
         await registry.aclose()
         raw.conn.close()
@@ -316,7 +359,8 @@ async def bench_etcd(seconds: float, endpoint: str) -> dict[str, float]:
             ("get", lambda i: registry.get(KEYS[i % 64]), raw_get),
             ("txn", guarded_txn(registry), raw_txn),
         ]
-        ours, base = await measure_pairs(seconds, pairs)
+        measured = await measure_pairs(seconds, pairs)
+        ours, base = measured.ours, measured.base
         ours["concurrent_put"] = base["concurrent_put"] = 0.0
         for _ in range(ROUNDS):
             ours["concurrent_put"] = max(
@@ -330,6 +374,8 @@ async def bench_etcd(seconds: float, endpoint: str) -> dict[str, float]:
             figures[f"etcd_{name}_per_s"] = round(ours[name])
             figures[f"etcd_raw_{name}_per_s"] = round(base[name])
             figures[f"etcd_{name}_ratio"] = round(ours[name] / base[name], 2)
+        for name in measured.ratio_median:  # (etcd's CPU is spent in another process)
+            figures[f"etcd_{name}_ratio_median"] = round(measured.ratio_median[name], 2)
     finally:
         await registry.delete("", prefix=True)
         await registry.aclose()
@@ -386,9 +432,9 @@ def start_etcd(directory: str) -> tuple[subprocess.Popen[bytes], str] | None:
 
 async def bench_memory(seconds: float) -> dict[str, float]:
     registry = MemoryRegistry()
-    put = await rate_async(seconds, lambda i: registry.put(KEYS[i % 64], VALUE))
-    get = await rate_async(seconds, lambda i: registry.get(KEYS[i % 64]))
-    txn = await rate_async(seconds, guarded_txn(registry))
+    put = (await rate_async(seconds, lambda i: registry.put(KEYS[i % 64], VALUE))).per_s
+    get = (await rate_async(seconds, lambda i: registry.get(KEYS[i % 64]))).per_s
+    txn = (await rate_async(seconds, guarded_txn(registry))).per_s
     return {
         "memory_put_per_s": round(put),
         "memory_get_per_s": round(get),
@@ -424,20 +470,29 @@ async def main(seconds: float, etcd: str | None, only: str | None = None) -> dic
 
 
 def table(figures: dict[str, float]) -> None:
-    print(f"{'backend':8} {'figure':16} {'ours/s':>10} {'raw/s':>10} {'ratio':>6}")
+    print(
+        f"{'backend':8} {'figure':16} {'ours/s':>10} {'raw/s':>10} {'ratio':>6} {'median':>6} "
+        f"{'cpu us':>7} {'raw cpu':>7} {'cpu ratio':>9}"
+    )
     for backend in ("sqlite", "etcd"):
         for name in ("put", "get", "txn", "concurrent_put"):
             if f"{backend}_{name}_ratio" in figures:
                 print(
                     f"{backend:8} {name:16} {figures[f'{backend}_{name}_per_s']:>10} "
                     f"{figures[f'{backend}_raw_{name}_per_s']:>10} "
-                    f"{figures[f'{backend}_{name}_ratio']:>6}"
+                    f"{figures[f'{backend}_{name}_ratio']:>6} "
+                    f"{figures.get(f'{backend}_{name}_ratio_median', '-'):>6} "
+                    f"{figures.get(f'{backend}_{name}_cpu_us', '-'):>7} "
+                    f"{figures.get(f'{backend}_raw_{name}_cpu_us', '-'):>7} "
+                    f"{figures.get(f'{backend}_{name}_cpu_ratio', '-'):>9}"
                 )
     for name in ("put", "get", "txn"):
         if f"memory_{name}_per_s" in figures:
             print(
                 f"{'memory':8} {name:16} {figures[f'memory_{name}_per_s']:>10} {'-':>10} {'-':>6}"
             )
+    print("ratio: best round / best round; median: of each round's own ratio;")
+    print("cpu: this process's CPU time per operation, least of the rounds (raw cpu / ours)")
     print(f"load average (1 min): {figures['load_average']}")
 
 

@@ -22,7 +22,10 @@ The headline ratios are ``throughput_ratio`` (transport frames / raw pair) and
 ``rtt_ratio`` (kernel ask / raw pair echo), each from the best round of either
 side. On a shared machine the load moves between rounds, so the JSON also has
 the median over rounds of each round's own ratio (``*_ratio_median``): both
-sides of it were measured back to back. The last line is one JSON object.
+sides of it were measured back to back. The CPU time both processes spend per
+frame or round trip (``*_cpu_us``, the least of the rounds, and ``*_cpu_ratio``,
+raw / ours) moves least of all with other people's work: it leaves out the time
+spent waiting for the CPU. The last line is one JSON object.
 """
 
 from __future__ import annotations
@@ -142,6 +145,8 @@ async def raw_handler(request: trio_websocket.WebSocketRequest) -> None:
                 counting, target, count = True, int(data.split()[1]), 0
             elif data == b"!echo":
                 counting = False
+            elif data == b"!cpu":  # this process's CPU seconds so far (all its servers)
+                await ws.send_message(repr(time.process_time()).encode())
             elif counting:
                 count += 1
                 if count == target:
@@ -273,10 +278,22 @@ async def kernel_ask(system: ActorSystem, n: int) -> float:
     return n / (time.perf_counter() - t0)
 
 
-async def client(server: Server) -> tuple[dict[str, float], dict[str, list[float]]]:
+async def server_cpu(ws: trio_websocket.WebSocketConnection) -> float:
+    """The server process's CPU seconds so far (asked over the raw connection)."""
+    await ws.send_message(b"!cpu")
+    reply = await ws.get_message()
+    assert isinstance(reply, bytes)
+    return float(reply)
+
+
+async def client(
+    server: Server,
+) -> tuple[dict[str, float], dict[str, list[float]], dict[str, float]]:
     """One connection of each kind, reused; measures interleaved.
 
-    Returns the best figure of each measure, and every round's figures.
+    Returns the best figure of each measure, every round's figures, and the
+    least CPU time (client and server process together, microseconds) per
+    operation of each measure.
     """
     async with (
         trio_websocket.open_websocket("127.0.0.1", server.raw_port, "/", use_ssl=False) as ws,
@@ -305,16 +322,20 @@ async def client(server: Server) -> tuple[dict[str, float], dict[str, list[float
         await kernel_ask(system, 10)
         best: dict[str, float] = {name: 0.0 for name in measures}
         rounds: dict[str, list[float]] = {name: [] for name in measures}
+        cpu: dict[str, float] = {name: float("inf") for name in measures}
         for _ in range(ROUNDS):
-            for name, (measure, _n) in measures.items():
+            for name, (measure, n) in measures.items():
+                before = time.process_time() + await server_cpu(ws)
                 with trio.fail_after(60):
                     figure = await measure()
+                used = time.process_time() + await server_cpu(ws) - before
                 rounds[name].append(figure)
                 best[name] = max(best[name], figure)
-        return best, rounds
+                cpu[name] = min(cpu[name], used / n * 1e6)
+        return best, rounds, cpu
 
 
-async def run_client() -> tuple[dict[str, float], dict[str, list[float]]]:
+async def run_client() -> tuple[dict[str, float], dict[str, list[float]], dict[str, float]]:
     process = await trio.lowlevel.open_process(
         [sys.executable, __file__, "--serve"], stdout=subprocess.PIPE
     )
@@ -341,7 +362,7 @@ def main() -> None:
         trio.run(serve)
         return
     started = time.perf_counter()
-    best, rounds = trio.run(run_client)
+    best, rounds, cpu = trio.run(run_client)
 
     def median_ratio(ours: str, raw: str) -> float:
         return statistics.median(o / r for o, r in zip(rounds[ours], rounds[raw], strict=True))
@@ -362,15 +383,18 @@ def main() -> None:
         f"{THROUGHPUT_N:,} one-way frames, {RTT_N:,} round trips per round"
     )
     print(
-        f"{'measure':<34} {'corral':>10} {'raw pair':>10} {'ratio':>7} {'median':>7} {'target':>8}"
+        f"{'measure':<34} {'corral':>10} {'raw pair':>10} {'ratio':>7} {'median':>7} "
+        f"{'cpu us':>7} {'raw cpu':>7} {'cpu ratio':>9} {'target':>8}"
     )
     for label, ours, raw, target in rows:
         ratio = best[ours] / best[raw]
         print(
             f"{label:<34} {best[ours]:>10,.0f} {best[raw]:>10,.0f} {ratio:>7.2f} "
-            f"{median_ratio(ours, raw):>7.2f} {target:>8}"
+            f"{median_ratio(ours, raw):>7.2f} {cpu[ours]:>7.1f} {cpu[raw]:>7.1f} "
+            f"{cpu[raw] / cpu[ours]:>9.2f} {target:>8}"
         )
-    print("ratio: best round / best round; median: of each round's own ratio")
+    print("ratio: best round / best round; median: of each round's own ratio;")
+    print("cpu: both processes' CPU time per frame or round trip, least of the rounds")
     print(
         "for scale: tractor (process-per-actor on Trio) does about 1,800 RPC calls/s "
         "between two actors on this kind of machine"
@@ -398,6 +422,13 @@ def main() -> None:
                 "tell_ratio_median": round(median_ratio("tell_throughput", "raw_throughput"), 3),
                 "transport_rtt_ratio_median": round(median_ratio("transport_rtt", "raw_rtt"), 3),
                 "rtt_ratio_median": round(median_ratio("ask_rtt", "raw_rtt"), 3),
+                **{f"{name}_cpu_us": round(value, 1) for name, value in cpu.items()},
+                "transport_rtt_cpu_ratio": round(cpu["raw_rtt"] / cpu["transport_rtt"], 3),
+                "rtt_cpu_ratio": round(cpu["raw_rtt"] / cpu["ask_rtt"], 3),
+                "throughput_cpu_ratio": round(
+                    cpu["raw_throughput"] / cpu["transport_throughput"], 3
+                ),
+                "tell_cpu_ratio": round(cpu["raw_throughput"] / cpu["tell_throughput"], 3),
             }
         )
     )

@@ -477,18 +477,24 @@ class SQLiteRegistry(Registry):
         on_success: Sequence[TxnOp],
         on_failure: Sequence[TxnOp] = (),
     ) -> TxnResult:
-        check_txn_branch(on_success, self._key_check)
+        if len(on_success) == 1 and type(on_success[0]) is Put:
+            self._key_check(on_success[0].key)  # a lone put: nothing to conflict with
+        else:
+            check_txn_branch(on_success, self._key_check)
         if on_failure:
             check_txn_branch(on_failure, self._key_check)
         compares = tuple(compares)
         success, failure = tuple(on_success), tuple(on_failure)
 
         def job(tx: _Tx) -> TxnResult:
-            conn = tx.conn
+            execute = tx.conn.execute
             known: dict[str, KeyValue | None] = {}
             succeeded = True
             for compare in compares:  # every key is read: a Put reuses what was read
-                kv = known[compare.key] = self._get_row(conn, compare.key)
+                # Not through _Reuse: a guarded write changes the row it compared, so
+                # remembering it would only churn the cache.
+                row = execute(_GET, (compare.key,)).fetchone()
+                kv = known[compare.key] = None if row is None else KeyValue(*row)
                 succeeded = succeeded and compare_holds(compare, kv)
             responses = _apply(tx, success if succeeded else failure, known)
             return TxnResult(succeeded, tx.revision, tuple(responses))
@@ -699,6 +705,16 @@ class SQLiteRegistry(Registry):
             await _cancel_point()
             while self._checkpoint_done is not None:
                 await self._checkpoint_done.wait()
+            if not self._closed and self._lost is None:
+                try:  # _on_loop's first attempt, without its coroutine
+                    value = _run_one(self._conn, job, self._when())
+                except sqlite3.Error:
+                    pass  # busy or failing: _on_loop retries, waits, and reports
+                else:
+                    if self._committed():
+                        with trio.CancelScope(shield=True):
+                            await self._checkpoint()
+                    return value
             return await self._on_loop(_run_one, job)
         return await self._write_grouped(job)
 
@@ -803,16 +819,21 @@ class SQLiteRegistry(Registry):
                 patience = patience or _Patience(self._busy_timeout)
                 if not await patience.wait(exc):  # another process holds the write lock
                     raise _unavailable(self._path, exc) from exc
-        if self._changed:  # a watcher is parked (an empty unpark_all costs 5% of a write)
-            self._changed.unpark_all()
-        self._commits_since_checkpoint += 1
-        if (
-            self._commits_since_checkpoint >= self._checkpoint_every
-            and self._checkpoint_done is None
-        ):
+        if self._committed():
             with trio.CancelScope(shield=True):
                 await self._checkpoint()
         return value
+
+    def _committed(self) -> bool:
+        """After a commit on the loop: wake this process's watchers; True when a
+        checkpoint is due (the caller runs it, shielded)."""
+        if self._changed:  # a watcher is parked (an empty unpark_all costs 5% of a write)
+            self._changed.unpark_all()
+        self._commits_since_checkpoint += 1
+        return (
+            self._commits_since_checkpoint >= self._checkpoint_every
+            and self._checkpoint_done is None
+        )
 
     async def _commit_in_thread(self, batch: list[_Slot[Any]]) -> None:
         """Commit ``batch`` on the syncing connection in a worker thread, retrying
@@ -1093,22 +1114,22 @@ def _apply(
 
     ``known`` holds keys read by the txn's compares; a Put reuses them instead of
     reading the key again (a branch writes each key at most once, so they are
-    still current when the Put runs)."""
+    still current when the Put runs). An op that raises (a lease that does not
+    exist) raises out of the transaction, which the caller rolls back whole."""
     conn = tx.conn
-    for op in ops:
-        if isinstance(op, Put) and op.lease is not None:
-            _check_lease(conn, op.lease)
     revision = tx.revision + 1
     seq = 0
     responses: list[list[KeyValue] | int | None] = []
     for op in ops:
-        if isinstance(op, Get):
-            responses.append(_range(conn, op.key) if op.prefix else _listed(_get(conn, op.key)))
-        elif isinstance(op, Put):
+        if isinstance(op, Put):
+            if op.lease is not None:
+                _check_lease(conn, op.lease)
             previous = known.get(op.key, _UNKNOWN) if known else _UNKNOWN
             _put(conn, revision, seq, op.key, bytes(op.value), op.lease, previous)
             seq += 1
             responses.append(None)
+        elif isinstance(op, Get):
+            responses.append(_range(conn, op.key) if op.prefix else _listed(_get(conn, op.key)))
         else:
             matching = _range(conn, op.key) if op.prefix else _listed(_get(conn, op.key))
             gone = [kv.key for kv in matching]

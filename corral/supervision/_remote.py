@@ -180,36 +180,26 @@ class RemoteBridge:
             raise MailboxFull(f"the outbound queue of {self.node_id!r} is full; use `await tell()`")
 
     async def ask(self, address: str, node: str, message: object, timeout: float) -> Any:  # noqa: ASYNC109
-        """Send ``message`` as an ask to the actor at ``address`` on ``node``; await the reply."""
-        limits, sender = self.limits, self._address
+        """Send ``message`` as an ask to the actor at ``address`` on ``node``; await the reply.
 
-        def build(ident: int) -> bytes:
-            kind, body = encode_message(message)
-            return encode_envelope(Envelope(ident, address, sender, kind, body, None, True), limits)
-
-        return await self.ask_frame(node, build, timeout, address, message)
-
-    async def ask_frame(
-        self,
-        peer: str,
-        build: Callable[[int], bytes],
-        timeout: float,  # noqa: ASYNC109
-        target: str,
-        message: object,
-    ) -> Any:
-        """Send the frame ``build(id)`` as an ask to ``peer`` and await the reply to ``id``."""
+        The deadline covers the send too (a dial in flight, frames queued ahead).
+        """
         ident = next(self._ids)
-        data = build(ident)
-        slot = _PendingAsk(message, peer, target)
-        self._pending[ident] = slot
+        data = self._encode(address, message, ident, True)
+        slot = _PendingAsk(message, node, address)
+        pending = self._pending
+        pending[ident] = slot
         try:
             with trio.move_on_after(timeout if timeout is not None else math.inf):
-                await self._send_frame(peer, data)
+                if self._queued.get(node):
+                    await self._send_frame(node, data)
+                else:  # _send_frame's common case, inlined: nothing queued for the peer
+                    await self.transport.send(node, data)
                 return await slot.wait()
         finally:
-            self._pending.pop(ident, None)
+            pending.pop(ident, None)
         raise AskTimeout(
-            f"no reply from {target} within {timeout} s to a "
+            f"no reply from {address} within {timeout} s to a "
             f"{type(message).__qualname__} message; the node may be slow, partitioned or down"
         )
 
@@ -266,7 +256,10 @@ class RemoteBridge:
             logger.warning("%s: cannot answer %s: %s", self.node_id, peer, exc)
             return
         try:
-            await self._send_frame(peer, data)
+            if self._queued.get(peer):
+                await self._send_frame(peer, data)
+            else:  # _send_frame's common case, inlined
+                await self.transport.send(peer, data)
         except (TransportError, *_CLOSED) as exc:
             logger.info("%s: reply to %s lost: %s", self.node_id, peer, describe_error(exc))
             self._emit("transport.reply-lost", "/", peer=peer, error=describe_error(exc))

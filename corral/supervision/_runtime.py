@@ -384,8 +384,8 @@ async def _message_loop(cell: Cell, actor: Actor) -> None:
             except BaseException:
                 item.resolve(outcome.Error(_stopped_error(cell)))
                 raise
-            else:
-                await item.reply(outcome.Value(result))
+            else:  # RemoteAsk.reply, without its coroutine: this is the remote ask's hot path
+                await item.link.reply(item.peer, item.correlation_id, outcome.Value(result))
         else:
             try:
                 await handle(item)

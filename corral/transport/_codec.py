@@ -246,10 +246,26 @@ def _forget_decoder(max_depth: int) -> None:
         decoders.pop(max_depth, None)
 
 
+_CONTAINERS = (list, tuple, dict)
+
+
 def _depth_exceeds(value: Any, limit: int) -> bool:
     """True when ``value`` nests containers deeper than ``limit`` (iterative, no recursion)."""
-    if not isinstance(value, list | tuple | dict):
+    if not isinstance(value, _CONTAINERS):
         return False
+    if limit >= 2:
+        # The common bodies, a map of scalars or [kind, map of scalars], in one pass
+        # without the stack: each container inside may hold no container itself.
+        for child in value.values() if isinstance(value, dict) else value:
+            if isinstance(child, _CONTAINERS):
+                for grandchild in child.values() if isinstance(child, dict) else child:
+                    if isinstance(grandchild, _CONTAINERS):
+                        break
+                else:
+                    continue
+                break
+        else:
+            return False
     stack: list[tuple[Any, int]] = [(value, 1)]
     seen = 0
     while stack:
@@ -261,7 +277,7 @@ def _depth_exceeds(value: Any, limit: int) -> bool:
             return True  # a pathological (or cyclic) value: refuse rather than spin
         children = item.values() if isinstance(item, dict) else item
         for child in children:
-            if isinstance(child, list | tuple | dict):
+            if isinstance(child, _CONTAINERS):
                 stack.append((child, depth + 1))
     return False
 

@@ -214,19 +214,27 @@ def _compile_dataclass_validator(cls: type) -> _Validator:
         if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
     )
     name = cls.__qualname__
+    # Fields of exactly bool, int, str or bytes are checked inline (no call, no path
+    # string); a value of another type goes to its validator, which names the field.
+    exact = {f.name: hints[f.name] for f in fields if hints[f.name] in (bool, int, str, bytes)}
+    count = len(checks)
 
     def validate(value: Any, where: str) -> Any:
         if not isinstance(value, dict):
             raise _fail(where, f"a map for {name}", value)
         kwargs = {}
         for key, item in value.items():
+            if type(item) is exact.get(key):
+                kwargs[key] = item
+                continue
             check = checks.get(key)
             if check is None:
                 raise SchemaError(f"{where}: {name} has no field {key!r}")
             kwargs[key] = check(item, f"{where}.{key}")
-        missing = required.difference(kwargs)
-        if missing:
-            raise SchemaError(f"{where}: {name} is missing {', '.join(sorted(missing))}")
+        if len(kwargs) != count:  # only known fields were taken: all are there when equal
+            missing = required.difference(kwargs)
+            if missing:
+                raise SchemaError(f"{where}: {name} is missing {', '.join(sorted(missing))}")
         return cls(**kwargs)
 
     holder.append(validate)

@@ -201,10 +201,54 @@ class _Connection:
         self.close_reason = ""
         self.send_scopes: set[trio.CancelScope] = set()  # writes in progress, cancelled on loss
         # Held by whoever writes a message: the writer task, or a sender writing through.
-        self.write_lock = trio.Lock()
+        self.write_lock = _WriteLock()
         # A write was cancelled part way: the stream may end in half a message, so
         # no closing handshake may follow; the stream is just closed.
         self.torn = False
+
+
+class _WriteLock:
+    """Who writes a message to one connection now: the writer task, or a sender
+    writing a frame through (which only ever takes it when it is free).
+
+    ``trio.Lock`` would do, but it records its owner for deadlock detection on
+    every acquire and release, which costs a write-through more than the rest
+    of its own bookkeeping; this lock only has to keep two writers from
+    interleaving their messages.
+    """
+
+    __slots__ = ("_held", "_waiting")
+
+    def __init__(self) -> None:
+        self._held = False
+        self._waiting = trio.lowlevel.ParkingLot()
+
+    def locked(self) -> bool:
+        return self._held
+
+    def acquire_nowait(self) -> None:
+        """Take the lock, which the caller knows to be free."""
+        if self._held:
+            raise trio.WouldBlock
+        self._held = True
+
+    def release(self) -> None:
+        self._held = False
+        if self._waiting:
+            self._waiting.unpark()
+
+    async def __aenter__(self) -> None:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        if not self._held:
+            self._held = True  # taken before the schedule point, as trio.Lock does
+            await trio.lowlevel.cancel_shielded_checkpoint()
+            return
+        while self.locked():  # woken, another writer may have taken it first
+            await self._waiting.park()
+        self._held = True
+
+    async def __aexit__(self, *_exc: object) -> None:
+        self.release()
 
 
 class _Link:
@@ -1002,7 +1046,12 @@ class WebSocketTransport(Transport):
         if handler is not None and not self._closed:
             if not self._backlog_delivered.is_set():
                 await self._backlog_delivered.wait()
-            await self._deliver(handler, frame)
+            try:  # _deliver, inlined: this is every frame's path
+                await handler(frame)
+            except Exception:
+                log.exception(
+                    "%s: the frame handler failed on a frame from %r", self._node_id, frame.sender
+                )
             return
         try:
             try:
