@@ -317,15 +317,19 @@ class TrafficGenerator:
             raise RuntimeError("a TrafficGenerator runs once; make another for another run")
         start = self._started = trio.current_time()
         interval = 1.0 / self.rate
+        # The bounds as a count of requests: comparing due times against the
+        # duration would let float rounding (start + 20 * 0.005 - start < 0.1) add one.
+        limits = [self._max_requests] if self._max_requests is not None else []
+        if self._max_seconds is not None:
+            limits.append(math.ceil(round(self._max_seconds * self.rate, 6)))
+        limit = min(limits) if limits else None
         task_status.started()
         async with trio.open_nursery() as nursery:
             index = 0
             while not self._stopping.is_set():
-                if self._max_requests is not None and index >= self._max_requests:
+                if limit is not None and index >= limit:
                     break
                 due = start + index * interval
-                if self._max_seconds is not None and due - start >= self._max_seconds:
-                    break
                 with trio.move_on_at(due):
                     await self._stopping.wait()
                 if self._stopping.is_set():

@@ -11,7 +11,6 @@ stopped by pid.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import signal
@@ -26,13 +25,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import psutil
 import pytest
 import trio
 
 from corral.node import pack_directory
 from corral.node._local_cluster import LocalCluster, LocalNode, wait_for
 from corral.proxy import DEFAULT_CADDY, DEFAULT_HAPROXY
+from corral.proxy._local import LocalProxy
 
 from .conftest import GREETER, _etcd_url, _wipe
 
@@ -87,33 +86,8 @@ def kind(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
-@dataclasses.dataclass
-class ProxyRun:
-    """One ``corral proxy run`` process and what it started."""
-
-    kind: str
-    listen: int
-    process: subprocess.Popen[bytes]
-    log: Path
-    seen: dict[int, float] = dataclasses.field(default_factory=dict)
-
-    def note_descendants(self) -> None:
-        try:
-            for child in psutil.Process(self.process.pid).children(recursive=True):
-                self.seen[child.pid] = child.create_time()
-        except psutil.Error:
-            pass
-
-    def get(self, host: str, path: str = "/") -> httpx.Response:
-        return httpx.get(
-            f"http://127.0.0.1:{self.listen}{path}", headers={"Host": host}, timeout=5.0
-        )
-
-    def log_tail(self) -> str:
-        try:
-            return "\n".join(self.log.read_text(errors="replace").splitlines()[-30:])
-        except OSError:
-            return "(no log)"
+def get(run: LocalProxy, host: str, path: str = "/") -> httpx.Response:
+    return httpx.get(f"http://127.0.0.1:{run.listen}{path}", headers={"Host": host}, timeout=5.0)
 
 
 @pytest.fixture
@@ -126,50 +100,14 @@ def proxy_dir() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def start_proxy(cluster: LocalCluster, kind: str, data_dir: Path) -> ProxyRun:
-    port = free_port()
-    log = data_dir / "run.log"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
-    with log.open("ab") as out:
-        process = subprocess.Popen(
-            [
-                sys.executable, "-m", "corral", "proxy", "run",
-                "--kind", kind,
-                "--listen", f"127.0.0.1:{port}",
-                "--registry", cluster.registry_url,
-                "--data-dir", str(data_dir),
-                "--id", f"edge-{kind}",
-            ],
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,
-        )  # fmt: skip
-    return ProxyRun(kind, port, process, log)
-
-
-def stop_proxy(run: ProxyRun) -> list[int]:
-    """SIGTERM the proxy command (it stops its proxy by pid); SIGKILL what overstays.
-    Returns the pids of proxy processes that outlived the command (killed here)."""
-    run.note_descendants()
-    if run.process.poll() is None:
-        run.process.send_signal(signal.SIGTERM)
-    try:
-        run.process.wait(20)
-    except subprocess.TimeoutExpired:
-        run.process.kill()
-        run.process.wait(5)
-    leftovers = []
-    for pid, created in run.seen.items():
-        try:
-            proc = psutil.Process(pid)
-            if proc.create_time() == created and proc.status() != psutil.STATUS_ZOMBIE:
-                proc.kill()
-                leftovers.append(pid)
-        except psutil.Error:
-            continue
-    return leftovers
+def start_proxy(cluster: LocalCluster, kind: str, data_dir: Path) -> LocalProxy:
+    return LocalProxy.start(
+        kind,
+        listen=free_port(),
+        registry_url=cluster.registry_url,
+        data_dir=data_dir,
+        proxy_id=f"edge-{kind}",
+    )
 
 
 def cli(node: LocalNode, *args: str) -> subprocess.CompletedProcess[str]:
@@ -200,16 +138,16 @@ def changed_events(cluster: LocalCluster) -> list[dict[str, Any]]:
     return [seen[key] for key in sorted(seen)]
 
 
-def answers(run: ProxyRun, host: str, count: int) -> list[dict[str, Any]]:
+def answers(run: LocalProxy, host: str, count: int) -> list[dict[str, Any]]:
     bodies = []
     for _ in range(count):
-        response = run.get(host)
+        response = get(run, host)
         assert response.status_code == 200, (response.status_code, response.text, host)
         bodies.append(response.json())
     return bodies
 
 
-def wait_serving(run: ProxyRun, host: str, what: str, done: Callable[[list[Any]], bool]) -> None:
+def wait_serving(run: LocalProxy, host: str, what: str, done: Callable[[list[Any]], bool]) -> None:
     def probe() -> bool:
         if run.process.poll() is not None:
             raise AssertionError(f"corral proxy run exited: {run.log_tail()}")
@@ -256,7 +194,7 @@ def test_a_real_proxy_serves_the_table_through_failures_and_alias_flips(
         assert len(table["routes"]["shop.test"]) == 3
         assert all(u.startswith("http://127.0.0.1:") for u in table["routes"]["shop.test"])
         # Unknown host: 404 from the proxy itself.
-        assert run.get("nowhere.test").status_code == 404
+        assert get(run, "nowhere.test").status_code == 404
 
         # The proxy reported what it applied in proxies/<id>.
         def reported() -> dict[str, Any] | None:
@@ -353,9 +291,9 @@ def test_a_real_proxy_serves_the_table_through_failures_and_alias_flips(
         flip_to("shop", "set", "www.test", "shop")
         flip_to("blog", "flip", "www.test", "blog")
         flip_to("shop", "rollback", "www.test")
-        assert run.get("nowhere.test").status_code == 404
+        assert get(run, "nowhere.test").status_code == 404
     finally:
-        leftovers = stop_proxy(run)
+        leftovers = run.stop()
     assert run.process.returncode == 0, run.log_tail()
     assert not leftovers, f"proxy processes outlived corral proxy run: {leftovers}"
     # Stopped on purpose: it removed its proxies/<id> record.
