@@ -450,3 +450,30 @@ async def test_an_idle_coordinator_never_reads_the_routing_table_or_the_proxies(
             assert len(cluster.events("coordinator.pass")) >= passes
     finally:
         await registry.aclose()
+
+
+async def test_the_last_pass_counts_the_rollout_records_it_moved_on(
+    autojump_clock: object,
+) -> None:
+    options = RolloutOptions(max_parallel=1, drain_ms=1000)
+    async with open_cluster(3, lease_ttl=TTL, children=with_routing) as cluster:
+        nodes = cluster.running
+        app = await deployed(cluster, nodes, options)
+        seen: list[tuple[str, int]] = []
+
+        async def watch_passes() -> None:
+            while True:
+                for state in (await cluster.coordinator_states()).values():
+                    if state is not None and state.coordinating and state.last_pass:
+                        last = state.last_pass
+                        seen.append((last.outcome, last.counts.get("rollout_writes", 0)))
+                await trio.sleep(0.05)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(watch_passes)
+            await redeploy(cluster, app, V2)
+            await settled(cluster, nodes, R2, within=120)
+            nursery.cancel_scope.cancel()
+        # Passes whose placement inputs had not moved still advanced the rollout, and
+        # the state says so instead of showing a pass that did nothing.
+        assert any(outcome == "skipped" and writes > 0 for outcome, writes in seen), seen

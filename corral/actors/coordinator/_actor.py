@@ -81,6 +81,7 @@ holds the lease a moment later and runs its first pass straight away.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -794,11 +795,19 @@ class Coordinator(Actor):
         batches = plan_rollout_writes(
             wanted, view.placements, fence=holding.fence, max_writes=self._max_writes
         )
+        rollout_writes = 0
         for batch in batches:
             await self._send_fenced(batch.compares, batch.operations)
+            rollout_writes += len(batch.writes)
             for write in batch.writes:
                 before = view.placements[write.app].record.rollout
                 self._report_rollout(write.app, before, plans[write.app], now)
+        if rollout_writes and self._last_pass is not None:
+            # A pass the planner skipped may still have moved a rollout on: say so.
+            last = self._last_pass
+            self._last_pass = dataclasses.replace(
+                last, counts={**last.counts, "rollout_writes": rollout_writes}
+            )
         self._rollouts = {app: r for app, r in wanted.items() if r is not None}
         due = [plan.wake_at for plan in plans.values() if plan.wake_at is not None]
         self._schedule_rollout(min(due) if due else None, now)

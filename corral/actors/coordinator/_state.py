@@ -44,7 +44,8 @@ class CoordinatorPass:
         fence: the fence it held, or None.
         counts: what it decided and wrote (``placed``, ``unplaced``, ``deferred``,
             ``stranded``; ``writes``, ``batches``, ``removals``, ``placements``,
-            ``unchanged``), for the parts it reached.
+            ``unchanged``; ``rollout_writes``, placement records a rollout moved on,
+            which a pass the planner skipped writes too), for the parts it reached.
         error: why it failed, for the failed outcomes.
     """
 
