@@ -21,19 +21,31 @@ An :class:`InvariantChecker` runs alongside and records every violation:
 * **one-per-node**: no app has two live instances on one node;
 * **ports**: no port is held by two apps of one node;
 * **overlap**: a ``replicas: N`` app never runs on more than N nodes for longer
-  than ``overlap_window`` seconds (default: the lease TTL + 10 s). A node cut off
-  from the registry for D seconds keeps its processes until it reconnects and
-  learns they moved; their replacements start once its record lapsed (the lease
-  TTL) and its grace passed, so the overlap lasts about D - TTL - grace plus one
-  reconcile pass. The default window holds for cut-offs up to about twice the
-  TTL plus the grace; pass a larger one for longer outages;
+  than ``overlap_window`` seconds. The window: a node cut off from the registry
+  (or stalled) for D seconds keeps its processes until it reconnects and learns
+  they moved, while their replacements start once its record lapsed (the lease
+  TTL) and its grace passed; so the overlap lasts about D - TTL - grace, plus one
+  reconcile pass for the node to stop them once it hears. The default, the lease
+  TTL + 10 s, holds for cut-offs up to about twice the TTL plus the grace (the
+  longest :func:`random_faults` draws with ``max_duration`` <= TTL); pass a larger
+  one for longer outages;
+* **restart**: no instance restarts unless it moved, its revision changed or it
+  crashed: a process that starts on a node where the app's previous process
+  ended is a restart, allowed only when that one ended by itself or was killed
+  with its node (no SIGTERM: corral did not stop it), the node began a new life
+  in between, the two revisions differ, or a placement write took the node off
+  the app in between;
+* **relocation**: nothing is relocated off a suspect node, or off a down node
+  within its grace. A node in a fault (kill, stall, partition or registry
+  outage; the fleet tells the checker through
+  :meth:`InvariantChecker.fault_began`) is suspect while its record stands, and
+  down once the record lapses: no placement write may take it off an app before
+  ``grace`` seconds (default the policy's ``grace_period_s``) have passed since
+  that lapse (the coordinator's ``down_since`` is never earlier). Removals of a
+  deleted or retired app's instances do not count;
 * **converged** (:meth:`InvariantChecker.check_converged`, at the end, once the
   faults are healed): every app that can be placed runs on
   ``min(replicas, live nodes)`` nodes.
-
-Not checked yet (they need the membership and readiness work in flight): "no
-instance restarts unless it moved, its revision changed or it crashed" and
-"nothing is relocated off a suspect node, or off a down node within its grace".
 """
 
 from __future__ import annotations
@@ -48,7 +60,9 @@ from typing import Literal
 import trio
 
 from corral.actors.planner import Policy
+from corral.actors.process_supervisor import MemoryLauncher, MemoryProcess
 from corral.registry import (
+    NODES_PREFIX,
     PLACEMENT_PREFIX,
     AppRecord,
     Capacity,
@@ -150,12 +164,27 @@ class InvariantChecker:
     cluster: Cluster
     overlap_window: float
     interval: float = 1.0
+    #: seconds a node in trouble keeps its work (default: the cluster policy's grace).
+    grace: float | None = None
     violations: list[Violation] = field(default_factory=list)
     #: app -> its replica count, as the fleet was told (see :meth:`expect`).
     cluster_apps: dict[str, int | str] = field(default_factory=dict)
     _max_fence: int = 0
     _over_since: dict[str, float] = field(default_factory=dict)
     _reported: set[tuple[str, str]] = field(default_factory=set)
+    # restart: per node, how many of its launcher's processes were looked at; per
+    # (node, app) the last process seen and the node's life then; the (node, app)
+    # pairs a placement write took the node off since; starts to judge next check.
+    _scanned: dict[str, int] = field(default_factory=dict)
+    _last: dict[tuple[str, str], tuple[MemoryProcess, int]] = field(default_factory=dict)
+    _hosts_of: dict[str, set[str]] = field(default_factory=dict)
+    _moved: set[tuple[str, str]] = field(default_factory=set)
+    _pending: list[tuple[str, MemoryProcess, MemoryProcess, int, int]] = field(default_factory=list)
+    # relocation: each app's nodes as last written; the nodes in a fault, and when the
+    # record of each of those lapsed during it.
+    _placed: dict[str, frozenset[str]] = field(default_factory=dict)
+    _in_trouble: set[str] = field(default_factory=set)
+    _lapsed_at: dict[str, float] = field(default_factory=dict)
 
     def _violate(self, invariant: str, subject: str, detail: str) -> None:
         if (invariant, subject) in self._reported:
@@ -168,10 +197,24 @@ class InvariantChecker:
         ``interval`` seconds."""
         async with trio.open_nursery() as nursery:
             await nursery.start(self._watch_fences)
+            await nursery.start(self._watch_lapses)
             task_status.started()
             while True:
                 self.check_now()
                 await trio.sleep(self.interval)
+
+    def fault_began(self, node: str) -> None:
+        """``node`` is in trouble from now on (killed, stalled, partitioned or cut off)."""
+        self._in_trouble.add(node)
+        self._lapsed_at.pop(node, None)
+
+    def fault_ended(self, node: str) -> None:
+        """``node`` is healthy again (restarted or healed)."""
+        self._in_trouble.discard(node)
+        self._lapsed_at.pop(node, None)
+
+    def _grace(self) -> float:
+        return self.cluster.policy.grace_period_s if self.grace is None else self.grace
 
     async def _watch_fences(self, *, task_status: trio.TaskStatus[None]) -> None:
         registry = self.cluster.registry
@@ -179,11 +222,14 @@ class InvariantChecker:
         async with registry.watch(PLACEMENT_PREFIX, start) as events:
             task_status.started()
             async for event in events:
+                app = event.kv.key[len(PLACEMENT_PREFIX) :]
                 if event.type is not EventType.PUT:
+                    self._placement_changed(app, frozenset(), deleted=True)
                     continue
                 record = decode_record(event.kv.key, event.kv.value)
                 if not isinstance(record, PlacementRecord):
                     continue
+                self._placement_changed(app, frozenset(record.nodes), deleted=False)
                 if record.fence < self._max_fence:
                     self._violate(
                         "fence",
@@ -193,11 +239,47 @@ class InvariantChecker:
                     )
                 self._max_fence = max(self._max_fence, record.fence)
 
+    async def _watch_lapses(self, *, task_status: trio.TaskStatus[None]) -> None:
+        registry = self.cluster.registry
+        start = await registry.revision() + 1
+        async with registry.watch(NODES_PREFIX, start) as events:
+            task_status.started()
+            async for event in events:
+                node = event.kv.key[len(NODES_PREFIX) :]
+                if event.type is EventType.PUT:
+                    self._lapsed_at.pop(node, None)
+                elif node in self._in_trouble:
+                    self._lapsed_at.setdefault(node, trio.current_time())
+
+    def _placement_changed(self, app: str, nodes: frozenset[str], *, deleted: bool) -> None:
+        before = self._placed.get(app, frozenset())
+        self._placed[app] = nodes
+        for host in self._hosts_of.get(app, ()):
+            if host not in nodes:
+                self._moved.add((host, app))
+        if deleted or not nodes:
+            return  # the app is gone or retired: its instances stop, nothing moves
+        now = trio.current_time()
+        grace = self._grace()
+        for host in sorted(before - nodes):
+            if host not in self._in_trouble:
+                continue
+            lapsed = self._lapsed_at.get(host)
+            if lapsed is None:
+                why = "while it was suspect (in a fault, its record standing)"
+            elif now - lapsed < grace:
+                why = f"{now - lapsed:g} s after its record lapsed, within the {grace:g} s grace"
+            else:
+                continue
+            self._violate("relocation", f"{app}/{host}@{now}", f"{app} was taken off {host} {why}")
+
     def check_now(self) -> None:
         """Check the instance invariants against what runs right now."""
         now = trio.current_time()
+        self._judge_restarts()
         per_app: dict[str, set[str]] = {}
         for node_id, node in self.cluster.nodes.items():
+            self._scan_starts(node_id, node.launcher, node.life)
             if not node.running:
                 continue
             apps: dict[str, int] = {}
@@ -233,6 +315,44 @@ class InvariantChecker:
                     f"{app} (replicas {want}) ran on {running} nodes for {now - since:g} s, "
                     f"longer than the {self.overlap_window:g} s window",
                 )
+
+    def _scan_starts(self, node_id: str, launcher: MemoryLauncher, life: int) -> None:
+        spawned = launcher.spawned
+        start = self._scanned.get(node_id, 0)
+        if start == len(spawned):
+            return
+        self._scanned[node_id] = len(spawned)
+        for process in spawned[start:]:
+            app = process.spec.app
+            key = (node_id, app)
+            last = self._last.get(key)
+            self._last[key] = (process, life)
+            self._hosts_of.setdefault(app, set()).add(node_id)
+            if last is not None:
+                # Judged at the next check, once the placement write that may explain it
+                # has surely reached the watch.
+                self._pending.append((node_id, last[0], process, last[1], life))
+
+    def _judge_restarts(self) -> None:
+        pending, self._pending = self._pending, []
+        for node_id, before, after, life_before, life_after in pending:
+            app = after.spec.app
+            moved = (node_id, app) in self._moved
+            self._moved.discard((node_id, app))
+            if (
+                moved
+                or life_before != life_after
+                or before.spec.revision != after.spec.revision
+                or "SIGTERM" not in before.signals
+            ):
+                continue
+            self._violate(
+                "restart",
+                f"{node_id}/{app}/{after.pid}",
+                f"{app} restarted on {node_id} (pid {before.pid} stopped by SIGTERM, "
+                f"pid {after.pid} started) with the same revision, though it neither moved "
+                "nor crashed",
+            )
 
     def _replicas(self) -> dict[str, int]:
         return {
@@ -288,21 +408,25 @@ class Fleet:
         cluster = self.cluster
         if fault.node not in cluster.running:
             return
-        if fault.kind == "kill":
-            await cluster.kill(fault.node)
+        self.checker.fault_began(fault.node)
+        try:
+            if fault.kind == "kill":
+                await cluster.kill(fault.node)
+                await trio.sleep(fault.duration)
+                await cluster.restart(fault.node)
+                return
+            if fault.kind == "partition":
+                others = [n for n in cluster.nodes if n != fault.node]
+                cluster.partition([fault.node], others)
+                await trio.sleep(fault.duration)
+                cluster.heal()
+                return
+            cluster.cut_registry(fault.node, hang=fault.kind == "stall")
             await trio.sleep(fault.duration)
-            await cluster.restart(fault.node)
-            return
-        if fault.kind == "partition":
-            others = [n for n in cluster.nodes if n != fault.node]
-            cluster.partition([fault.node], others)
-            await trio.sleep(fault.duration)
-            cluster.heal()
-            return
-        cluster.cut_registry(fault.node, hang=fault.kind == "stall")
-        await trio.sleep(fault.duration)
-        if fault.node in cluster.running:
-            cluster.restore_registry(fault.node)
+            if fault.node in cluster.running:
+                cluster.restore_registry(fault.node)
+        finally:
+            self.checker.fault_ended(fault.node)
 
 
 def fleet_node_ids(nodes: int, racks: int) -> dict[str, str]:
@@ -323,6 +447,7 @@ async def open_fleet(
     check_interval: float = 1.0,
     labels: Mapping[str, Mapping[str, str]] | None = None,
     registry: Registry | None = None,
+    grace: float | None = None,
 ) -> AsyncIterator[Fleet]:
     """Run ``nodes`` full nodes (``n0``, ``n1``...; registration, coordinator, node agent
     on in-memory processes) spread over ``racks`` racks, with an
@@ -339,6 +464,8 @@ async def open_fleet(
         labels: node id -> labels.
         registry: the shared registry (default a fresh MemoryRegistry; one passed
             in, a CountingRegistry say, is left open).
+        grace: how long the checker expects a node in trouble to keep its work
+            (default the policy's ``grace_period_s``).
     """
     window = lease_ttl + 10.0 if overlap_window is None else overlap_window
     async with open_cluster(
@@ -353,7 +480,9 @@ async def open_fleet(
             await cluster.add_node(
                 node_id, rack=rack, capacity=capacity, labels=(labels or {}).get(node_id)
             )
-        checker = InvariantChecker(cluster, overlap_window=window, interval=check_interval)
+        checker = InvariantChecker(
+            cluster, overlap_window=window, interval=check_interval, grace=grace
+        )
         async with trio.open_nursery() as nursery:
             await nursery.start(checker.run)
             try:
