@@ -50,11 +50,15 @@ An :class:`InvariantChecker` runs alongside and records every violation:
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
 import random
+import tempfile
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
 import trio
@@ -172,6 +176,12 @@ class InvariantChecker:
     _max_fence: int = 0
     _over_since: dict[str, float] = field(default_factory=dict)
     _reported: set[tuple[str, str]] = field(default_factory=set)
+    # overlap: per node, its launcher's timeline length and whether it ran at the last
+    # look, and the apps it ran then; per app, on how many nodes it runs; apps to weigh.
+    _generation: dict[str, tuple[int, bool]] = field(default_factory=dict)
+    _node_apps: dict[str, frozenset[str]] = field(default_factory=dict)
+    _nodes_of: dict[str, int] = field(default_factory=dict)
+    _dirty: set[str] = field(default_factory=set)
     # restart: per node, how many of its launcher's processes were looked at; per
     # (node, app) the last process seen and the node's life then; the (node, app)
     # pairs a placement write took the node off since; starts to judge next check.
@@ -274,36 +284,38 @@ class InvariantChecker:
             self._violate("relocation", f"{app}/{host}@{now}", f"{app} was taken off {host} {why}")
 
     def check_now(self) -> None:
-        """Check the instance invariants against what runs right now."""
+        """Check the instance invariants against what runs right now.
+
+        Only nodes whose processes started or ended since the last check (or that
+        stopped or started running) are looked at again, and only apps whose node count
+        changed, or that run on too many nodes, are weighed against their replicas: an
+        idle fleet costs a check O(nodes), not O(instances)."""
         now = trio.current_time()
         self._judge_restarts()
-        per_app: dict[str, set[str]] = {}
+        touched = self._dirty
+        self._dirty = set()
         for node_id, node in self.cluster.nodes.items():
             self._scan_starts(node_id, node.launcher, node.life)
-            if not node.running:
+            generation = (len(node.launcher.timeline), node.running)
+            if self._generation.get(node_id) == generation:
                 continue
-            apps: dict[str, int] = {}
-            ports: dict[int, str] = {}
-            for process in node.launcher.alive():
-                app = process.spec.app
-                apps[app] = apps.get(app, 0) + 1
-                per_app.setdefault(app, set()).add(node_id)
-                for port in (process.spec.public_port, process.spec.internal_port):
-                    holder = ports.setdefault(port, app)
-                    if holder != app:
-                        self._violate(
-                            "ports",
-                            f"{node_id}:{port}",
-                            f"port {port} of {node_id} is held by {holder} and {app}",
-                        )
-            for app, count in apps.items():
-                if count > 1:
-                    self._violate(
-                        "one-per-node", f"{node_id}/{app}", f"{app} runs {count} times on {node_id}"
-                    )
-        replicas = self._replicas()
-        for app, want in replicas.items():
-            running = len(per_app.get(app, ()))
+            self._generation[node_id] = generation
+            apps = self._node_apps_now(node_id, node.launcher) if node.running else frozenset()
+            before = self._node_apps.get(node_id, frozenset())
+            self._node_apps[node_id] = apps
+            for app in apps - before:
+                self._nodes_of[app] = self._nodes_of.get(app, 0) + 1
+                touched.add(app)
+            for app in before - apps:
+                self._nodes_of[app] -= 1
+                touched.add(app)
+        touched.update(self._over_since)
+        for app in sorted(touched):
+            want = self.cluster_apps.get(app)
+            if not isinstance(want, int):
+                self._over_since.pop(app, None)
+                continue
+            running = self._nodes_of.get(app, 0)
             if running <= want:
                 self._over_since.pop(app, None)
                 continue
@@ -315,6 +327,28 @@ class InvariantChecker:
                     f"{app} (replicas {want}) ran on {running} nodes for {now - since:g} s, "
                     f"longer than the {self.overlap_window:g} s window",
                 )
+
+    def _node_apps_now(self, node_id: str, launcher: MemoryLauncher) -> frozenset[str]:
+        """The apps with a live process on the node; checks one-per-node and ports."""
+        apps: dict[str, int] = {}
+        ports: dict[int, str] = {}
+        for process in launcher.alive():
+            app = process.spec.app
+            apps[app] = apps.get(app, 0) + 1
+            for port in (process.spec.public_port, process.spec.internal_port):
+                holder = ports.setdefault(port, app)
+                if holder != app:
+                    self._violate(
+                        "ports",
+                        f"{node_id}:{port}",
+                        f"port {port} of {node_id} is held by {holder} and {app}",
+                    )
+        for app, count in apps.items():
+            if count > 1:
+                self._violate(
+                    "one-per-node", f"{node_id}/{app}", f"{app} runs {count} times on {node_id}"
+                )
+        return frozenset(apps)
 
     def _scan_starts(self, node_id: str, launcher: MemoryLauncher, life: int) -> None:
         spawned = launcher.spawned
@@ -354,16 +388,10 @@ class InvariantChecker:
                 "nor crashed",
             )
 
-    def _replicas(self) -> dict[str, int]:
-        return {
-            name: replicas
-            for name, replicas in self.cluster_apps.items()
-            if isinstance(replicas, int)
-        }
-
     def expect(self, app: AppRecord) -> None:
         """Tell the checker an app exists with its replica count (the fleet does)."""
         self.cluster_apps[app.name] = app.replicas
+        self._dirty.add(app.name)
 
     def check_converged(self) -> list[str]:
         """Every app runs on ``min(replicas, live nodes)`` nodes (or on every live node
@@ -448,6 +476,7 @@ async def open_fleet(
     labels: Mapping[str, Mapping[str, str]] | None = None,
     registry: Registry | None = None,
     grace: float | None = None,
+    data_dir: Path | None = None,
 ) -> AsyncIterator[Fleet]:
     """Run ``nodes`` full nodes (``n0``, ``n1``...; registration, coordinator, node agent
     on in-memory processes) spread over ``racks`` racks, with an
@@ -466,8 +495,59 @@ async def open_fleet(
             in, a CountingRegistry say, is left open).
         grace: how long the checker expects a node in trouble to keep its work
             (default the policy's ``grace_period_s``).
+        data_dir: each node gets ``<data_dir>/<node id>``. Default: a temporary
+            directory, on a memory file system when there is one (``/dev/shm``): nodes
+            write their port ledgers and process state with fsync, which costs
+            milliseconds each on a disk and a thousand times less there.
     """
     window = lease_ttl + 10.0 if overlap_window is None else overlap_window
+    with contextlib.ExitStack() as stack:
+        if data_dir is None:
+            memory_fs = _memory_fs()
+            data_dir = Path(
+                stack.enter_context(
+                    tempfile.TemporaryDirectory(prefix="corral-fleet-", dir=memory_fs)
+                )
+            )
+        async with _open_fleet(
+            nodes,
+            racks=racks,
+            lease_ttl=lease_ttl,
+            policy=policy,
+            capacity=capacity,
+            window=window,
+            check_interval=check_interval,
+            labels=labels,
+            registry=registry,
+            grace=grace,
+            data_dir=data_dir,
+        ) as fleet:
+            yield fleet
+
+
+_SHM = "/dev/shm"
+
+
+def _memory_fs() -> str | None:
+    """``/dev/shm`` when it is a writable directory (a memory file system), else None."""
+    return _SHM if os.path.isdir(_SHM) and os.access(_SHM, os.W_OK) else None
+
+
+@asynccontextmanager
+async def _open_fleet(
+    nodes: int,
+    *,
+    racks: int,
+    lease_ttl: float,
+    policy: Policy | None,
+    capacity: Capacity | None,
+    window: float,
+    check_interval: float,
+    labels: Mapping[str, Mapping[str, str]] | None,
+    registry: Registry | None,
+    grace: float | None,
+    data_dir: Path,
+) -> AsyncIterator[Fleet]:
     async with open_cluster(
         [],
         registry=registry,
@@ -475,6 +555,7 @@ async def open_fleet(
         policy=policy,
         children=agent_node_children,
         capacity=capacity,
+        data_dir=data_dir,
     ) as cluster:
         for node_id, rack in fleet_node_ids(nodes, racks).items():
             await cluster.add_node(

@@ -121,9 +121,11 @@ from corral.registry import (
     LeaseNotFound,
     NodeRecord,
     Put,
+    Record,
     Registry,
     RegistryError,
     RevisionCompacted,
+    Undecodable,
     decode_record,
 )
 from corral.supervision import Actor, ChildSpec, Restart, TimerHandle
@@ -250,6 +252,9 @@ class Coordinator(Actor):
         # revisions a pass already read, and the revisions of our own writes.
         self._input_watch: trio.CancelScope | None = None
         self._read_revision = 0
+        # key -> (mod_revision, decoded record) of the last pass: unchanged keys are
+        # not decoded again (see view_from_kvs).
+        self._decoded: dict[str, tuple[int, Record | Undecodable]] = {}
         self._own_revisions: set[int] = set()
         # Last report per (event kind, app, node): what it said, and when (trio time).
         self._reported: dict[tuple[str, str, str], tuple[str, float]] = {}
@@ -593,7 +598,7 @@ class Coordinator(Actor):
         for response in result.responses:
             assert isinstance(response, list)
             kvs.extend(response)
-        return view_from_kvs(kvs)
+        return view_from_kvs(kvs, memo=self._decoded)
 
     def _states(self, view: RegistryView, now: float) -> NodeStates:
         membership = self._membership() if self._membership is not None else None
