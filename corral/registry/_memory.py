@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import math
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -78,7 +79,14 @@ class MemoryRegistry(Registry):
         self._events: list[WatchEvent] = []
         self._event_revisions: list[int] = []
         self._compacted = 0  # every event of a revision <= this is gone
-        self._changed = trio.lowlevel.ParkingLot()
+        # Watchers park by prefix: a write wakes only those it concerns. One of them
+        # (the keeper) also wakes at the earliest lease deadline, to expire it on time.
+        self._lots: dict[str, trio.lowlevel.ParkingLot] = {}
+        self._keeper: object | None = None
+        self._keeper_lot: trio.lowlevel.ParkingLot | None = None
+        self._keeper_wake = math.inf
+        # Per watched prefix, the newest revision of a matching event history dropped.
+        self._dropped: dict[str, int] = {}
         self._closed = False
 
     # ------------------------------------------------------------------ reads
@@ -133,6 +141,8 @@ class MemoryRegistry(Registry):
         deadline = self._clock() + ttl
         self._leases[lease_id] = _LeaseState(ttl, deadline)
         heapq.heappush(self._deadlines, (deadline, lease_id))
+        if deadline < self._keeper_wake and self._keeper_lot is not None:
+            self._keeper_lot.unpark_all()  # the keeper sleeps past this one: wake it
         return Lease(lease_id, ttl)
 
     async def keepalive(self, lease_id: int) -> float:
@@ -160,6 +170,9 @@ class MemoryRegistry(Registry):
         start = self._revision + 1 if start_revision is None else max(1, start_revision)
         if start <= self._compacted:
             raise RevisionCompacted(start, self._compacted)
+        # Registered now, not when the stream is first read: what history drops of this
+        # prefix from here on must be known to it.
+        self._lots.setdefault(prefix, trio.lowlevel.ParkingLot())
         stream = self._stream(prefix, start)
         try:
             yield stream
@@ -167,27 +180,45 @@ class MemoryRegistry(Registry):
             await stream.aclose()
 
     async def _stream(self, prefix: str, next_revision: int) -> AsyncGenerator[WatchEvent, None]:
-        while True:
-            self._check_open()
-            self._expire_due()
-            if next_revision <= self._compacted:
-                raise RevisionCompacted(next_revision, self._compacted)
-            first = bisect.bisect_left(self._event_revisions, next_revision)
-            batch = [e for e in self._events[first:] if e.kv.key.startswith(prefix)]
-            next_revision = self._revision + 1
-            if batch:
-                for event in batch:
-                    yield event
-                continue
-            await self._wait_for_change()
+        lot = self._lots.setdefault(prefix, trio.lowlevel.ParkingLot())
+        token = object()
+        try:
+            while True:
+                self._check_open()
+                self._expire_due()
+                if next_revision <= self._compacted:
+                    # Only a dropped event of this prefix is a loss: others never woke us.
+                    if self._dropped.get(prefix, 0) >= next_revision:
+                        raise RevisionCompacted(next_revision, self._compacted)
+                    next_revision = self._compacted + 1
+                first = bisect.bisect_left(self._event_revisions, next_revision)
+                batch = [e for e in self._events[first:] if e.kv.key.startswith(prefix)]
+                next_revision = self._revision + 1
+                if batch:
+                    for event in batch:
+                        yield event
+                    continue
+                await self._wait_for_change(lot, token)
+        finally:
+            if self._keeper is token:
+                self._keeper = self._keeper_lot = None
+                self._keeper_wake = math.inf
+                for other in self._lots.values():
+                    other.unpark_all()  # one of them takes the deadlines over
 
-    async def _wait_for_change(self) -> None:
+    async def _wait_for_change(self, lot: trio.lowlevel.ParkingLot, token: object) -> None:
+        if self._keeper is None:
+            self._keeper, self._keeper_lot = token, lot
+        if self._keeper is not token:
+            await lot.park()
+            return
         earliest = self._earliest_deadline()
-        if earliest is not None:
-            with trio.move_on_after(max(0.0, earliest - self._clock())):
-                await self._changed.park()
-        else:
-            await self._changed.park()
+        self._keeper_wake = math.inf if earliest is None else earliest
+        if earliest is None:
+            await lot.park()
+            return
+        with trio.move_on_after(max(0.0, earliest - self._clock())):
+            await lot.park()
 
     def _earliest_deadline(self) -> float | None:
         """The deadline of the lease that lapses first (None: no lease)."""
@@ -204,7 +235,8 @@ class MemoryRegistry(Registry):
 
     async def aclose(self) -> None:
         self._closed = True
-        self._changed.unpark_all()
+        for lot in self._lots.values():
+            lot.unpark_all()
         await trio.lowlevel.checkpoint()
 
     # ------------------------------------------------------------------ internals
@@ -313,6 +345,13 @@ class MemoryRegistry(Registry):
             # Drop whole revisions only, so a watcher never sees half of one.
             cut = bisect.bisect_right(self._event_revisions, self._event_revisions[excess - 1])
             self._compacted = self._event_revisions[cut - 1]
+            for prefix in self._lots:
+                for event in reversed(self._events[:cut]):
+                    if event.kv.key.startswith(prefix):
+                        self._dropped[prefix] = event.kv.mod_revision
+                        break
             del self._events[:cut]
             del self._event_revisions[:cut]
-        self._changed.unpark_all()
+        for prefix, lot in self._lots.items():
+            if lot and any(e.kv.key.startswith(prefix) for e in events):
+                lot.unpark_all()
