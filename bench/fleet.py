@@ -105,6 +105,13 @@ async def applied_passes(fleet: Any) -> int:
     return int(state["passes"]["applied"]) if state else 0
 
 
+def phase(out: dict[str, Any], name: str) -> None:
+    """Note the wall time a phase ended at (stderr, and ``wall_<phase>_s``)."""
+    wall = round(time.perf_counter() - out["_started"], 1)
+    out[f"wall_{name}_s"] = wall
+    print(f"  {out['nodes']} nodes: {name} done at {wall} s wall", file=sys.stderr, flush=True)
+
+
 async def scenario(nodes: int, apps: int, seed: int, out: dict[str, Any]) -> None:
     registry = Recording()
     policy = Policy(grace_period_s=GRACE)
@@ -116,6 +123,7 @@ async def scenario(nodes: int, apps: int, seed: int, out: dict[str, Any]) -> Non
         for record in records:
             await fleet.put_app(record)
         out["initial_converge_s"] = await until_running(fleet, records, step=5.0)
+        phase(out, "start")
         await trio.sleep(60)
 
         # Idle.
@@ -128,6 +136,7 @@ async def scenario(nodes: int, apps: int, seed: int, out: dict[str, Any]) -> Non
         out["idle_reads_per_node_min"] = round(registry.reads / nodes / 10, 2)
         out["idle_full_reads"] = registry.full_reads
         out["idle_applied_passes"] = await applied_passes(fleet) - before
+        phase(out, "idle")
 
         # Deploy 100 apps.
         extra = [app_record(apps + i) for i in range(100)]
@@ -138,6 +147,7 @@ async def scenario(nodes: int, apps: int, seed: int, out: dict[str, Any]) -> Non
         out["deploy_ops_per_app"] = round(sum(registry.calls.values()) / len(extra), 1)
         records += extra
         await trio.sleep(60)
+        phase(out, "deploy")
 
         # Lose a tenth of the nodes.
         lost = sorted(fleet.cluster.running)[: max(1, nodes // 10)]
@@ -154,6 +164,7 @@ async def scenario(nodes: int, apps: int, seed: int, out: dict[str, Any]) -> Non
         )
         out["instances_on_lost_nodes"] = on_lost
         out["extra_moves"] = moved
+        phase(out, "loss")
 
         # A randomized fault schedule over the survivors.
         faults = random_faults(
@@ -171,13 +182,13 @@ async def scenario(nodes: int, apps: int, seed: int, out: dict[str, Any]) -> Non
         out["invariant_violations"] = len(fleet.violations)
         for violation in fleet.violations[:5]:
             print(f"  violation (seed {seed}): {violation}", file=sys.stderr)
+        phase(out, "faults")
 
 
 def run(nodes: int, apps: int, seed: int) -> dict[str, Any]:
-    out: dict[str, Any] = {"nodes": nodes, "apps": apps}
-    wall = time.perf_counter()
+    out: dict[str, Any] = {"nodes": nodes, "apps": apps, "_started": time.perf_counter()}
     trio.run(scenario, nodes, apps, seed, out, clock=trio.testing.MockClock(autojump_threshold=0))
-    out["wall_s"] = round(time.perf_counter() - wall, 1)
+    out["wall_s"] = round(time.perf_counter() - out.pop("_started"), 1)
     return out
 
 
