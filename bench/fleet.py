@@ -1,7 +1,11 @@
 """What a fleet costs the registry and each node, on virtual time.
 
-    python bench/fleet.py                    # 50 nodes x 500 apps, and 5 x 50 (~1 min)
-    python bench/fleet.py --nodes 100 --apps 1000   # ~3.5 min on 2 shared cores
+    python bench/fleet.py                    # 50 nodes x 500 apps, and 5 x 50 (~30 s)
+    python bench/fleet.py --nodes 100 --apps 1000   # ~1 min on 2 shared cores
+    python bench/fleet.py --nodes 300 --apps 3000   # ~6 min, peak ~1.4 GiB
+
+At 1,000 x 10,000 a run does not finish within 35 minutes here: the wall time grows
+faster than the fleet (see the ``wall_<phase>_s`` figures and the notes on issue 16).
 
 N full nodes (registration, coordinator, reconciler, ports, in-memory processes) run
 in this process on one memory registry under trio's MockClock, in 10 racks; apps
