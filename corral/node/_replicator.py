@@ -10,7 +10,9 @@ Each pass — every ``interval`` seconds, and whenever ``apps/``, ``copies/`` or
   holder writes nothing; deletes the assignments of revisions no app uses any more,
   and the registry-kept bytes (``artifacts/<digest>``) nothing has referred to for
   ``blob_grace`` seconds (the grace covers a deploy between storing its bytes and
-  writing ``apps/<name>``);
+  writing ``apps/<name>``), and the ``held/<node>`` of every node that has had no
+  ``nodes/<node>`` record for ``release_grace`` seconds (a departed node's key would
+  stay forever; one that comes back writes its key again on its next pass);
 * **on every node**: starts a fetch of each copy assigned here and missing (from a
   holder, same rack first; streamed in a worker thread, sha256 checked, at most the
   store's ``concurrent_fetches`` at once); releases the copies it has that are
@@ -207,6 +209,7 @@ class ArtifactReplicator(Actor):
         self._watch = watch
         self._since: dict[str, float] = {}
         self._blob_since: dict[str, float] = {}
+        self._unlisted_since: dict[str, float] = {}
         self._doomed_since: dict[tuple[str, str], float] = {}
         self._fetching: set[str] = set()
         self._failed: dict[str, str] = {}
@@ -331,7 +334,9 @@ class ArtifactReplicator(Actor):
             having = [n for n, digests in held.items() if digest in digests]
             return order_peers(digest, self._node_id, records, [*holders.get(digest, ()), *having])
 
-        await self._keep(holders, apps, live, held.get(self._node_id), peers)
+        await self._keep(
+            holders, apps, live, held.get(self._node_id), peers, listed=self._node_id in records
+        )
 
     async def _assign(
         self,
@@ -365,6 +370,7 @@ class ArtifactReplicator(Actor):
                 writes.append(Delete(kv.key))
         dead = {kv.key.removeprefix(COPIES_PREFIX) for kv in copies_kvs} - set(plan)
         writes += await self._collect_blobs(set(plan), dead)
+        writes += self._collect_held(held, sites)
         for start in range(0, len(writes), TXN_BATCH):
             result = await self._registry.txn(
                 [fence_guard(fence)], writes[start : start + TXN_BATCH], []
@@ -399,6 +405,24 @@ class ArtifactReplicator(Actor):
                 del self._blob_since[digest]
         return deletes
 
+    def _collect_held(
+        self, held: Mapping[str, frozenset[str]], sites: Mapping[str, Site]
+    ) -> list[Put | Delete]:
+        """Deletes of the ``held/<node>`` of nodes without a record for the grace."""
+        now = trio.current_time()
+        unlisted = {node for node in held if node not in sites}
+        self._unlisted_since = {
+            node: self._unlisted_since.get(node, now) for node in sorted(unlisted)
+        }
+        deletes: list[Put | Delete] = []
+        for node, first in sorted(self._unlisted_since.items()):
+            if now - first >= self._release_grace:
+                deletes.append(Delete(held_key(node)))
+                del self._unlisted_since[node]
+        if deletes:
+            self.ctx.emit("artifacts.held_removed", nodes=len(deletes))
+        return deletes
+
     async def _keep(
         self,
         assignments: Mapping[str, list[str]],
@@ -406,6 +430,8 @@ class ArtifactReplicator(Actor):
         live: Mapping[str, Any],
         published: frozenset[str] | None,
         peers: Callable[[str], list[Peer]],
+        *,
+        listed: bool = True,
     ) -> None:
         known = await self._running()
         running = known or {}
@@ -450,8 +476,13 @@ class ArtifactReplicator(Actor):
             target = self._apps_dir / app / "revisions" / digest
             await self._store.run_blocking(_remove_revision, target)
             self.ctx.emit("artifact.revision_removed", app=app, digest=digest)
+        if published is None and self._published is not None and not listed:
+            # The lease holder deleted the key of this node without a record: written
+            # again once the record is back, not fought over until then.
+            return
         if published is None or published != frozenset(have) or self._published != have:
-            await self._publish(have)
+            # The key as read differs from what this node has, or is gone: write it.
+            await self._publish(have, force=published != frozenset(have))
 
     async def _fetch(self, digest: str, peers: list[Peer]) -> None:
         error: str | None = None
@@ -464,8 +495,8 @@ class ArtifactReplicator(Actor):
             log.warning("cannot fetch a copy of %s: %s", digest[:12], exc)
         await self.ctx.ref.tell(_Fetched(digest, error))
 
-    async def _publish(self, have: dict[str, int]) -> None:
-        if self._published == have:
+    async def _publish(self, have: dict[str, int], *, force: bool = False) -> None:
+        if self._published == have and not force:
             return
         await self._registry.put(held_key(self._node_id), HeldCopies(self._node_id, have).encode())
         self._published = dict(have)

@@ -10,6 +10,8 @@ earliest lease deadline).
 from __future__ import annotations
 
 import bisect
+import heapq
+import math
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -30,7 +32,7 @@ from corral.registry._base import (
     WatchEvent,
 )
 from corral.registry._errors import LeaseNotFound, RevisionCompacted
-from corral.registry._logic import KeyCheck, check_txn_branch, compare_holds, key_matches
+from corral.registry._logic import KeyCheck, check_txn_branch, compare_holds
 from corral.registry._records import parse_key
 
 DEFAULT_HISTORY = 10_000
@@ -66,13 +68,25 @@ class MemoryRegistry(Registry):
         self._key_check: KeyCheck = key_check if key_check is not None else parse_key
         self._history = max(1, history)
         self._kv: dict[str, KeyValue] = {}
+        # The keys of _kv, sorted: a prefix read is a bisect, not a scan of every key.
+        self._keys: list[str] = []
         self._revision = 1
         self._leases: dict[int, _LeaseState] = {}
+        # (deadline, lease id) of every grant and keepalive; an entry whose lease is
+        # gone or whose deadline moved since is stale and dropped when it comes first.
+        self._deadlines: list[tuple[float, int]] = []
         self._next_lease_id = 1
         self._events: list[WatchEvent] = []
         self._event_revisions: list[int] = []
         self._compacted = 0  # every event of a revision <= this is gone
-        self._changed = trio.lowlevel.ParkingLot()
+        # Watchers park by prefix: a write wakes only those it concerns. One of them
+        # (the keeper) also wakes at the earliest lease deadline, to expire it on time.
+        self._lots: dict[str, trio.lowlevel.ParkingLot] = {}
+        self._keeper: object | None = None
+        self._keeper_lot: trio.lowlevel.ParkingLot | None = None
+        self._keeper_wake = math.inf
+        # Per watched prefix, the newest revision of a matching event history dropped.
+        self._dropped: dict[str, int] = {}
         self._closed = False
 
     # ------------------------------------------------------------------ reads
@@ -83,7 +97,7 @@ class MemoryRegistry(Registry):
 
     async def range(self, prefix: str) -> list[KeyValue]:
         await self._enter()
-        return [self._kv[k] for k in sorted(k for k in self._kv if k.startswith(prefix))]
+        return [self._kv[k] for k in self._prefixed(prefix)]
 
     async def revision(self) -> int:
         await self._enter()
@@ -124,7 +138,11 @@ class MemoryRegistry(Registry):
             raise ValueError(f"a lease TTL must be > 0 seconds, got {ttl}")
         lease_id = self._next_lease_id
         self._next_lease_id += 1
-        self._leases[lease_id] = _LeaseState(ttl, self._clock() + ttl)
+        deadline = self._clock() + ttl
+        self._leases[lease_id] = _LeaseState(ttl, deadline)
+        heapq.heappush(self._deadlines, (deadline, lease_id))
+        if deadline < self._keeper_wake and self._keeper_lot is not None:
+            self._keeper_lot.unpark_all()  # the keeper sleeps past this one: wake it
         return Lease(lease_id, ttl)
 
     async def keepalive(self, lease_id: int) -> float:
@@ -132,7 +150,10 @@ class MemoryRegistry(Registry):
         state = self._leases.get(lease_id)
         if state is None:
             raise LeaseNotFound(lease_id)
-        state.deadline = self._clock() + state.ttl
+        deadline = self._clock() + state.ttl
+        if deadline != state.deadline:
+            state.deadline = deadline
+            heapq.heappush(self._deadlines, (deadline, lease_id))
         return state.ttl
 
     async def revoke(self, lease_id: int) -> None:
@@ -149,6 +170,9 @@ class MemoryRegistry(Registry):
         start = self._revision + 1 if start_revision is None else max(1, start_revision)
         if start <= self._compacted:
             raise RevisionCompacted(start, self._compacted)
+        # Registered now, not when the stream is first read: what history drops of this
+        # prefix from here on must be known to it.
+        self._lots.setdefault(prefix, trio.lowlevel.ParkingLot())
         stream = self._stream(prefix, start)
         try:
             yield stream
@@ -156,33 +180,63 @@ class MemoryRegistry(Registry):
             await stream.aclose()
 
     async def _stream(self, prefix: str, next_revision: int) -> AsyncGenerator[WatchEvent, None]:
-        while True:
-            self._check_open()
-            self._expire_due()
-            if next_revision <= self._compacted:
-                raise RevisionCompacted(next_revision, self._compacted)
-            first = bisect.bisect_left(self._event_revisions, next_revision)
-            batch = [e for e in self._events[first:] if e.kv.key.startswith(prefix)]
-            next_revision = self._revision + 1
-            if batch:
-                for event in batch:
-                    yield event
-                continue
-            await self._wait_for_change()
+        lot = self._lots.setdefault(prefix, trio.lowlevel.ParkingLot())
+        token = object()
+        try:
+            while True:
+                self._check_open()
+                self._expire_due()
+                if next_revision <= self._compacted:
+                    # Only a dropped event of this prefix is a loss: others never woke us.
+                    if self._dropped.get(prefix, 0) >= next_revision:
+                        raise RevisionCompacted(next_revision, self._compacted)
+                    next_revision = self._compacted + 1
+                first = bisect.bisect_left(self._event_revisions, next_revision)
+                batch = [e for e in self._events[first:] if e.kv.key.startswith(prefix)]
+                next_revision = self._revision + 1
+                if batch:
+                    for event in batch:
+                        yield event
+                    continue
+                await self._wait_for_change(lot, token)
+        finally:
+            if self._keeper is token:
+                self._keeper = self._keeper_lot = None
+                self._keeper_wake = math.inf
+                for other in self._lots.values():
+                    other.unpark_all()  # one of them takes the deadlines over
 
-    async def _wait_for_change(self) -> None:
-        if self._leases:
-            earliest = min(state.deadline for state in self._leases.values())
-            with trio.move_on_after(max(0.0, earliest - self._clock())):
-                await self._changed.park()
-        else:
-            await self._changed.park()
+    async def _wait_for_change(self, lot: trio.lowlevel.ParkingLot, token: object) -> None:
+        if self._keeper is None:
+            self._keeper, self._keeper_lot = token, lot
+        if self._keeper is not token:
+            await lot.park()
+            return
+        earliest = self._earliest_deadline()
+        self._keeper_wake = math.inf if earliest is None else earliest
+        if earliest is None:
+            await lot.park()
+            return
+        with trio.move_on_after(max(0.0, earliest - self._clock())):
+            await lot.park()
+
+    def _earliest_deadline(self) -> float | None:
+        """The deadline of the lease that lapses first (None: no lease)."""
+        heap = self._deadlines
+        while heap:
+            deadline, lease_id = heap[0]
+            state = self._leases.get(lease_id)
+            if state is not None and state.deadline == deadline:
+                return deadline
+            heapq.heappop(heap)
+        return None
 
     # ------------------------------------------------------------------ lifecycle
 
     async def aclose(self) -> None:
         self._closed = True
-        self._changed.unpark_all()
+        for lot in self._lots.values():
+            lot.unpark_all()
         await trio.lowlevel.checkpoint()
 
     # ------------------------------------------------------------------ internals
@@ -197,15 +251,19 @@ class MemoryRegistry(Registry):
         self._expire_due()
 
     def _expire_due(self) -> None:
-        if not self._leases:
+        earliest = self._earliest_deadline()
+        if earliest is None:
             return
         now = self._clock()
-        due = sorted(
-            (state.deadline, lease_id)
-            for lease_id, state in self._leases.items()
-            if state.deadline <= now
-        )
-        for _, lease_id in due:
+        if earliest > now:
+            return
+        # Every lease due, earliest first (then by id), as one sweep.
+        due: list[int] = []
+        while (earliest := self._earliest_deadline()) is not None and earliest <= now:
+            _, lease_id = heapq.heappop(self._deadlines)
+            due.append(lease_id)
+            self._leases[lease_id].deadline = -1.0  # taken: later entries of it are stale
+        for lease_id in due:
             self._end_lease(lease_id)
 
     def _end_lease(self, lease_id: int) -> None:
@@ -237,6 +295,8 @@ class MemoryRegistry(Registry):
                     lease=op.lease,
                 )
                 self._kv[op.key] = kv
+                if previous is None:
+                    bisect.insort(self._keys, op.key)
                 if op.lease is not None:
                     self._leases[op.lease].keys.add(op.key)
                 events.append(WatchEvent(EventType.PUT, kv))
@@ -245,6 +305,7 @@ class MemoryRegistry(Registry):
                 gone = self._matching(op.key, op.prefix)
                 for kv in gone:
                     del self._kv[kv.key]
+                    del self._keys[bisect.bisect_left(self._keys, kv.key)]
                     self._detach(kv)
                     events.append(
                         WatchEvent(EventType.DELETE, KeyValue(kv.key, b"", 0, revision, 0))
@@ -259,8 +320,16 @@ class MemoryRegistry(Registry):
         if not is_prefix:
             kv = self._kv.get(key)
             return [] if kv is None else [kv]
-        keys = sorted(k for k in self._kv if key_matches(k, key, is_prefix=True))
-        return [self._kv[k] for k in keys]
+        return [self._kv[k] for k in self._prefixed(key)]
+
+    def _prefixed(self, prefix: str) -> list[str]:
+        """The keys starting with ``prefix``, sorted."""
+        keys = self._keys
+        start = bisect.bisect_left(keys, prefix)
+        end = bisect.bisect_left(keys, prefix + "\U0010ffff", start)
+        while end < len(keys) and keys[end].startswith(prefix):
+            end += 1  # a key whose next character is U+10FFFF itself
+        return keys[start:end]
 
     def _detach(self, kv: KeyValue | None) -> None:
         if kv is not None and kv.lease is not None:
@@ -276,6 +345,13 @@ class MemoryRegistry(Registry):
             # Drop whole revisions only, so a watcher never sees half of one.
             cut = bisect.bisect_right(self._event_revisions, self._event_revisions[excess - 1])
             self._compacted = self._event_revisions[cut - 1]
+            for prefix in self._lots:
+                for event in reversed(self._events[:cut]):
+                    if event.kv.key.startswith(prefix):
+                        self._dropped[prefix] = event.kv.mod_revision
+                        break
             del self._events[:cut]
             del self._event_revisions[:cut]
-        self._changed.unpark_all()
+        for prefix, lot in self._lots.items():
+            if lot and any(e.kv.key.startswith(prefix) for e in events):
+                lot.unpark_all()

@@ -236,3 +236,27 @@ async def test_registry_kept_bytes_are_deleted_once_nothing_refers_to_them(
         assert await box.registry.get(artifact_key(digests[0])) is None
         assert await box.registry.get(artifact_key(digests[1])) is not None
         assert await box.registry.get(artifact_key(digests[2])) is not None
+
+
+async def test_the_held_key_of_a_node_without_a_record_is_deleted_and_comes_back_with_it(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    async with fleet(tmp_path) as box:
+        digest = await deploy(box, "n2", "web", packed_app(tmp_path).data)
+        # A node that left long ago: its key stayed, and nothing else of it did.
+        await box.registry.put(held_key("n9"), HeldCopies("n9", {digest: 10}).encode())
+        await trio.sleep(5)
+        assert await box.registry.get(held_key("n9")) is None
+        for node in ("n1", "n2", "n3"):
+            assert await box.registry.get(held_key(node)) is not None
+        # n3's record lapses: after the grace its key goes, and stays gone meanwhile.
+        await box.registry.delete(node_key("n3"))
+        await trio.sleep(10)
+        assert await box.registry.get(held_key("n3")) is None
+        # Back again: n3 writes what it holds on its next pass.
+        await box.registry.put(
+            node_key("n3"), NodeRecord(id="n3", rack="r2", api_address="n3:1").encode()
+        )
+        await trio.sleep(3)
+        assert await held(box, "n3") == set(box.stores["n3"].held())
+        assert await box.registry.get(held_key("n1")) is not None

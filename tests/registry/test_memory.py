@@ -108,3 +108,60 @@ async def test_a_lease_needs_a_positive_ttl() -> None:
     registry = MemoryRegistry()
     with pytest.raises(ValueError, match="> 0"):
         await registry.grant(0)
+
+
+async def test_a_quiet_watcher_is_not_told_of_compaction_of_other_prefixes() -> None:
+    registry = MemoryRegistry(history=2)
+    async with registry.watch("placement/") as events:
+        for i in range(5):
+            await registry.put(f"apps/a{i}", b"x")  # none of these concern the watcher
+        await registry.put("placement/a0", b"y")
+        (event,) = await take_events(events, 1)
+    assert event.kv.key == "placement/a0"
+
+
+async def idle_watch(registry: MemoryRegistry, scope: trio.CancelScope) -> None:
+    """Watch a prefix nothing writes to, until ``scope`` is cancelled."""
+    with scope:
+        async with registry.watch("apps/") as events:
+            await take_events(events, 1, within=1000)
+
+
+async def test_a_lease_granted_later_still_lapses_on_time(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # One watcher (the first to wait) times the lease deadlines for all: a lease granted
+    # later with an earlier deadline must wake it, though no write concerns its prefix.
+    registry = MemoryRegistry()
+    long = await registry.grant(100)
+    await registry.put(node_key("n1"), b"alive", lease=long.id)
+    t0 = trio.current_time()
+    keeper = trio.CancelScope()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(idle_watch, registry, keeper)
+        await trio.sleep(1)  # it waits first: it times the deadlines (the next at 100 s)
+        async with registry.watch("nodes/") as events:
+            short = await registry.grant(5)
+            await registry.put(node_key("n2"), b"alive", lease=short.id)
+            put, gone = await take_events(events, 2, within=200)
+        keeper.cancel()
+    assert (put.type, gone.type, gone.kv.key) == (EventType.PUT, EventType.DELETE, "nodes/n2")
+    assert trio.current_time() - t0 == 6
+
+
+async def test_when_the_timing_watch_ends_another_watcher_takes_over(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    registry = MemoryRegistry()
+    lease = await registry.grant(30)
+    await registry.put(node_key("n1"), b"alive", lease=lease.id)
+    t0 = trio.current_time()
+    keeper = trio.CancelScope()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(idle_watch, registry, keeper)
+        await trio.sleep(1)  # it waits first: it times the deadlines
+        async with registry.watch("nodes/") as events:
+            keeper.cancel()  # its watch ends; this one must take the deadlines over
+            (gone,) = await take_events(events, 1, within=100)
+    assert gone.kv.key == "nodes/n1"
+    assert trio.current_time() - t0 == 30

@@ -106,3 +106,77 @@ async def test_a_node_killed_and_restarted_within_its_lease_runs_its_apps_again(
         await fleet.run_faults([Fault(0.0, "kill", "n4", 9.2)])
         await trio.sleep(120)
         assert fleet.checker.check_converged() == []
+
+
+async def test_the_checker_reports_a_restart_that_neither_moved_nor_crashed(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with open_fleet(3) as fleet:
+        await fleet.cluster.wait_for_coordinator()
+        await fleet.put_app(app("web", 1))
+        await trio.sleep(20)
+        [host] = fleet.cluster.instances()["web"]
+        launcher = fleet.cluster.node(host).launcher
+        # A crash is a reason: the supervisor starts it again, and that is no violation.
+        [first] = launcher.alive()
+        first.exit(1)
+        await trio.sleep(20)
+        [second] = launcher.alive()
+        assert second.pid != first.pid
+        assert fleet.violations == []
+        # Stopped by SIGTERM, as only corral stops it, with nothing moved or redeployed.
+        await second.stop(5.0)
+        await trio.sleep(20)
+        assert len(launcher.alive()) == 1
+        assert [v.invariant for v in fleet.violations] == ["restart"]
+
+
+async def test_a_redeploy_and_a_move_are_no_restart_violation(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with open_fleet(3, lease_ttl=15.0) as fleet:
+        await fleet.cluster.wait_for_coordinator()
+        await fleet.put_app(app("web", "all"))
+        await trio.sleep(20)
+        await fleet.put_app(
+            AppRecord("web", replicas="all", deployment=Deployment("2" * 64, ["python3", "v2"]))
+        )
+        await trio.sleep(30)
+        revisions = {
+            p.spec.revision for node in fleet.cluster.nodes.values() for p in node.launcher.alive()
+        }
+        assert len(revisions) == 1
+        assert len(fleet.cluster.instances()["web"]) == 3
+        assert fleet.violations == []
+
+
+async def test_the_checker_reports_a_relocation_within_the_grace(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # The coordinator relocates as soon as a record lapses (grace 0), while the operator
+    # (the checker) expects a down node to keep its work for 60 s.
+    policy = Policy(grace_period_s=0.0)
+    async with open_fleet(3, lease_ttl=15.0, policy=policy, grace=60.0) as fleet:
+        await fleet.cluster.wait_for_coordinator()
+        await fleet.put_app(app("web", 1))
+        await trio.sleep(20)
+        [host] = fleet.cluster.instances()["web"]
+        await fleet.run_faults([Fault(0.0, "kill", host, 40.0)])
+        assert [v.invariant for v in fleet.violations] == ["relocation"]
+        assert host in fleet.violations[0].detail
+
+
+async def test_a_relocation_after_the_grace_is_no_violation(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    policy = Policy(grace_period_s=10.0)
+    async with open_fleet(3, lease_ttl=15.0, policy=policy) as fleet:
+        await fleet.cluster.wait_for_coordinator()
+        await fleet.put_app(app("web", 1))
+        await trio.sleep(20)
+        [host] = fleet.cluster.instances()["web"]
+        await fleet.run_faults([Fault(0.0, "kill", host, 60.0)])
+        placement = await fleet.cluster.placement("web")
+        assert placement is not None
+        assert host not in placement.nodes
+        assert fleet.violations == []

@@ -164,10 +164,12 @@ from corral.registry import (
     NodeRecord,
     ProxyRecord,
     Put,
+    Record,
     Registry,
     RegistryError,
     RevisionCompacted,
     RolloutRecord,
+    Undecodable,
     decode_record,
 )
 from corral.supervision import Actor, ChildSpec, Restart, TimerHandle
@@ -299,6 +301,9 @@ class Coordinator(Actor):
         # revisions a pass already read, and the revisions of our own writes.
         self._input_watch: trio.CancelScope | None = None
         self._read_revision = 0
+        # key -> (mod_revision, decoded record) of the last pass: unchanged keys are
+        # not decoded again (see view_from_kvs).
+        self._decoded: dict[str, tuple[int, Record | Undecodable]] = {}
         self._own_revisions: set[int] = set()
         # Last report per (event kind, app, node): what it said, and when (trio time).
         self._reports = ReportLog(self._policy.cooldown_s)
@@ -656,7 +661,7 @@ class Coordinator(Actor):
         for response in result.responses:
             assert isinstance(response, list)
             kvs.extend(response)
-        return view_from_kvs(kvs)
+        return view_from_kvs(kvs, memo=self._decoded)
 
     async def _read_routing(self) -> tuple[KeyValue, ...]:
         """The routing table and every proxy record, read only while some app rolls

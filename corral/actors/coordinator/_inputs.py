@@ -78,6 +78,7 @@ from corral.registry import (
     NodeIntent,
     NodeRecord,
     PlacementRecord,
+    Record,
     Undecodable,
     decode_record,
 )
@@ -121,11 +122,20 @@ class RegistryView:
     down: Mapping[str, CurrentDown] = field(default_factory=dict)
 
 
-def view_from_kvs(kvs: Iterable[KeyValue]) -> RegistryView:
+def view_from_kvs(
+    kvs: Iterable[KeyValue],
+    *,
+    memo: dict[str, tuple[int, Record | Undecodable]] | None = None,
+) -> RegistryView:
     """Decode what a pass read from :data:`INPUT_PREFIXES` (in any order).
 
     A value of the wrong kind for its key, or one that breaks its schema, is
     :class:`~corral.registry.Undecodable`; it never raises.
+
+    Args:
+        memo: key -> (mod_revision, decoded) from the previous pass, updated in place
+            to this pass's keys: a key at the same mod_revision holds the same bytes,
+            so an unchanged record is not decoded again (records are frozen).
     """
     apps: dict[str, AppRecord] = {}
     nodes: dict[str, NodeRecord] = {}
@@ -133,8 +143,15 @@ def view_from_kvs(kvs: Iterable[KeyValue]) -> RegistryView:
     placements: dict[str, CurrentPlacement] = {}
     down: dict[str, CurrentDown] = {}
     undecodable: list[Undecodable] = []
+    seen: dict[str, tuple[int, Record | Undecodable]] = {}
     for kv in kvs:
-        record = decode_record(kv.key, kv.value)
+        known = None if memo is None else memo.get(kv.key)
+        if known is not None and known[0] == kv.mod_revision:
+            record = known[1]
+        else:
+            record = decode_record(kv.key, kv.value)
+        if memo is not None:
+            seen[kv.key] = (kv.mod_revision, record)
         name = kv.key.partition("/")[2]
         if isinstance(record, Undecodable):
             undecodable.append(record)
@@ -152,6 +169,9 @@ def view_from_kvs(kvs: Iterable[KeyValue]) -> RegistryView:
             undecodable.append(
                 Undecodable(kv.key, f"a {type(record).__name__} is not expected here")
             )
+    if memo is not None:
+        memo.clear()
+        memo.update(seen)
     return RegistryView(
         apps=dict(sorted(apps.items())),
         nodes=dict(sorted(nodes.items())),
@@ -334,9 +354,21 @@ def _capacity_input(cap: NodeCapacity) -> dict[str, Any]:
     }
 
 
+#: Field names per dataclass type, looked up once (``dataclasses.fields`` is slow and a
+#: pass canonicalizes every app, node and placement).
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+_SCALARS: frozenset[type] = frozenset({str, int, bool, type(None)})
+
+
 def _canonical(value: Any) -> Any:
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _canonical(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    cls = type(value)
+    if cls in _SCALARS:
+        return value
+    names = _FIELD_NAMES.get(cls)
+    if names is None and dataclasses.is_dataclass(value) and not isinstance(value, type):
+        names = _FIELD_NAMES[cls] = tuple(f.name for f in dataclasses.fields(value))
+    if names is not None:
+        return {name: _canonical(getattr(value, name)) for name in names}
     if isinstance(value, Mapping):
         return {str(k): _canonical(v) for k, v in sorted(value.items())}
     if isinstance(value, list | tuple):

@@ -63,7 +63,11 @@ keeps the instance where it is and drops its replacement; it is reported, not fa
 **Order within a pass.** Apps declaring no resources are planned first, by name: they
 reserve nothing, so each is independent of the others. Then apps declaring resources,
 largest memory first (then disk, then name), each reserving what its new instances take so
-that later apps see it.
+that later apps see it. Before the first of them is placed, every instance the pass is sure
+to remove gives its allocatable room back (an "all" app's instance its selector excludes, a
+scale-down's surplus, an excluded instance whose relocation the budget is sure to grant),
+so a larger app planned early sees the room a smaller one planned later frees: applying the
+output and planning again then places nothing more.
 
 **Pinned, retired, blocked, deleted.** A pinned app never loses an instance to the planner;
 its instances on gone nodes are reported stranded. The one exception is the operator's: a
@@ -495,6 +499,8 @@ class _Pass:
         self.alloc_disk10: dict[str, int] = {}
         self.free_mem: dict[str, int] = {}
         self.free_disk10: dict[str, int] = {}
+        # Per resource app, the instances whose room release_certain gave back.
+        self.released: dict[str, frozenset[str]] = {}
         self.views: dict[Selector, _View] = {}
 
         # Drains that would interrupt pinned work are refused: the node keeps its work.
@@ -1030,10 +1036,75 @@ class _Pass:
         self._adjust(app, nodes, taken=1, freed=1)
 
     def release(self, app: AppSpec, result: _Result) -> None:
-        """Give back the allocatable room of the instances of ``app`` this pass removes,
-        so later apps in the pass see what the next pass would (idempotence)."""
+        """Give back the allocatable room of the instances of ``app`` this pass removes
+        that :meth:`release_certain` has not given back already."""
         final = set(result.target if result.target is not None else (*result.keep, *result.adds))
-        self._adjust(app, [h for h in result.hosts if h not in final], taken=-1, freed=0)
+        early = self.released.get(app.name, _EMPTY_SET)
+        self._adjust(
+            app, [h for h in result.hosts if h not in final and h not in early], taken=-1, freed=0
+        )
+
+    def release_certain(
+        self, resource_apps: Sequence[tuple[AppSpec, Placement | None, tuple[str, ...]]]
+    ) -> None:
+        """Before any resource app is placed, give back the allocatable room of every
+        instance the pass removes whatever it places: those of "all" apps the selector
+        now excludes, the surplus of a scale-down, and the excluded instances of N apps
+        that either get no replacement or whose relocation the remaining disruption budget
+        is sure to grant.
+
+        Apps are planned largest first, so a removal counted only once its own app is
+        planned would free room for the smaller apps after it but not for the larger
+        ones before it; the next pass would then give that room to those, and planning
+        the applied output again would change it. ``resource_apps`` is in planning order.
+        """
+        budget_left = self.budget
+        for app, _placement, hosts in resource_apps:
+            if app.pinned or self.refuse or not hosts:
+                continue
+            selector: Selector = tuple(app.selector.items())
+            keepable, lost, excluded = self.classify(hosts, selector)
+            certain: list[str] = []
+            if app.replicas == "all":
+                certain = excluded
+            else:
+                want = app.replicas
+                assert isinstance(want, int)
+                # plan_resource pairs the first of lost + excluded with its adds and asks
+                # the budget for those pairs only, in this same order of apps; the rest are
+                # removed unasked. At most ``most`` pairs: no more than the replicas
+                # missing, nor than the nodes of the selector that could take one.
+                gone = lost + excluded
+                view = self.view(selector)
+                hosts_set = set(hosts)
+                candidates = sum(1 for n in view.measured(self.avail_mem) if n not in hosts_set)
+                most = min(len(gone), want - min(len(keepable), want), candidates)
+                granted = max(budget_left, 0)
+                certain = [h for i, h in enumerate(gone) if i >= most or i < granted]
+                budget_left -= most
+                if len(keepable) > want:
+                    kept = set(self.scale_down(app, keepable, want))
+                    certain.extend(h for h in keepable if h not in kept)
+            if certain:
+                self.released[app.name] = frozenset(certain)
+                self._adjust(app, certain, taken=-1, freed=0)
+
+    def scale_down(self, app: AppSpec, keepable: Sequence[str], want: int) -> list[str]:
+        """The ``want`` instances a scale-down keeps: the best spread by rendezvous score."""
+        name = app.name
+        by_score = sorted(keepable, key=lambda h: (_score(name, h), h), reverse=True)
+        chosen = spread_select(
+            by_score,
+            complete=True,
+            candidates=set(keepable),
+            extra=_EMPTY_SET,
+            group_of=self.group_of,
+            preselected=(),
+            want=want,
+            groups=None,
+        )
+        assert chosen is not None
+        return chosen[0]
 
     def _adjust(self, app: AppSpec, nodes: Iterable[str], *, taken: int, freed: int) -> None:
         mem, disk10 = app.memory_mb, 10 * app.disk_mb
@@ -1106,20 +1177,7 @@ class _Pass:
             lost_and_excluded: list[str] = []
         elif len(keepable) > want:
             # Scale down: keep the best spread by rendezvous score; the rest are removed.
-            name = app.name
-            by_score = sorted(keepable, key=lambda h: (_score(name, h), h), reverse=True)
-            chosen = spread_select(
-                by_score,
-                complete=True,
-                candidates=set(keepable),
-                extra=_EMPTY_SET,
-                group_of=self.group_of,
-                preselected=(),
-                want=want,
-                groups=None,
-            )
-            assert chosen is not None
-            result.keep = chosen[0]
+            result.keep = self.scale_down(app, keepable, want)
             lost_and_excluded = lost + excluded
         else:
             result.keep = keepable
@@ -1263,6 +1321,7 @@ class _Pass:
                 self.spend(result, result.lost_moves)
         # ...then apps declaring resources, largest first, each reserving what it takes...
         resource_apps.sort(key=lambda r: (-r[0].memory_mb, -r[0].disk_mb, r[0].name))
+        self.release_certain(resource_apps)
         for app, placement, hosts in resource_apps:
             planned = self.plan_resource(app, placement, hosts)
             if planned is not None:

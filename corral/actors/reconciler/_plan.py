@@ -27,10 +27,13 @@ by app name. Stopping keeps the working directory and ports; only deletion from
 the registry clears them, on a later pass, once nothing of the app runs. An app
 whose record or placement cannot be decoded is left exactly as it is.
 
-A pass is **skipped** when the registry's change token and the process table's
-generation are those of the last full pass and no timer (a retry, the periodic
-full pass) is due: the cost of an idle pass is one read, whatever the number of
-apps (:func:`should_skip`).
+A pass is **skipped** when the change token and the process table's generation
+are those of the last full pass and no timer (a retry, the periodic full pass) is
+due (:func:`should_skip`). The change token is the ``mod_revision`` of this node's
+assignment index ``assign/<node>``, which the coordinator writes with the
+placements it follows, so it moves only when this node's assignment does, not on
+every write to the registry: the cost of an idle pass is that one read, whatever
+the number of apps or of other nodes.
 """
 
 from __future__ import annotations
@@ -204,8 +207,9 @@ def should_skip(
     last_generation: str | None,
     timer_due: bool,
 ) -> bool:
-    """Whether a pass can stop after reading the change token (and the process table's
-    generation): nothing moved since the last full pass and no timer is due."""
+    """Whether a pass can stop after reading the change token (the ``mod_revision`` of
+    ``assign/<node>``) and the process table's generation: nothing moved since the last
+    full pass and no timer is due."""
     return not timer_due and token == last_token and generation == last_generation
 
 

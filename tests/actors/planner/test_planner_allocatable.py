@@ -131,3 +131,64 @@ def test_declared_memory_on_a_node_never_exceeds_its_total_across_passes(
             c = by_id[node_id].capacity
             assert c is not None
             assert 10 * (c.disk_mb - used) >= c.disk_floor_x10
+
+
+# The shrunk examples of the idempotence property: a smaller app planned after a larger one
+# frees room on a node; the larger one must see it in the same pass, not the next.
+def _replanned(
+    apps: list[AppSpec], nodes: list[NodeInfo], placements: dict[str, Placement], policy: Policy
+) -> tuple[dict[str, tuple[str, ...]], tuple[tuple[str, str], ...]]:
+    first = plan(apps, nodes, placements, policy, NOW)
+    second = plan(apps, nodes, next_placements(placements, first, NOW), policy, NOW)
+    return dict(first.placements), second.additions
+
+
+def test_an_all_app_sees_the_room_a_smaller_app_excluded_by_its_selector_frees() -> None:
+    full = cap(mem=4096, mem_free=4096, disk=20_000, free=2_500)
+    nodes = [NodeInfo("n0"), NodeInfo("n3", capacity=full), NodeInfo("n5")]
+    apps = [
+        AppSpec("small", replicas="all", selector={"region": "a"}, memory_mb=512),
+        AppSpec("big", replicas="all", memory_mb=4096),
+    ]
+    # No node carries region=a any more: "small" leaves n3, whose 4096 MiB "big" takes now.
+    placements = {"small": Placement(nodes=("n0", "n3"), placed_at={"n0": NOW, "n3": NOW})}
+    first, again = _replanned(apps, nodes, placements, Policy(disruption_budget=0))
+    assert first == {"big": ("n3",)}
+    assert again == ()
+
+
+def test_an_unreplaceable_excluded_instance_frees_its_room_whatever_the_budget() -> None:
+    # "small" has one replica and no node to move to: its instances go without asking the
+    # disruption budget (0 here), so their room is given back before "big" is placed.
+    full = cap(mem=4096, mem_free=4096, disk=20_000, free=2_500)
+    nodes = [NodeInfo("n0"), NodeInfo("n1", capacity=full), NodeInfo("n2")]
+    apps = [
+        AppSpec("small", replicas=1, selector={"region": "a"}, memory_mb=512),
+        AppSpec("big", replicas="all", memory_mb=4096),
+    ]
+    placements = {"small": Placement(nodes=("n0", "n1"))}
+    first, again = _replanned(apps, nodes, placements, Policy(disruption_budget=0))
+    assert first == {"big": ("n1",)}
+    assert again == ()
+
+
+def test_a_relocation_the_budget_defers_keeps_its_room() -> None:
+    # "small" could move from n1 (excluded) to n2, but the budget is 0: it stays on n1,
+    # so n1 keeps its 512 MiB reserved and "wide", planned before it, must not count on them.
+    nodes = [
+        NodeInfo("n1", capacity=cap(mem=4096, mem_free=4096, disk=20_000, free=20_000)),
+        NodeInfo("n2", labels={"region": "a"}, capacity=cap(mem=8192, mem_free=8192)),
+    ]
+    apps = [
+        AppSpec("small", replicas=1, selector={"region": "a"}, memory_mb=512),
+        AppSpec("wide", replicas="all", memory_mb=3700),
+    ]
+    placements = {"small": Placement(nodes=("n1",))}
+    d = plan(apps, nodes, placements, Policy(disruption_budget=0), NOW)
+    assert d.placements["small"] == ("n1",)
+    assert [x.node for x in d.deferred] == ["n1"]
+    # n1 has 4096 - 512 = 3584 allocatable: "wide" fits only on n2.
+    assert d.placements["wide"] == ("n2",)
+    # With a budget, the move is sure: n1's room is "wide"'s in the same pass.
+    d = plan(apps, nodes, placements, Policy(disruption_budget=1), NOW)
+    assert d.placements == {"small": ("n2",), "wide": ("n1", "n2")}
