@@ -540,7 +540,7 @@ async def _open_fleet(
     racks: int,
     lease_ttl: float,
     policy: Policy | None,
-    capacity: Capacity | None,
+    capacity: MeasuredCapacity | None,
     window: float,
     check_interval: float,
     labels: Mapping[str, Mapping[str, str]] | None,
