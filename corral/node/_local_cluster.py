@@ -10,6 +10,7 @@ node processes by pid, and, when asked, the app processes it saw them start.
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -33,9 +34,45 @@ class ClusterTimeout(NodeError):
     """Something the local cluster waited for did not happen in time."""
 
 
+#: Ports handed out by :func:`free_port` in this process (never handed out twice).
+_given: set[int] = set()
+#: How many ports below the kernel's ephemeral range :func:`free_port` picks from.
+_WINDOW = 2500
+
+
+def _ephemeral_low() -> int:
+    try:
+        text = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text()
+        return int(text.split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
-    """A loopback TCP port nothing listens on right now."""
-    with socket.socket() as sock:
+    """A loopback TCP port nothing listens on right now, chosen just below the
+    kernel's ephemeral range.
+
+    A port from the ephemeral range (what binding port 0 gives) can be taken as the
+    source port of any outgoing connection before the node that is to listen on it
+    starts (a node dialling a peer not up yet did, once, and the next node failed
+    with "Address already in use"). Below that range the kernel never hands a port
+    out by itself, so only another listener can take it.
+    """
+    high = _ephemeral_low()
+    low = max(1024, high - _WINDOW)
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(low, high)
+        if port in _given:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _given.add(port)
+        return port
+    with socket.socket() as sock:  # the window is full: any free port will do
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
 
