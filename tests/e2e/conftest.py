@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -40,6 +41,36 @@ def _etcd_url() -> str:
 async def _wipe(url: str) -> None:
     async with open_registry(url) as registry:
         await registry.delete("", prefix=True)
+
+
+@contextmanager
+def tagged_cluster(
+    tmp_path: Path, prefix: str, first_port: int, registry_url: str | None = None
+) -> Iterator[LocalCluster]:
+    """Three running nodes with ids of their own (``<prefix><tag>-1..3``: a node ends
+    processes carrying its id's marker from another life, so parallel runs must not
+    share ids), each with 200 app ports from ``first_port`` on; stopped afterwards,
+    failing if an app process outlived its node."""
+    local = LocalCluster(
+        tmp_path,
+        registry_url=registry_url,
+        lease_ttl_ms=3000,
+        node_ttl_ms=3000,
+        shutdown_grace_ms=5000,
+    )
+    tag = uuid.uuid4().hex[:6]
+    for index in range(3):
+        start = first_port + 200 * index
+        local.add_node(f"{prefix}{tag}-{index + 1}", port_range=(start, start + 199))
+    try:
+        local.start_all()
+        yield local
+    finally:
+        local.stop_all()
+        leftovers = local.kill_leftovers()
+        if registry_url is not None:
+            trio.run(_wipe, registry_url)
+        assert not leftovers, f"app processes outlived their nodes: {leftovers}"
 
 
 @pytest.fixture(params=["sqlite", pytest.param("etcd", marks=pytest.mark.etcd)])

@@ -20,7 +20,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -35,7 +34,7 @@ from corral.proxy import DEFAULT_HAPROXY
 from corral.proxy._local import LocalProxy
 from corral.testing import TrafficGenerator
 
-from .conftest import REPO
+from .conftest import REPO, tagged_cluster
 
 pytestmark = pytest.mark.slow
 
@@ -57,20 +56,8 @@ def haproxy() -> str:
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
-    """Three nodes with ids of their own (a node ends processes carrying its id's
-    marker from another life, so parallel runs must not share ids)."""
-    local = LocalCluster(tmp_path, lease_ttl_ms=3000, node_ttl_ms=3000, shutdown_grace_ms=5000)
-    tag = uuid.uuid4().hex[:6]
-    for index in range(3):
-        start = 27600 + 200 * index
-        local.add_node(f"rd{tag}-{index + 1}", port_range=(start, start + 199))
-    try:
-        local.start_all()
+    with tagged_cluster(tmp_path, "rd", 27600) as local:
         yield local
-    finally:
-        local.stop_all()
-        leftovers = local.kill_leftovers()
-        assert not leftovers, f"app processes outlived their nodes: {leftovers}"
 
 
 @pytest.fixture

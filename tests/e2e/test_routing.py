@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -26,25 +25,18 @@ from typing import Any
 
 import httpx
 import pytest
-import trio
 
 from corral.node import pack_directory
-from corral.node._local_cluster import LocalCluster, LocalNode, wait_for
+from corral.node._local_cluster import LocalCluster, LocalNode, free_port, wait_for
 from corral.proxy import DEFAULT_CADDY, DEFAULT_HAPROXY
 from corral.proxy._local import LocalProxy
 
-from .conftest import GREETER, _etcd_url, _wipe
+from .conftest import GREETER, _etcd_url, tagged_cluster
 
 pytestmark = pytest.mark.slow
 
 STEP = 40.0
 BINARIES = {"haproxy": DEFAULT_HAPROXY, "caddy": DEFAULT_CADDY}
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.fixture(params=["sqlite", pytest.param("etcd", marks=pytest.mark.etcd)])
@@ -53,22 +45,8 @@ def cluster(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LocalClu
     processes that carry its id's marker from another life, so two clusters on one
     machine with the same ids (parallel test runs) would end each other's apps."""
     url = _etcd_url() if request.param == "etcd" else None
-    local = LocalCluster(
-        tmp_path, registry_url=url, lease_ttl_ms=3000, node_ttl_ms=3000, shutdown_grace_ms=5000
-    )
-    tag = uuid.uuid4().hex[:6]
-    for index in range(3):
-        start = 26000 + 200 * index
-        local.add_node(f"rt{tag}-{index + 1}", port_range=(start, start + 199))
-    try:
-        local.start_all()
+    with tagged_cluster(tmp_path, "rt", 26000, url) as local:
         yield local
-    finally:
-        local.stop_all()
-        leftovers = local.kill_leftovers()
-        if url is not None:
-            trio.run(_wipe, url)
-        assert not leftovers, f"app processes outlived their nodes: {leftovers}"
 
 
 def node(cluster: LocalCluster, index: int) -> LocalNode:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -22,16 +21,11 @@ from pathlib import Path
 import pytest
 import trio
 
+from corral.node._local_cluster import free_port
 from corral.proxy import DEFAULT_CADDY, DEFAULT_HAPROXY
 
 BACKEND = Path(__file__).with_name("_backend.py")
 BINARIES = {"haproxy": DEFAULT_HAPROXY, "caddy": DEFAULT_CADDY}
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def require_binary(kind: str) -> None:
