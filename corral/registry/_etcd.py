@@ -130,10 +130,42 @@ class _JsonBody(httpx.AsyncByteStream):
         return self._data
 
 
+class _HandshakeGuard:
+    """An httpcore ``trace`` hook that closes a socket whose TLS handshake was cut short.
+
+    httpcore (1.0.9) closes the TCP stream when ``start_tls`` raises an ``Exception``,
+    but not when an outer cancel scope interrupts it (``trio.Cancelled`` is a
+    ``BaseException``): the connected socket is dropped unclosed and reported when it
+    is collected. Registry calls are cancelled mid-flight as a matter of course (a
+    caller's deadline, a watch ended, a node stopping), so every TLS request carries
+    this hook: it remembers the stream ``connect_tcp`` returned until the handshake
+    completes, and closes its socket if the handshake fails in any way.
+    """
+
+    __slots__ = ("_stream",)
+
+    def __init__(self) -> None:
+        self._stream: Any = None
+
+    async def __call__(self, event: str, info: dict[str, Any]) -> None:
+        if event == "connection.connect_tcp.complete":
+            self._stream = info.get("return_value")
+        elif event == "connection.start_tls.complete":
+            self._stream = None
+        elif event == "connection.start_tls.failed" and self._stream is not None:
+            stream, self._stream = self._stream, None
+            # Synchronous on purpose: this runs inside the cancelled scope.
+            sock = stream.get_extra_info("socket")
+            if sock is not None:
+                sock.close()
+
+
 def _json_request(
     client: httpx.AsyncClient, url: str, content: str, **kwargs: Any
 ) -> httpx.Request:
     data = content.encode()
+    if url.startswith("https:"):
+        kwargs["extensions"] = {"trace": _HandshakeGuard()}
     request = client.build_request("POST", url, content=data, **kwargs)
     request.stream = _JsonBody(data)
     return request
@@ -475,10 +507,13 @@ class EtcdRegistry(Registry):
                     compacted = _int(result.get("compact_revision"))
                     if compacted:
                         raise RevisionCompacted(next_revision, compacted - 1)
-                    raise RegistryUnavailable(
-                        "etcd cancelled the watch: "
-                        f"{result.get('cancel_reason') or 'no reason given'}"
-                    )
+                    reason = str(result.get("cancel_reason") or "no reason given")
+                    # etcd 3.4 answers a watch sent with a lapsed token with a
+                    # stream that says so, not with an HTTP error.
+                    refused = self._auth_error(reason, 16, "/v3/watch")
+                    if refused is not None:
+                        raise refused
+                    raise RegistryUnavailable(f"etcd cancelled the watch: {reason}")
                 yield result
 
     def _event(self, raw: dict[str, Any]) -> WatchEvent:
