@@ -167,13 +167,14 @@ def test_new_placement_is_guarded_on_absence_and_fence() -> None:
     )
     op, *index = batch.operations
     assert isinstance(op, Put)
-    assert decode_record(op.key, op.value) == PlacementRecord(
+    record = PlacementRecord(
         nodes=["n1", "n2"], decided_at=9.0, fence=5, placed_at={"n1": 9.0, "n2": 9.0}
     )
-    # In the same fenced transaction: each node's assignment index.
+    assert decode_record(op.key, op.value) == record
+    # In the same fenced transaction: each node's assignment index, with its stamp.
     assert [decode_record(i.key, i.value) for i in index if isinstance(i, Put)] == [
-        NodeAssignment("n1", ["a"]),
-        NodeAssignment("n2", ["a"]),
+        NodeAssignment("n1", ["a"], {"a": record.stamp_for("n1")}),
+        NodeAssignment("n2", ["a"], {"a": record.stamp_for("n2")}),
     ]
 
 
@@ -289,13 +290,19 @@ def test_rollout_writes_only_what_changed_under_the_fence() -> None:
         Compare.mod_revision_is(placement_key("ends"), 12),
         Compare.mod_revision_is(placement_key("starts"), 11),
     )
-    decoded = [decode_record(op.key, op.value) for op in batch.operations if isinstance(op, Put)]
+    decoded = [
+        decode_record(op.key, op.value)
+        for op in batch.operations
+        if isinstance(op, Put) and op.key.startswith("placement/")
+    ]
     assert decoded == [
         dataclasses.replace(plain, fence=5),
         dataclasses.replace(plain, fence=5, rollout=_rolling()),
     ]
-    # Only placement keys: the node sets did not move, so no assignment index does.
-    assert all(op.key.startswith("placement/") for op in batch.operations)
+    # The node sets did not move, but the revision a rollout names for n1 and n2 did
+    # (from none), so their indexes are written in the same transaction.
+    index = [op.key for op in batch.operations if not op.key.startswith("placement/")]
+    assert index == ["assign/n1", "assign/n2"]
     assert plan_rollout_writes({"a": None}, {}, fence=5) == ()
     many = {f"app{i}": CurrentPlacement(plain, i + 1) for i in range(5)}
     batches = plan_rollout_writes(dict.fromkeys(many, _rolling()), many, fence=5, max_writes=2)

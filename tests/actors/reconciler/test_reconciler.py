@@ -43,16 +43,14 @@ from corral.registry import (
     MemoryRegistry,
     NodeRecord,
     NodeRollout,
-    PlacementRecord,
     PortClaim,
     RolloutRecord,
     app_key,
     decode_record,
     node_key,
-    placement_key,
 )
 from corral.supervision import ActorCrashed, ActorRef, ActorSystem, open_actor_system
-from corral.testing import CountingRegistry
+from corral.testing import CountingRegistry, sync_app_specs, write_placement
 
 R1, R2 = "1" * 64, "2" * 64
 NODE = "node-a"
@@ -119,10 +117,12 @@ async def deploy(
 ) -> None:
     deployment = None if revision is None else Deployment(revision, ["python3", "server.py"])
     await registry.put(app_key(app), AppRecord(app, deployment=deployment, **flags).encode())
+    await sync_app_specs(registry)  # what the coordinator writes for the changed app
 
 
 async def place(registry: CountingRegistry, app: str, *nodes: str) -> None:
-    await registry.put(placement_key(app), PlacementRecord(list(nodes), 0.0, 1).encode())
+    """Place ``app`` as the coordinator does: with the index of its nodes."""
+    await write_placement(registry, app, nodes)
 
 
 async def until(predicate: Callable[[], Any], step: float = 0.05) -> None:
@@ -287,8 +287,8 @@ async def test_a_change_reads_only_the_apps_it_names(
             await deploy(agent.registry, f"app-{i}")
             await place(agent.registry, f"app-{i}", NODE if i < 5 else "node-b")
         await agent.settle()
-        registry.prefixes.clear()
         await deploy(agent.registry, "app-1", revision=R2)
+        registry.prefixes.clear()  # the test's own coordinator writes read everything
         await until(lambda: any(p.spec.revision == R2 for p in agent.launcher.alive()))
         await agent.settle()
         # Nothing ranges over every app or placement: only this node's own port claims.
@@ -377,7 +377,7 @@ async def test_a_deleted_app_is_cleaned_and_its_ports_wait_out_the_quarantine(
         await agent.settle()
         old_ports = {p for p, app in (await agent.claims()).items() if app == "old"}
         await agent.registry.delete(app_key("old"))
-        await agent.registry.delete(placement_key("old"))
+        await place(agent.registry, "old")  # the coordinator deletes its placement
         await until(lambda: not AppPaths.of(tmp_path, "old").root.exists())
         await agent.settle()
         assert "old" not in await agent.rows()
@@ -563,9 +563,7 @@ async def _redeploy(agent: Agent, artifact: bytes = b"python3 server.py", **fiel
     # What the coordinator's rollout does next: tell the node to switch (a redeploy
     # reaches a node running the previous revision only through a rollout).
     rollout = RolloutRecord(revision, {NODE: NodeRollout(revision, "restarting", 0.0)})
-    await agent.registry.put(
-        placement_key("hello"), PlacementRecord([NODE], 0.0, 1, rollout=rollout).encode()
-    )
+    await write_placement(agent.registry, "hello", [NODE], rollout=rollout)
     return revision
 
 
