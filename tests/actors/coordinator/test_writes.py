@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
 import pytest
 from hypothesis import given, settings
@@ -18,9 +19,11 @@ from corral.actors.coordinator import (
 )
 from corral.registry import (
     COORDINATOR_LEASE_KEY,
+    AppRecord,
     Compare,
     CompareTarget,
     Delete,
+    Deployment,
     NodeAssignment,
     NodeRollout,
     PlacementRecord,
@@ -264,8 +267,9 @@ def test_a_node_set_change_carries_the_rollout_over() -> None:
     record = PlacementRecord(
         nodes=["n1", "n2"], decided_at=1.0, fence=3, placed_at={}, rollout=_rolling()
     )
-    plan = plan_writes({"a": ("n1", "n2", "n3")}, {"a": CurrentPlacement(record, 7)},
-                       fence=5, decided_at=9.0)
+    plan = plan_writes(
+        {"a": ("n1", "n2", "n3")}, {"a": CurrentPlacement(record, 7)}, fence=5, decided_at=9.0
+    )
     (write,) = plan.writes
     assert write.record is not None
     assert write.record.rollout == _rolling()
@@ -281,8 +285,13 @@ def test_rollout_writes_only_what_changed_under_the_fence() -> None:
         "ends": CurrentPlacement(rolling, 12),
         "newer": CurrentPlacement(newer, 13),
     }
-    wanted = {"same": _rolling(), "starts": _rolling(), "ends": None, "newer": _rolling(),
-              "unplaced": _rolling()}
+    wanted = {
+        "same": _rolling(),
+        "starts": _rolling(),
+        "ends": None,
+        "newer": _rolling(),
+        "unplaced": _rolling(),
+    }
     (batch,) = plan_rollout_writes(wanted, current, fence=5)
     assert [w.app for w in batch.writes] == ["ends", "starts"]
     assert batch.compares == (
@@ -309,3 +318,76 @@ def test_rollout_writes_only_what_changed_under_the_fence() -> None:
     assert [len(b.writes) for b in batches] == [2, 2, 1]
     with pytest.raises(ValueError, match="fence"):
         plan_rollout_writes({}, {}, fence=0)
+
+
+def _index_of(operations: Sequence[Put | Delete], node: str) -> NodeAssignment:
+    (op,) = [o for o in operations if isinstance(o, Put) and o.key == f"assign/{node}"]
+    record = decode_record(op.key, op.value)
+    assert isinstance(record, NodeAssignment)
+    return record
+
+
+def test_a_rollout_switching_one_node_moves_that_nodes_index_alone() -> None:
+    old, new = "0" * 64, "1" * 64
+    pending = RolloutRecord(
+        new, {n: NodeRollout(old, "pending", 1.0) for n in ("n1", "n2", "n3")}, started_at=1.0
+    )
+    record = PlacementRecord(["n1", "n2", "n3"], 1.0, 3, rollout=pending)
+    other = PlacementRecord(["n1"], 1.0, 3)
+    current = {"a": CurrentPlacement(record, 7), "b": CurrentPlacement(other, 8)}
+    # n1 is taken out of the table: a step, no new revision for any node.
+    out = dataclasses.replace(
+        pending, nodes={**pending.nodes, "n1": NodeRollout(old, "out-of-table", 2.0)}
+    )
+    (batch,) = plan_rollout_writes({"a": out}, current, fence=5)
+    assert [op.key for op in batch.operations] == [placement_key("a")]
+    # n2 is told to run the new revision: its index moves, in the same fenced txn.
+    switched = dataclasses.replace(
+        pending, nodes={**pending.nodes, "n2": NodeRollout(new, "restarting", 2.0)}
+    )
+    (batch,) = plan_rollout_writes({"a": switched}, current, fence=5)
+    assert batch.compares == (fence_guard(5), Compare.mod_revision_is(placement_key("a"), 7))
+    assert [op.key for op in batch.operations] == [placement_key("a"), "assign/n2"]
+    index = _index_of(batch.operations, "n2")
+    written = dataclasses.replace(record, rollout=switched, fence=5)
+    assert index == NodeAssignment("n2", ["a"], {"a": written.stamp_for("n2")})
+    assert written.stamp_for("n2") != record.stamp_for("n2")
+
+
+def test_an_app_change_its_nodes_act_on_moves_their_indexes() -> None:
+    app = AppRecord("a", deployment=Deployment("1" * 64, ["run"]))
+    placed = plan_writes({"a": ("n1", "n2")}, {}, fence=5, decided_at=1.0, apps={"a": app})
+    record = placed.records["a"]
+    assert record is not None
+    assert record.spec == app.node_spec()
+    current = {"a": CurrentPlacement(record, 7)}
+    # Labels, replicas: nothing a node acts on, nothing written.
+    relabelled = dataclasses.replace(app, labels={"team": "x"}, replicas=2)
+    assert plan_rollout_writes({"a": None}, current, fence=5, apps={"a": relabelled}) == ()
+    # A new revision, a memory limit, a flag: the placement takes the new spec and both
+    # nodes' indexes move with it.
+    for changed in (
+        dataclasses.replace(app, deployment=Deployment("2" * 64, ["run"])),
+        dataclasses.replace(app, memory_mb=64),
+        dataclasses.replace(app, teardown_pending=True),
+    ):
+        (batch,) = plan_rollout_writes({"a": None}, current, fence=5, apps={"a": changed})
+        assert [op.key for op in batch.operations] == [placement_key("a"), "assign/n1", "assign/n2"]
+        (write,) = batch.writes
+        assert write.record is not None
+        assert write.record.spec == changed.node_spec() != app.node_spec()
+        assert write.record.nodes == record.nodes
+        for node in ("n1", "n2"):
+            assert _index_of(batch.operations, node).stamps == {"a": write.record.stamp_for(node)}
+
+
+def test_a_moved_placement_writes_the_old_nodes_index_too() -> None:
+    record = PlacementRecord(["n1", "n2"], 1.0, 3)
+    other = PlacementRecord(["n1"], 1.0, 3)
+    current = {"a": CurrentPlacement(record, 7), "b": CurrentPlacement(other, 8)}
+    plan = plan_writes({"a": ("n2", "n3")}, current, fence=5, decided_at=9.0)
+    (batch,) = plan.batches
+    keys = [op.key for op in batch.operations]
+    assert keys == [placement_key("a"), "assign/n1", "assign/n3"]  # n2's stamp is the same
+    assert _index_of(batch.operations, "n1").apps == ["b"]
+    assert _index_of(batch.operations, "n3").apps == ["a"]

@@ -3,10 +3,12 @@ in-memory launcher and registry."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import random
+from collections import Counter
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,6 +47,7 @@ from corral.registry import (
     NodeRollout,
     PortClaim,
     RolloutRecord,
+    WatchEvent,
     app_key,
     decode_record,
     node_key,
@@ -622,3 +625,110 @@ async def test_a_redeploy_with_identical_inputs_restarts_nothing(
         assert again == first
         (process,) = agent.launcher.spawned
         assert process.alive
+
+
+# --------------------------------------------------------------------------- what it watches
+
+
+class WatchLog(CountingRegistry):
+    """A CountingRegistry that counts the events each watch delivers, by the prefix it
+    was opened on, and (``only_assign``) delivers none to a watch outside ``assign/``:
+    what a reconciler sees with nothing but its assignment index to go by."""
+
+    def __init__(self, inner: MemoryRegistry, *, only_assign: bool = False) -> None:
+        super().__init__(inner)
+        self.delivered: Counter[str] = Counter()
+        self.only_assign = only_assign
+
+    def watch(
+        self, prefix: str, start_revision: int | None = None
+    ) -> AbstractAsyncContextManager[AsyncIterator[WatchEvent]]:
+        return self._logged(prefix, start_revision)
+
+    @asynccontextmanager
+    async def _logged(
+        self, prefix: str, start_revision: int | None
+    ) -> AsyncIterator[AsyncIterator[WatchEvent]]:
+        async with super().watch(prefix, start_revision) as events:
+            yield self._delivering(prefix, events)
+
+    async def _delivering(
+        self, prefix: str, events: AsyncIterator[WatchEvent]
+    ) -> AsyncIterator[WatchEvent]:
+        async for event in events:
+            if self.only_assign and not prefix.startswith("assign/"):
+                continue
+            self.delivered[prefix] += 1
+            yield event
+
+
+async def test_placement_writes_for_other_nodes_deliver_nothing_to_this_nodes_watch(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    registry = WatchLog(MemoryRegistry())
+    async with running_agent(tmp_path, registry=registry) as agent:
+        await deploy(agent.registry, "mine")
+        await place(agent.registry, "mine", NODE)
+        await agent.settle()
+        registry.delivered.clear()
+        # Twenty apps placed, moved and redeployed on other nodes.
+        for i in range(20):
+            await deploy(agent.registry, f"app-{i}")
+            await place(agent.registry, f"app-{i}", "node-b")
+            await place(agent.registry, f"app-{i}", "node-b", "node-c")
+            await deploy(agent.registry, f"app-{i}", revision=R2)
+        await trio.sleep(1.0)
+        assert sum(registry.delivered.values()) == 0
+        # ...while a change that names this node is delivered (once: its index).
+        await deploy(agent.registry, "also-mine")
+        await place(agent.registry, "also-mine", NODE)
+        await trio.sleep(1.0)
+        assert dict(registry.delivered) == {f"assign/{NODE}": 1}
+
+
+async def test_a_rollout_switch_and_an_app_change_reach_the_node_through_its_index_alone(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    # Only the assignment index is delivered: no placement or app watch to fall back
+    # on, and the periodic re-read far away.
+    registry = WatchLog(MemoryRegistry(), only_assign=True)
+    async with running_agent(
+        tmp_path, registry=registry, interval=5.0, full_pass_every=3600.0
+    ) as agent:
+        await deploy(agent.registry, "hello")
+        await place(agent.registry, "hello", NODE, "node-b")
+        with trio.fail_after(0.5):
+            await until(lambda: agent.launcher.alive(), step=0.01)
+        # A new revision: the node keeps the one it runs until its rollout names the
+        # new one for it (a step taken for node-b first changes nothing here).
+        record = AppRecord(
+            "hello",
+            deployment=Deployment(R2, ["python3", "server.py"]),
+            previous_deployment=Deployment(R1, ["python3", "server.py"]),
+        )
+        await agent.registry.put(app_key("hello"), record.encode())
+        await sync_app_specs(agent.registry)
+        pending = {
+            NODE: NodeRollout(R1, "pending", 0.0),
+            "node-b": NodeRollout(R2, "restarting", 0.0),
+        }
+        await write_placement(
+            agent.registry, "hello", [NODE, "node-b"], rollout=RolloutRecord(R2, pending)
+        )
+        await trio.sleep(1.0)
+        assert [p.spec.revision for p in agent.launcher.alive()] == [R1]
+        switch = {**pending, NODE: NodeRollout(R2, "restarting", 0.0)}
+        await write_placement(
+            agent.registry, "hello", [NODE, "node-b"], rollout=RolloutRecord(R2, switch)
+        )
+        with trio.fail_after(0.5):  # within a pass, not on a timer
+            await until(lambda: [p.spec.revision for p in agent.launcher.alive()] == [R2])
+        # The app is torn down: a flag in its record alone, no placement change.
+        torn = dataclasses.replace(record, teardown_pending=True)
+        await agent.registry.put(app_key("hello"), torn.encode())
+        await sync_app_specs(agent.registry)
+        drain = record.rollout.drain_ms / 1000  # out of routing first, then the stop
+        with trio.fail_after(drain + 0.5):
+            await until(lambda: not agent.launcher.alive(), step=0.01)
+        stops = [e.fields for e in agent.system.events() if e.kind == "reconcile.stop"]
+        assert stops[-1] == {"app": "hello", "reason": STOP_TEARDOWN}
