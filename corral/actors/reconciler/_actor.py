@@ -321,6 +321,9 @@ class Reconciler(Actor):
         self._next_full = -float("inf")
         self._assigned: set[str] = set()
         self._local: set[str] = set()
+        # The apps this node holds port claims for, as the last full or periodic pass
+        # read them.
+        self._claimed: set[str] = set()
         # The index's stamps as the last pass read them (an app whose stamp moves since
         # is read again), and whether the watch broke (so changes may have been missed
         # and the next pass reads everything).
@@ -474,7 +477,7 @@ class Reconciler(Actor):
                 await self._read_changed(dirty, frozenset(indexed))
             if full or refresh:
                 self._next_full = t0 + self._full_pass_every
-            await self._full_pass(summary)
+            await self._full_pass(summary, own, read_claims=full or refresh)
             self._stamps = indexed
             self._last_token, self._last_generation = token, str(generation)
         except (RegistryError, SupervisionError) as exc:
@@ -535,16 +538,25 @@ class Reconciler(Actor):
             elif isinstance(record, Undecodable):
                 self._unknown.add(name)
 
-    async def _full_pass(self, summary: PassSummary) -> None:
-        claims, _ = await read_records(self._registry, node_ports_prefix(self._node_id))
+    async def _full_pass(
+        self, summary: PassSummary, own: KeyValue | None, *, read_claims: bool
+    ) -> None:
+        if read_claims:
+            # Only this node's port allocator claims ports, for apps this pass starts
+            # (so in the process table from then on): read again with everything else,
+            # for the claims a previous life of the node left.
+            claims, _ = await read_records(self._registry, node_ports_prefix(self._node_id))
+            self._claimed = {
+                c.app
+                for c in claims.values()
+                if isinstance(c, PortClaim) and c.node == self._node_id
+            }
         rows = await self._processes.ask(ListProcesses(), self._ask_timeout)
 
         records = self._records
         by_app = self._placed
         unknown = set(self._unknown)
-        local = self._local_state() | {
-            c.app for c in claims.values() if isinstance(c, PortClaim) and c.node == self._node_id
-        }
+        local = self._local_state() | self._claimed
         processes = process_views(rows)
         running = {app: p.revision for app, p in processes.items() if p.phase == "live"}
         views = app_views(self._node_id, records.values(), by_app, running)
@@ -588,7 +600,7 @@ class Reconciler(Actor):
         rows = await self._processes.ask(ListProcesses(), self._ask_timeout)
         serving = serving_set(rows, self._failed.values())
         summary.serving = len(serving)
-        summary.published = await self._publish(serving, summary)
+        summary.published = await self._publish(serving, summary, own)
         self._assigned = {name for name, view in views.items() if view.assigned}
         self._local = local | {row["app"] for row in rows}
         # Keep only the records of apps that concern this node: the next pass that is
@@ -748,6 +760,7 @@ class Reconciler(Actor):
         reply = await self._ports.ask(ReleasePorts(app), self._ask_timeout)
         if not reply.get("ok"):
             return f"app {app}: cannot release its ports: {reply.get('message')}"
+        self._claimed.discard(app)
         root = AppPaths.of(self._data_dir, app).root
         try:
             await remove_tree(root)
@@ -806,12 +819,21 @@ class Reconciler(Actor):
         await trio.sleep(drain)
         return ready
 
-    async def _publish(self, serving: dict[str, ServingEntry], summary: PassSummary) -> bool:
+    async def _publish(
+        self,
+        serving: dict[str, ServingEntry],
+        summary: PassSummary,
+        read: KeyValue | None = None,
+    ) -> bool:
+        """Publish ``serving`` onto this node's record; ``read``: the record as this pass
+        read it, tried first (a compare-and-swap: a record changed since is read again)."""
         key = node_key(self._node_id)
         for _ in range(5):
             # Read at every attempt: a withdrawal made while this one waited wins.
             serving = self._routed_out(serving)
-            current = await self._registry.get(key)
+            current, read = (
+                (read, None) if read is not None else (await self._registry.get(key), None)
+            )
             if current is None:
                 summary.errors.append(
                     f"node record {key} does not exist yet; its serving set is published on a "
