@@ -424,6 +424,12 @@ def _float_dict(value: Any, name: str) -> dict[str, float]:
     return {_str(k, name): _float(v, name) for k, v in value.items()}
 
 
+def _short_digest(text: str) -> str:
+    """16 hex digits that change when ``text`` does (a change stamp, not a security
+    digest)."""
+    return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
+
+
 def _obj(value: Any, name: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise ValueError(f"field {name!r} must be an object")
@@ -704,6 +710,25 @@ class AppRecord:
             if deployment is not None and deployment.revision == revision:
                 return deployment
         return None
+
+    def node_spec(self) -> str:
+        """A short digest of what a node serving the app reads of this record: the
+        revisions it may run (current and previous deployment, with their readiness
+        checks), the memory limit it starts them with, the flags it stops them for and
+        the drain time. The coordinator keeps it in the app's placement
+        (:attr:`PlacementRecord.spec`) and moves the assignment index of the app's
+        nodes when it changes (:meth:`PlacementRecord.stamp_for`), so only they read
+        the record again. A change of replicas, selector, labels or domains leaves it
+        as it is: no node acts on those (the placement they lead to does move)."""
+        parts = [
+            "" if d is None else f"{d.revision}:{d.health!r}"
+            for d in (self.deployment, self.previous_deployment)
+        ]
+        parts.append(
+            f"{self.memory_mb}:{self.retired:d}{self.blocked:d}{self.teardown_pending:d}:"
+            f"{self.rollout.drain_ms}"
+        )
+        return _short_digest("/".join(parts))
 
     def encode(self) -> bytes:
         return _dump(
@@ -1014,6 +1039,9 @@ class PlacementRecord:
     #: The app's rolling deploy in progress or halted (None: none), kept here so it
     #: is written under the fence and a coordinator taking over continues it.
     rollout: RolloutRecord | None = None
+    #: The app's :meth:`AppRecord.node_spec` as the coordinator last wrote this record
+    #: ("": not known, a record written before it was kept).
+    spec: str = ""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "nodes", sorted(set(self.nodes)))
@@ -1021,6 +1049,15 @@ class PlacementRecord:
     def out_of_table(self) -> frozenset[str]:
         """The nodes the rollout leaves out of the routing table (none without one)."""
         return frozenset() if self.rollout is None else self.rollout.out_of_table()
+
+    def stamp_for(self, node: str) -> str:
+        """What ``node`` reads again this placement and its app on, as a short digest:
+        the app's :attr:`spec` and the revision the rollout names for the node (a
+        rollout step that switches no revision leaves it as it is). The coordinator
+        keeps it per app in ``assign/<node>`` (:class:`NodeAssignment`), so a change
+        that concerns the node moves that one key, and no other node's."""
+        named = None if self.rollout is None else self.rollout.revision_for(node)
+        return _short_digest(f"{self.spec}/{named or ''}")
 
     def encode(self) -> bytes:
         out: dict[str, Any] = {
@@ -1031,6 +1068,8 @@ class PlacementRecord:
         }
         if self.rollout is not None:
             out["rollout"] = self.rollout.to_json()
+        if self.spec:
+            out["spec"] = self.spec
         return _dump(out)
 
     @classmethod
@@ -1044,6 +1083,7 @@ class PlacementRecord:
             rollout=None
             if rollout is None
             else RolloutRecord.from_json(_obj(rollout, "rollout")),
+            spec=_str(_field(obj, "spec", ""), "spec"),
         )
 
 
@@ -1170,33 +1210,44 @@ class NodeAssignment:
     """``assign/<node>`` (written by the coordinator, in the same fenced transaction as
     the placement records it follows): the apps whose placement names the node.
 
-    A node's reconciler reads this one key first on every pass: its ``mod_revision``
-    moves only when the node's own assignment does, so writes elsewhere in the cluster
-    cost the node's idle pass nothing more. ``apps`` is kept sorted and free of
-    duplicates.
+    A node's reconciler reads this one key first on every pass, and watches only it:
+    its ``mod_revision`` moves only when something the node acts on does, so writes
+    elsewhere in the cluster cost the node nothing. ``stamps`` maps each app to its
+    placement's :meth:`PlacementRecord.stamp_for` the node: the node reads again only
+    the apps whose stamp changed (a record written before stamps were kept has none).
+    ``apps`` is kept sorted and free of duplicates; ``stamps`` names only apps of it.
     """
 
     node: str
     apps: list[str] = field(default_factory=list)
+    stamps: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         validate_name("node", self.node)
         for app in self.apps:
             validate_name("app", app)
-        object.__setattr__(self, "apps", sorted(set(self.apps)))
+        apps = sorted(set(self.apps))
+        object.__setattr__(self, "apps", apps)
+        listed = set(apps)
+        stamps = {app: stamp for app, stamp in sorted(self.stamps.items()) if app in listed}
+        object.__setattr__(self, "stamps", stamps)
 
     @property
     def key(self) -> str:
         return assign_key(self.node)
 
     def encode(self) -> bytes:
-        return _dump({"node": self.node, "apps": list(self.apps)})
+        out: dict[str, Any] = {"node": self.node, "apps": list(self.apps)}
+        if self.stamps:
+            out["stamps"] = dict(self.stamps)
+        return _dump(out)
 
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> NodeAssignment:
         return cls(
             node=_str(_field(obj, "node"), "node"),
             apps=_str_list(_field(obj, "apps"), "apps"),
+            stamps=_str_dict(_field(obj, "stamps", {}), "stamps"),
         )
 
 

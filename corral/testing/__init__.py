@@ -65,6 +65,7 @@ from corral.testing._fleet import (
     open_fleet,
     random_faults,
 )
+from corral.testing._placements import sync_app_specs, write_placement
 from corral.testing._registry import CountingRegistry, GateMode, RegistryGate
 from corral.testing._traffic import (
     PhaseSummary,
@@ -112,6 +113,8 @@ __all__ = [
     "random_faults",
     "run_secure_etcd",
     "summarize",
+    "sync_app_specs",
     "take_events",
     "virtual_wall_clock",
+    "write_placement",
 ]

@@ -22,12 +22,15 @@ from corral.registry import (
     InvalidName,
     KeyKind,
     MeasuredCapacity,
+    NodeAssignment,
     NodeDown,
     NodeIntent,
     NodeRecord,
+    NodeRollout,
     PlacementRecord,
     PortClaim,
     Record,
+    RolloutRecord,
     RoutingTable,
     ServingEntry,
     Undecodable,
@@ -35,6 +38,7 @@ from corral.registry import (
     alias_previous_key,
     app_key,
     artifact_key,
+    assign_key,
     decode_record,
     down_key,
     intent_key,
@@ -218,3 +222,22 @@ def test_bad_values_are_undecodable_with_a_reason(key: str, value: bytes, reason
     assert isinstance(decoded, Undecodable)
     assert decoded.key == key
     assert reason in decoded.reason
+
+
+def test_an_assignment_index_keeps_its_stamps_and_reads_one_written_without() -> None:
+    index = NodeAssignment("n1", ["b", "a"], {"a": "1" * 16, "b": "2" * 16, "gone": "3" * 16})
+    assert index.stamps == {"a": "1" * 16, "b": "2" * 16}  # only apps it lists
+    assert decode_record(assign_key("n1"), index.encode()) == index
+    old = b'{"v": 1, "node": "n1", "apps": ["a"]}'
+    assert decode_record(assign_key("n1"), old) == NodeAssignment("n1", ["a"])
+    # A placement's stamp for a node moves with the app's spec and the revision its
+    # rollout names for that node, and only then.
+    plain = PlacementRecord(["n1", "n2"], 1.0, 1, spec="s1")
+    assert decode_record("placement/a", plain.encode()) == plain
+    rollout = RolloutRecord(
+        "1" * 64, {"n1": NodeRollout("1" * 64, "restarting"), "n2": NodeRollout("0" * 64)}
+    )
+    rolling = PlacementRecord(["n1", "n2"], 2.0, 2, rollout=rollout, spec="s1")
+    assert rolling.stamp_for("n1") != plain.stamp_for("n1")
+    assert PlacementRecord(["n1"], 3.0, 3, spec="s1").stamp_for("n1") == plain.stamp_for("n1")
+    assert PlacementRecord(["n1"], 1.0, 1, spec="s2").stamp_for("n1") != plain.stamp_for("n1")

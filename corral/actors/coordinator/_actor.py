@@ -798,7 +798,12 @@ class Coordinator(Actor):
             plans[app] = RolloutPlan(None) if inputs is None else plan_rollout(inputs)
         wanted = {app: plan.record for app, plan in plans.items()}
         batches = plan_rollout_writes(
-            wanted, view.placements, fence=holding.fence, max_writes=self._max_writes
+            wanted,
+            view.placements,
+            fence=holding.fence,
+            max_writes=self._max_writes,
+            # The app specs nodes act on move with the placements, so not while paused.
+            apps=view.apps if self._paused is None else None,
         )
         rollout_writes = 0
         for batch in batches:
@@ -972,6 +977,7 @@ class Coordinator(Actor):
             decided_at=now,
             max_writes=self._max_writes,
             stopped=decisions.stopped,
+            apps=view.apps,
         )
         if written.superseded:
             newest = max(view.placements[app].record.fence for app in written.superseded)

@@ -39,14 +39,23 @@ coordinator sends one after the other.
   node was decided down, see :mod:`._membership`) go in their own batches,
   sent before the placement batches, each guarded by the fence and by the
   entry's ``mod_revision`` as read (:func:`plan_down_writes`).
-* **Each node's assignment index moves with its placements.** A batch that
-  adds a node to, or takes it from, a placement also writes ``assign/<node>``
-  (:class:`~corral.registry.NodeAssignment`: every app whose placement names
-  the node, as it stands once the batch lands; deleted when none does), in the
-  same fenced transaction. A node's reconciler reads that one key as its
-  change token, so a write that does not concern the node costs it nothing.
-  The index is guarded by the fence alone: only the coordinator writes it,
-  and it is derived from the placements the batch's own guards pin.
+* **Each node's assignment index moves with what the node acts on.** A batch
+  that adds a node to a placement, takes it from one, or changes the node's
+  stamp in one (:meth:`~corral.registry.PlacementRecord.stamp_for`: the app's
+  spec, or the revision the rollout names for the node) also writes
+  ``assign/<node>`` (:class:`~corral.registry.NodeAssignment`: every app whose
+  placement names the node, with its stamp, as it stands once the batch lands;
+  deleted when none does), in the same fenced transaction. A node's reconciler
+  watches that one key and reads it as its change token, so a write that does
+  not concern the node costs it nothing, and one that does reaches it. The
+  index is guarded by the fence alone: only the coordinator writes it, and it
+  is derived from the placements the batch's own guards pin.
+* **An app's spec is kept in its placement.** Given the app records, every
+  placement written carries the app's
+  :meth:`~corral.registry.AppRecord.node_spec`, and :func:`plan_rollout_writes`
+  rewrites a placement whose spec is no longer the app's (a new revision, a
+  memory limit, a flag the nodes stop for): that is what moves the index of
+  the app's nodes when only the app record changed.
 * **A rollout is carried over.** A record rewritten for its node set keeps the
   rollout it carries (:class:`~corral.registry.RolloutRecord`); the rollout's
   own changes are written by :func:`plan_rollout_writes`.
@@ -68,6 +77,7 @@ from dataclasses import dataclass, field
 
 from corral.registry import (
     COORDINATOR_LEASE_KEY,
+    AppRecord,
     Compare,
     CompareOp,
     CompareTarget,
@@ -193,6 +203,7 @@ def plan_writes(
     decided_at: float,
     max_writes: int = DEFAULT_MAX_WRITES,
     stopped: Mapping[str, tuple[str, ...]] | None = None,
+    apps: Mapping[str, AppRecord] | None = None,
 ) -> WritePlan:
     """Plan the transactions that make the placement records match ``targets``.
 
@@ -207,6 +218,9 @@ def plan_writes(
         fence: the writer's lease fence (create revision of the lease key).
         decided_at: wall-clock time stamped on every record written.
         max_writes: most writes in one transaction (>= 1).
+        apps: the app records by name; a record written for an app named here
+            carries its :meth:`~corral.registry.AppRecord.node_spec` (the others
+            keep the spec they had).
 
     Returns:
         The plan; ``records`` maps each written app to its new record (None
@@ -231,7 +245,11 @@ def plan_writes(
             superseded.append(app)
             continue
         held = (stopped or {}).get(app, ())
-        write = _write_for(app, wanted, held, existing, fence=fence, decided_at=decided_at)
+        record = None if apps is None else apps.get(app)
+        spec = None if record is None else record.node_spec()
+        write = _write_for(
+            app, wanted, held, existing, fence=fence, decided_at=decided_at, spec=spec
+        )
         if write is None:
             unchanged.append(app)
         elif write.is_removal:
@@ -259,6 +277,7 @@ def _write_for(
     *,
     fence: int,
     decided_at: float,
+    spec: str | None = None,
 ) -> PlacementWrite | None:
     nodes = () if wanted is None else tuple(sorted(set(wanted)))
     held = tuple(sorted(set(stopped) - set(nodes)))
@@ -269,7 +288,11 @@ def _write_for(
     if existing is None:
         placed_at = dict.fromkeys((*nodes, *held), decided_at)
         record = PlacementRecord(
-            nodes=list(nodes), decided_at=decided_at, fence=fence, placed_at=placed_at
+            nodes=list(nodes),
+            decided_at=decided_at,
+            fence=fence,
+            placed_at=placed_at,
+            spec=spec or "",
         )
         return PlacementWrite(app, record, None, 0)
     previous = tuple(existing.record.nodes)
@@ -293,6 +316,7 @@ def _write_for(
         fence=fence,
         placed_at=placed_at,
         rollout=existing.record.rollout,
+        spec=existing.record.spec if spec is None else spec,
     )
     return PlacementWrite(app, record, previous, existing.mod_revision)
 
@@ -303,18 +327,24 @@ def plan_rollout_writes(
     *,
     fence: int,
     max_writes: int = DEFAULT_MAX_WRITES,
+    apps: Mapping[str, AppRecord] | None = None,
 ) -> tuple[WriteBatch, ...]:
-    """The transactions that put each app's rollout bookkeeping into its placement
-    record: only the records whose rollout differs from the one read, each rewritten
-    under ``fence`` with its node set untouched (so no assignment index moves), and
-    guarded like every placement write (fence, and the ``mod_revision`` read).
+    """The transactions that put each app's rollout bookkeeping, and its spec, into its
+    placement record: only the records whose rollout differs from the one read, or
+    whose spec is no longer the app's, each rewritten under ``fence`` with its node set
+    untouched, and guarded like every placement write (fence, and the ``mod_revision``
+    read). The assignment index of every node whose stamp moved (the app's spec
+    changed, or the revision the rollout names for the node did) is written in the
+    same transaction: that is how the node learns of it.
 
     Args:
         rollouts: app -> the rollout to keep (None: clear it).
-        current: app -> its placement record and mod revision, as read; an app
+        current: app -> its placement record and mod revision, as read (every
+            placement: an index written lists every app of its node); an app
             without one, or whose record carries a larger fence, is not written.
         fence: the writer's lease fence.
         max_writes: most writes in one transaction (>= 1).
+        apps: the app records by name (None: specs are left as they are).
 
     Raises:
         ValueError: ``fence`` < 1 or ``max_writes`` < 1.
@@ -328,20 +358,13 @@ def plan_rollout_writes(
         existing = current.get(app)
         if existing is None or existing.record.fence > fence:
             continue
-        if existing.record.rollout == rollouts[app]:
+        record = None if apps is None else apps.get(app)
+        spec = existing.record.spec if record is None else record.node_spec()
+        if existing.record.rollout == rollouts[app] and existing.record.spec == spec:
             continue
-        record = dataclasses.replace(existing.record, rollout=rollouts[app], fence=fence)
-        writes.append(
-            PlacementWrite(app, record, tuple(existing.record.nodes), existing.mod_revision)
-        )
-    return tuple(
-        WriteBatch(
-            compares=(fence_guard(fence), *(write.guard() for write in chunk)),
-            operations=tuple(write.operation() for write in chunk),
-            writes=tuple(chunk),
-        )
-        for chunk in (writes[i : i + max_writes] for i in range(0, len(writes), max_writes))
-    )
+        new = dataclasses.replace(existing.record, rollout=rollouts[app], fence=fence, spec=spec)
+        writes.append(PlacementWrite(app, new, tuple(existing.record.nodes), existing.mod_revision))
+    return _batches(writes, current, fence, max_writes)
 
 
 def _batches(
@@ -351,19 +374,20 @@ def _batches(
     max_writes: int,
 ) -> tuple[WriteBatch, ...]:
     """Group the writes into transactions, each carrying the assignment index of every
-    node its writes touch (see the module docstring)."""
+    node whose part in its writes moved (see the module docstring)."""
     if not ordered:
         return ()
+    placed = {app: existing.record for app, existing in current.items()}
     assigned: dict[str, set[str]] = {}
-    for app, existing in current.items():
-        for node in existing.record.nodes:
+    for app, record in placed.items():
+        for node in record.nodes:
             assigned.setdefault(node, set()).add(app)
     batches: list[WriteBatch] = []
     chunk: list[PlacementWrite] = []
     touched: set[str] = set()
 
     def close() -> None:
-        index = [_index_write(node, assigned.get(node, ())) for node in sorted(touched)]
+        index = [_index_write(node, assigned.get(node, ()), placed) for node in sorted(touched)]
         first, rest = index[:max_writes], index[max_writes:]
         batches.append(
             WriteBatch(
@@ -383,6 +407,9 @@ def _batches(
         before = set(write.previous or ())
         after = set(write.nodes or ())
         moved = before ^ after
+        old, new = placed.get(write.app), write.record
+        if old is not None and new is not None:
+            moved |= {n for n in before & after if old.stamp_for(n) != new.stamp_for(n)}
         if chunk and (len(chunk) >= max_writes or len(touched | moved) > max_writes):
             close()
         for node in before - after:
@@ -391,17 +418,24 @@ def _batches(
                 apps.discard(write.app)
         for node in after - before:
             assigned.setdefault(node, set()).add(write.app)
+        if new is None:
+            placed.pop(write.app, None)
+        else:
+            placed[write.app] = new
         chunk.append(write)
         touched |= moved
     close()
     return tuple(batches)
 
 
-def _index_write(node: str, apps: Iterable[str]) -> Put | Delete:
+def _index_write(
+    node: str, apps: Iterable[str], placed: Mapping[str, PlacementRecord]
+) -> Put | Delete:
     names = sorted(apps)
     if not names:
         return Delete(assign_key(node))
-    return Put(assign_key(node), NodeAssignment(node, names).encode())
+    stamps = {app: placed[app].stamp_for(node) for app in names}
+    return Put(assign_key(node), NodeAssignment(node, names, stamps).encode())
 
 
 @dataclass(frozen=True, slots=True)

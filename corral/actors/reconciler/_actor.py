@@ -52,11 +52,8 @@ from corral.registry import (
     AppRecord,
     Compare,
     Deployment,
-    EventType,
     Get,
-    InvalidKey,
     InvalidName,
-    KeyKind,
     KeyValue,
     NodeAssignment,
     NodeRecord,
@@ -68,13 +65,11 @@ from corral.registry import (
     RolloutOptions,
     ServingEntry,
     Undecodable,
-    WatchEvent,
     app_key,
     assign_key,
     decode_record,
     node_key,
     node_ports_prefix,
-    parse_key,
     placement_key,
     read_records,
     validate_name,
@@ -216,36 +211,41 @@ def _first(response: object) -> KeyValue | None:
     return None
 
 
-def _indexed_apps(kv: KeyValue | None) -> frozenset[str] | None:
-    """The apps this node's assignment index lists; None when it cannot be decoded."""
+def _indexed_apps(kv: KeyValue | None) -> dict[str, str] | None:
+    """The apps this node's assignment index lists, each with its stamp ("" in an index
+    written without stamps); None when it cannot be decoded."""
     if kv is None:
-        return frozenset()
+        return {}
     record = decode_record(kv.key, kv.value)
     if not isinstance(record, NodeAssignment):
         return None
-    return frozenset(record.apps)
+    return {app: record.stamps.get(app, "") for app in record.apps}
 
 
 class Reconciler(Actor):
     """Makes this node run what the registry assigns it, and publishes what it serves.
 
-    A pass runs every ``interval`` seconds and as soon as a watched change concerns this
-    node (its placements, or an app it serves or keeps state for) or its process table
-    changed. A pass first reads the change token: the ``mod_revision`` of this node's
-    assignment index (``assign/<node>``, written by the coordinator with the placements
-    it follows), which moves only when this node's assignment does, together with this
-    node's own record (in one transaction: the record is re-created without the serving
-    set when its lease lapsed). With both as the last pass left them, the process table
-    unchanged, no watched change pending and no timer due, it stops there: one read,
-    whatever else the cluster writes.
+    A pass runs every ``interval`` seconds, as soon as this node's assignment index
+    (``assign/<node>``) changes, and when its process table changed. The index is the
+    one key the node watches: the coordinator writes it, in the same fenced transaction,
+    with every placement change the node acts on (an app placed on it or taken off it,
+    the revision its rollout names for the node, the app's spec: see
+    :meth:`~corral.registry.PlacementRecord.stamp_for`), so a write for other nodes
+    delivers nothing here. A pass first reads the change token, the index's
+    ``mod_revision``, together with this node's own record (in one transaction: the
+    record is re-created without the serving set when its lease lapsed). With both as
+    the last pass left them, the process table unchanged and no timer due, it stops
+    there: one read, whatever else the cluster writes.
 
-    Otherwise it reads only what concerns the node: the records of the apps a watched
-    change named, and of the apps that entered or left the index, kept with those of
-    every app the node serves or keeps state for from one pass to the next. A change
-    costs O(changed apps). At least every ``full_pass_every`` seconds every app that
-    concerns the node is read again (by name: O(its apps), not O(all apps)). A full
-    pass (every app and placement) runs first, when forced, when the index cannot be
-    decoded, and after a watch or a pass broke (changes may have been missed).
+    Otherwise it reads only what concerns the node: the records of the apps whose stamp
+    in the index changed, or that entered or left it, kept with those of every app the
+    node serves or keeps state for from one pass to the next. A change costs O(changed
+    apps). At least every ``full_pass_every`` seconds every app that concerns the node
+    is read again (by name: O(its apps), not O(all apps)): that is how the deletion of
+    an app this node keeps state for but no longer serves (its directory and ports are
+    removed then) reaches it, as no index moves for it. A full pass (every app and
+    placement) runs first, when forced, when the index cannot be decoded, and after the
+    watch or a pass broke (changes may have been missed).
 
     Args:
         node_id: this node's id.
@@ -321,9 +321,13 @@ class Reconciler(Actor):
         self._next_full = -float("inf")
         self._assigned: set[str] = set()
         self._local: set[str] = set()
-        # Apps a watched change named since the last pass, and whether a watch broke
-        # (so changes may have been missed and the next pass reads everything).
-        self._dirty: set[str] = set()
+        # The apps this node holds port claims for, as the last full or periodic pass
+        # read them.
+        self._claimed: set[str] = set()
+        # The index's stamps as the last pass read them (an app whose stamp moves since
+        # is read again), and whether the watch broke (so changes may have been missed
+        # and the next pass reads everything).
+        self._stamps: dict[str, str] = {}
         self._rescan = False
         # The records of the apps this node serves or keeps state for, as last read.
         self._records: dict[str, AppRecord] = {}
@@ -346,8 +350,7 @@ class Reconciler(Actor):
         self._processes: ActorRef = self.ctx.system.ref(f"{parent}/{processes}")
         self._request("startup")
         self.ctx.start_task(self._pass_loop)
-        self.ctx.start_task(self._watch, PLACEMENT_PREFIX)
-        self.ctx.start_task(self._watch, APPS_PREFIX)
+        self.ctx.start_task(self._watch)
         self.ctx.every(self._interval, Tick())
 
     async def handle(self, message: object) -> object:
@@ -407,35 +410,24 @@ class Reconciler(Actor):
 
     # ------------------------------------------------------------------ watching
 
-    async def _watch(self, prefix: str) -> None:
+    async def _watch(self) -> None:
+        # A prefix watch: also delivers ``assign/<node>-b`` and the like, which are
+        # dropped here.
+        key = assign_key(self._node_id)
         delay = 0.5
         while True:
             try:
                 start = await self._registry.revision() + 1
-                async with self._registry.watch(prefix, start) as events:
+                async with self._registry.watch(key, start) as events:
                     delay = 0.5
                     async for event in events:
-                        if self._concerns_me(event):
-                            self._request(f"{event.kv.key} changed")
+                        if event.kv.key == key:
+                            self._request(f"{key} changed")
             except RegistryError as exc:
-                log.warning("watch on %s failed (%s); retrying in %gs", prefix, exc, delay)
+                log.warning("watch on %s failed (%s); retrying in %gs", key, exc, delay)
                 self._rescan = True
                 await trio.sleep(delay)
                 delay = min(delay * 2, 30.0)
-
-    def _concerns_me(self, event: WatchEvent) -> bool:
-        try:
-            kind, parts = parse_key(event.kv.key)
-        except InvalidKey:
-            return False
-        app = parts[0] if parts else ""
-        concerns = app in self._assigned or app in self._local
-        if not concerns and kind is KeyKind.PLACEMENT and event.type is EventType.PUT:
-            record = decode_record(event.kv.key, event.kv.value)
-            concerns = isinstance(record, PlacementRecord) and self._node_id in record.nodes
-        if concerns and kind in (KeyKind.APP, KeyKind.PLACEMENT):
-            self._dirty.add(app)
-        return concerns
 
     # ------------------------------------------------------------------ one pass
 
@@ -461,7 +453,6 @@ class Reconciler(Actor):
                 full
                 or refresh
                 or self._retry_due
-                or bool(self._dirty)
                 or own_revision != self._own_revision
                 or any(f.retry_at <= now for f in self._failed.values())
             )
@@ -474,17 +465,20 @@ class Reconciler(Actor):
             ):
                 summary.skipped = True
                 return summary
-            dirty, self._dirty = self._dirty, set()
+            indexed = indexed or {}
             if full:
                 self._rescan = False
                 await self._read_everything()
             else:
+                stamps = self._stamps
+                dirty = {app for app, stamp in indexed.items() if stamps.get(app) != stamp}
                 if refresh:  # every app that concerns this node, read again by name
                     dirty |= self._records.keys() | self._placed.keys() | self._unknown
-                await self._read_changed(dirty, indexed or frozenset())
+                await self._read_changed(dirty, frozenset(indexed))
             if full or refresh:
                 self._next_full = t0 + self._full_pass_every
-            await self._full_pass(summary)
+            await self._full_pass(summary, own, read_claims=full or refresh)
+            self._stamps = indexed
             self._last_token, self._last_generation = token, str(generation)
         except (RegistryError, SupervisionError) as exc:
             self._rescan = True  # what the failed pass had to read is read again in full
@@ -512,8 +506,9 @@ class Reconciler(Actor):
         self._unknown = {bad.key.split("/", 1)[1] for bad in (*bad_apps, *bad_placements)}
 
     async def _read_changed(self, dirty: set[str], indexed: frozenset[str]) -> None:
-        """Read again only the apps a watched change named, and those that entered or
-        left this node's assignment index since the records kept were read."""
+        """Read again only the ``dirty`` apps (their stamp in the index moved), and those
+        that entered or left this node's assignment index since the records kept were
+        read."""
         node = self._node_id
         kept = {app for app, placement in self._placed.items() if node in placement.nodes}
         names = sorted(dirty | (indexed ^ kept))
@@ -543,16 +538,25 @@ class Reconciler(Actor):
             elif isinstance(record, Undecodable):
                 self._unknown.add(name)
 
-    async def _full_pass(self, summary: PassSummary) -> None:
-        claims, _ = await read_records(self._registry, node_ports_prefix(self._node_id))
+    async def _full_pass(
+        self, summary: PassSummary, own: KeyValue | None, *, read_claims: bool
+    ) -> None:
+        if read_claims:
+            # Only this node's port allocator claims ports, for apps this pass starts
+            # (so in the process table from then on): read again with everything else,
+            # for the claims a previous life of the node left.
+            claims, _ = await read_records(self._registry, node_ports_prefix(self._node_id))
+            self._claimed = {
+                c.app
+                for c in claims.values()
+                if isinstance(c, PortClaim) and c.node == self._node_id
+            }
         rows = await self._processes.ask(ListProcesses(), self._ask_timeout)
 
         records = self._records
         by_app = self._placed
         unknown = set(self._unknown)
-        local = self._local_state() | {
-            c.app for c in claims.values() if isinstance(c, PortClaim) and c.node == self._node_id
-        }
+        local = self._local_state() | self._claimed
         processes = process_views(rows)
         running = {app: p.revision for app, p in processes.items() if p.phase == "live"}
         views = app_views(self._node_id, records.values(), by_app, running)
@@ -596,7 +600,7 @@ class Reconciler(Actor):
         rows = await self._processes.ask(ListProcesses(), self._ask_timeout)
         serving = serving_set(rows, self._failed.values())
         summary.serving = len(serving)
-        summary.published = await self._publish(serving, summary)
+        summary.published = await self._publish(serving, summary, own)
         self._assigned = {name for name, view in views.items() if view.assigned}
         self._local = local | {row["app"] for row in rows}
         # Keep only the records of apps that concern this node: the next pass that is
@@ -756,6 +760,7 @@ class Reconciler(Actor):
         reply = await self._ports.ask(ReleasePorts(app), self._ask_timeout)
         if not reply.get("ok"):
             return f"app {app}: cannot release its ports: {reply.get('message')}"
+        self._claimed.discard(app)
         root = AppPaths.of(self._data_dir, app).root
         try:
             await remove_tree(root)
@@ -814,12 +819,21 @@ class Reconciler(Actor):
         await trio.sleep(drain)
         return ready
 
-    async def _publish(self, serving: dict[str, ServingEntry], summary: PassSummary) -> bool:
+    async def _publish(
+        self,
+        serving: dict[str, ServingEntry],
+        summary: PassSummary,
+        read: KeyValue | None = None,
+    ) -> bool:
+        """Publish ``serving`` onto this node's record; ``read``: the record as this pass
+        read it, tried first (a compare-and-swap: a record changed since is read again)."""
         key = node_key(self._node_id)
         for _ in range(5):
             # Read at every attempt: a withdrawal made while this one waited wins.
             serving = self._routed_out(serving)
-            current = await self._registry.get(key)
+            current, read = (
+                (read, None) if read is not None else (await self._registry.get(key), None)
+            )
             if current is None:
                 summary.errors.append(
                     f"node record {key} does not exist yet; its serving set is published on a "

@@ -19,12 +19,11 @@ from corral.registry import (
     Deployment,
     MemoryRegistry,
     NodeRecord,
-    PlacementRecord,
     app_key,
     node_key,
-    placement_key,
 )
 from corral.supervision import open_actor_system
+from corral.testing import write_placement
 
 APPS = ("one", "two")
 
@@ -35,7 +34,7 @@ async def main(data_dir: Path) -> None:
     for app in APPS:
         deployment = Deployment("1" * 64, ["sleep", "600"])
         await registry.put(app_key(app), AppRecord(app, deployment=deployment).encode())
-        await registry.put(placement_key(app), PlacementRecord(["node-a"], 0.0, 1).encode())
+        await write_placement(registry, app, ["node-a"])
 
     async def materialize(app: str, deployment: Deployment) -> Path:
         path = data_dir / "apps" / app / "revisions" / deployment.revision

@@ -30,14 +30,13 @@ from corral.registry import (
     Deployment,
     MemoryRegistry,
     NodeRecord,
-    PlacementRecord,
     Registry,
     app_key,
     decode_record,
     node_key,
-    placement_key,
 )
 from corral.supervision import ActorRef, ActorSystem, open_actor_system
+from corral.testing import write_placement
 
 pytestmark = pytest.mark.slow
 
@@ -130,7 +129,8 @@ async def deploy(registry: Registry, app: str, command: list[str] | None = None)
 
 
 async def place(registry: Registry, app: str, *nodes: str) -> None:
-    await registry.put(placement_key(app), PlacementRecord(list(nodes), 0.0, 1).encode())
+    """Place ``app`` as the coordinator does: with the index of its nodes."""
+    await write_placement(registry, app, nodes)
 
 
 async def get_hello(port: int) -> dict[str, Any]:
@@ -188,7 +188,7 @@ async def test_deleted_app_is_cleaned_and_its_ports_quarantined(tmp_path: Path) 
             old_pid = (await agent.rows())["old"]["pid"]
 
             await registry.delete(app_key("old"))
-            await registry.delete(placement_key("old"))
+            await place(registry, "old")  # the coordinator deletes its placement
             await until(lambda: not AppPaths.of(tmp_path, "old").root.exists())
             assert gone(old_pid)
             ports = await agent.system.ref("/agent/port_allocator").ask(ListPorts())

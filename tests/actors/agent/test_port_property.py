@@ -21,12 +21,11 @@ from corral.registry import (
     Deployment,
     MemoryRegistry,
     NodeRecord,
-    PlacementRecord,
     app_key,
     node_key,
-    placement_key,
 )
 from corral.supervision import ActorSystem, open_actor_system
+from corral.testing import write_placement
 
 NODE = "node-a"
 APPS = ["a", "b", "c", "d"]
@@ -152,13 +151,12 @@ def test_agent_never_shares_a_port_nor_moves_one_inside_quarantine(
                         break
                     if kind == "assign":
                         record = AppRecord(arg, deployment=Deployment("1" * 64, ["run"]))
-                        placement = PlacementRecord([NODE], 0.0, 1)
                         await registry.put(app_key(arg), record.encode())
-                        await registry.put(placement_key(arg), placement.encode())
+                        await write_placement(registry, arg, [NODE])
                     elif kind == "unassign":
-                        await registry.delete(placement_key(arg))
+                        await write_placement(registry, arg, [])
                     elif kind == "delete":
-                        await registry.delete(placement_key(arg))
+                        await write_placement(registry, arg, [])
                         await registry.delete(app_key(arg))
                     else:
                         await trio.sleep(float(arg))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
 import pytest
 from hypothesis import given, settings
@@ -18,9 +19,11 @@ from corral.actors.coordinator import (
 )
 from corral.registry import (
     COORDINATOR_LEASE_KEY,
+    AppRecord,
     Compare,
     CompareTarget,
     Delete,
+    Deployment,
     NodeAssignment,
     NodeRollout,
     PlacementRecord,
@@ -167,13 +170,14 @@ def test_new_placement_is_guarded_on_absence_and_fence() -> None:
     )
     op, *index = batch.operations
     assert isinstance(op, Put)
-    assert decode_record(op.key, op.value) == PlacementRecord(
+    record = PlacementRecord(
         nodes=["n1", "n2"], decided_at=9.0, fence=5, placed_at={"n1": 9.0, "n2": 9.0}
     )
-    # In the same fenced transaction: each node's assignment index.
+    assert decode_record(op.key, op.value) == record
+    # In the same fenced transaction: each node's assignment index, with its stamp.
     assert [decode_record(i.key, i.value) for i in index if isinstance(i, Put)] == [
-        NodeAssignment("n1", ["a"]),
-        NodeAssignment("n2", ["a"]),
+        NodeAssignment("n1", ["a"], {"a": record.stamp_for("n1")}),
+        NodeAssignment("n2", ["a"], {"a": record.stamp_for("n2")}),
     ]
 
 
@@ -263,8 +267,9 @@ def test_a_node_set_change_carries_the_rollout_over() -> None:
     record = PlacementRecord(
         nodes=["n1", "n2"], decided_at=1.0, fence=3, placed_at={}, rollout=_rolling()
     )
-    plan = plan_writes({"a": ("n1", "n2", "n3")}, {"a": CurrentPlacement(record, 7)},
-                       fence=5, decided_at=9.0)
+    plan = plan_writes(
+        {"a": ("n1", "n2", "n3")}, {"a": CurrentPlacement(record, 7)}, fence=5, decided_at=9.0
+    )
     (write,) = plan.writes
     assert write.record is not None
     assert write.record.rollout == _rolling()
@@ -280,8 +285,13 @@ def test_rollout_writes_only_what_changed_under_the_fence() -> None:
         "ends": CurrentPlacement(rolling, 12),
         "newer": CurrentPlacement(newer, 13),
     }
-    wanted = {"same": _rolling(), "starts": _rolling(), "ends": None, "newer": _rolling(),
-              "unplaced": _rolling()}
+    wanted = {
+        "same": _rolling(),
+        "starts": _rolling(),
+        "ends": None,
+        "newer": _rolling(),
+        "unplaced": _rolling(),
+    }
     (batch,) = plan_rollout_writes(wanted, current, fence=5)
     assert [w.app for w in batch.writes] == ["ends", "starts"]
     assert batch.compares == (
@@ -289,16 +299,95 @@ def test_rollout_writes_only_what_changed_under_the_fence() -> None:
         Compare.mod_revision_is(placement_key("ends"), 12),
         Compare.mod_revision_is(placement_key("starts"), 11),
     )
-    decoded = [decode_record(op.key, op.value) for op in batch.operations if isinstance(op, Put)]
+    decoded = [
+        decode_record(op.key, op.value)
+        for op in batch.operations
+        if isinstance(op, Put) and op.key.startswith("placement/")
+    ]
     assert decoded == [
         dataclasses.replace(plain, fence=5),
         dataclasses.replace(plain, fence=5, rollout=_rolling()),
     ]
-    # Only placement keys: the node sets did not move, so no assignment index does.
-    assert all(op.key.startswith("placement/") for op in batch.operations)
+    # The node sets did not move, but the revision a rollout names for n1 and n2 did
+    # (from none), so their indexes are written in the same transaction.
+    index = [op.key for op in batch.operations if not op.key.startswith("placement/")]
+    assert index == ["assign/n1", "assign/n2"]
     assert plan_rollout_writes({"a": None}, {}, fence=5) == ()
     many = {f"app{i}": CurrentPlacement(plain, i + 1) for i in range(5)}
     batches = plan_rollout_writes(dict.fromkeys(many, _rolling()), many, fence=5, max_writes=2)
     assert [len(b.writes) for b in batches] == [2, 2, 1]
     with pytest.raises(ValueError, match="fence"):
         plan_rollout_writes({}, {}, fence=0)
+
+
+def _index_of(operations: Sequence[Put | Delete], node: str) -> NodeAssignment:
+    (op,) = [o for o in operations if isinstance(o, Put) and o.key == f"assign/{node}"]
+    record = decode_record(op.key, op.value)
+    assert isinstance(record, NodeAssignment)
+    return record
+
+
+def test_a_rollout_switching_one_node_moves_that_nodes_index_alone() -> None:
+    old, new = "0" * 64, "1" * 64
+    pending = RolloutRecord(
+        new, {n: NodeRollout(old, "pending", 1.0) for n in ("n1", "n2", "n3")}, started_at=1.0
+    )
+    record = PlacementRecord(["n1", "n2", "n3"], 1.0, 3, rollout=pending)
+    other = PlacementRecord(["n1"], 1.0, 3)
+    current = {"a": CurrentPlacement(record, 7), "b": CurrentPlacement(other, 8)}
+    # n1 is taken out of the table: a step, no new revision for any node.
+    out = dataclasses.replace(
+        pending, nodes={**pending.nodes, "n1": NodeRollout(old, "out-of-table", 2.0)}
+    )
+    (batch,) = plan_rollout_writes({"a": out}, current, fence=5)
+    assert [op.key for op in batch.operations] == [placement_key("a")]
+    # n2 is told to run the new revision: its index moves, in the same fenced txn.
+    switched = dataclasses.replace(
+        pending, nodes={**pending.nodes, "n2": NodeRollout(new, "restarting", 2.0)}
+    )
+    (batch,) = plan_rollout_writes({"a": switched}, current, fence=5)
+    assert batch.compares == (fence_guard(5), Compare.mod_revision_is(placement_key("a"), 7))
+    assert [op.key for op in batch.operations] == [placement_key("a"), "assign/n2"]
+    index = _index_of(batch.operations, "n2")
+    written = dataclasses.replace(record, rollout=switched, fence=5)
+    assert index == NodeAssignment("n2", ["a"], {"a": written.stamp_for("n2")})
+    assert written.stamp_for("n2") != record.stamp_for("n2")
+
+
+def test_an_app_change_its_nodes_act_on_moves_their_indexes() -> None:
+    app = AppRecord("a", deployment=Deployment("1" * 64, ["run"]))
+    placed = plan_writes({"a": ("n1", "n2")}, {}, fence=5, decided_at=1.0, apps={"a": app})
+    record = placed.records["a"]
+    assert record is not None
+    assert record.spec == app.node_spec()
+    current = {"a": CurrentPlacement(record, 7)}
+    # Labels, replicas: nothing a node acts on, nothing written.
+    relabelled = dataclasses.replace(app, labels={"team": "x"}, replicas=2)
+    assert plan_rollout_writes({"a": None}, current, fence=5, apps={"a": relabelled}) == ()
+    # A new revision, a memory limit, a flag: the placement takes the new spec and both
+    # nodes' indexes move with it.
+    for changed in (
+        dataclasses.replace(app, deployment=Deployment("2" * 64, ["run"])),
+        dataclasses.replace(app, memory_mb=64),
+        dataclasses.replace(app, teardown_pending=True),
+    ):
+        (batch,) = plan_rollout_writes({"a": None}, current, fence=5, apps={"a": changed})
+        assert [op.key for op in batch.operations] == [placement_key("a"), "assign/n1", "assign/n2"]
+        (write,) = batch.writes
+        assert write.record is not None
+        assert write.record.spec == changed.node_spec() != app.node_spec()
+        assert write.record.nodes == record.nodes
+        for node in ("n1", "n2"):
+            assert _index_of(batch.operations, node).stamps == {"a": write.record.stamp_for(node)}
+
+
+def test_a_moved_placement_writes_the_old_nodes_index_too() -> None:
+    record = PlacementRecord(["n1", "n2"], 1.0, 3)
+    other = PlacementRecord(["n1"], 1.0, 3)
+    current = {"a": CurrentPlacement(record, 7), "b": CurrentPlacement(other, 8)}
+    plan = plan_writes({"a": ("n2", "n3")}, current, fence=5, decided_at=9.0)
+    (batch,) = plan.batches
+    keys = [op.key for op in batch.operations]
+    assert keys == [placement_key("a"), "assign/n1", "assign/n3"]  # n2's stamp is the same
+    assert _index_of(batch.operations, "n1").apps == ["b"]
+    assert _index_of(batch.operations, "n3").apps == ["a"]

@@ -3,10 +3,12 @@ in-memory launcher and registry."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import random
+from collections import Counter
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,16 +45,15 @@ from corral.registry import (
     MemoryRegistry,
     NodeRecord,
     NodeRollout,
-    PlacementRecord,
     PortClaim,
     RolloutRecord,
+    WatchEvent,
     app_key,
     decode_record,
     node_key,
-    placement_key,
 )
 from corral.supervision import ActorCrashed, ActorRef, ActorSystem, open_actor_system
-from corral.testing import CountingRegistry
+from corral.testing import CountingRegistry, sync_app_specs, write_placement
 
 R1, R2 = "1" * 64, "2" * 64
 NODE = "node-a"
@@ -119,10 +120,12 @@ async def deploy(
 ) -> None:
     deployment = None if revision is None else Deployment(revision, ["python3", "server.py"])
     await registry.put(app_key(app), AppRecord(app, deployment=deployment, **flags).encode())
+    await sync_app_specs(registry)  # what the coordinator writes for the changed app
 
 
 async def place(registry: CountingRegistry, app: str, *nodes: str) -> None:
-    await registry.put(placement_key(app), PlacementRecord(list(nodes), 0.0, 1).encode())
+    """Place ``app`` as the coordinator does: with the index of its nodes."""
+    await write_placement(registry, app, nodes)
 
 
 async def until(predicate: Callable[[], Any], step: float = 0.05) -> None:
@@ -287,12 +290,14 @@ async def test_a_change_reads_only_the_apps_it_names(
             await deploy(agent.registry, f"app-{i}")
             await place(agent.registry, f"app-{i}", NODE if i < 5 else "node-b")
         await agent.settle()
-        registry.prefixes.clear()
         await deploy(agent.registry, "app-1", revision=R2)
+        registry.prefixes.clear()  # the test's own coordinator writes read everything
         await until(lambda: any(p.spec.revision == R2 for p in agent.launcher.alive()))
         await agent.settle()
-        # Nothing ranges over every app or placement: only this node's own port claims.
-        assert registry.prefixes
+        # Nothing ranges over every app or placement, nor over this node's own port
+        # claims (read again with the periodic re-read only).
+        assert registry.prefixes == []
+        await trio.sleep(61)
         assert set(registry.prefixes) == {f"ports/{NODE}/"}
 
 
@@ -377,7 +382,7 @@ async def test_a_deleted_app_is_cleaned_and_its_ports_wait_out_the_quarantine(
         await agent.settle()
         old_ports = {p for p, app in (await agent.claims()).items() if app == "old"}
         await agent.registry.delete(app_key("old"))
-        await agent.registry.delete(placement_key("old"))
+        await place(agent.registry, "old")  # the coordinator deletes its placement
         await until(lambda: not AppPaths.of(tmp_path, "old").root.exists())
         await agent.settle()
         assert "old" not in await agent.rows()
@@ -563,9 +568,7 @@ async def _redeploy(agent: Agent, artifact: bytes = b"python3 server.py", **fiel
     # What the coordinator's rollout does next: tell the node to switch (a redeploy
     # reaches a node running the previous revision only through a rollout).
     rollout = RolloutRecord(revision, {NODE: NodeRollout(revision, "restarting", 0.0)})
-    await agent.registry.put(
-        placement_key("hello"), PlacementRecord([NODE], 0.0, 1, rollout=rollout).encode()
-    )
+    await write_placement(agent.registry, "hello", [NODE], rollout=rollout)
     return revision
 
 
@@ -624,3 +627,110 @@ async def test_a_redeploy_with_identical_inputs_restarts_nothing(
         assert again == first
         (process,) = agent.launcher.spawned
         assert process.alive
+
+
+# --------------------------------------------------------------------------- what it watches
+
+
+class WatchLog(CountingRegistry):
+    """A CountingRegistry that counts the events each watch delivers, by the prefix it
+    was opened on, and (``only_assign``) delivers none to a watch outside ``assign/``:
+    what a reconciler sees with nothing but its assignment index to go by."""
+
+    def __init__(self, inner: MemoryRegistry, *, only_assign: bool = False) -> None:
+        super().__init__(inner)
+        self.delivered: Counter[str] = Counter()
+        self.only_assign = only_assign
+
+    def watch(
+        self, prefix: str, start_revision: int | None = None
+    ) -> AbstractAsyncContextManager[AsyncIterator[WatchEvent]]:
+        return self._logged(prefix, start_revision)
+
+    @asynccontextmanager
+    async def _logged(
+        self, prefix: str, start_revision: int | None
+    ) -> AsyncIterator[AsyncIterator[WatchEvent]]:
+        async with super().watch(prefix, start_revision) as events:
+            yield self._delivering(prefix, events)
+
+    async def _delivering(
+        self, prefix: str, events: AsyncIterator[WatchEvent]
+    ) -> AsyncIterator[WatchEvent]:
+        async for event in events:
+            if self.only_assign and not prefix.startswith("assign/"):
+                continue
+            self.delivered[prefix] += 1
+            yield event
+
+
+async def test_placement_writes_for_other_nodes_deliver_nothing_to_this_nodes_watch(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    registry = WatchLog(MemoryRegistry())
+    async with running_agent(tmp_path, registry=registry) as agent:
+        await deploy(agent.registry, "mine")
+        await place(agent.registry, "mine", NODE)
+        await agent.settle()
+        registry.delivered.clear()
+        # Twenty apps placed, moved and redeployed on other nodes.
+        for i in range(20):
+            await deploy(agent.registry, f"app-{i}")
+            await place(agent.registry, f"app-{i}", "node-b")
+            await place(agent.registry, f"app-{i}", "node-b", "node-c")
+            await deploy(agent.registry, f"app-{i}", revision=R2)
+        await trio.sleep(1.0)
+        assert sum(registry.delivered.values()) == 0
+        # ...while a change that names this node is delivered (once: its index).
+        await deploy(agent.registry, "also-mine")
+        await place(agent.registry, "also-mine", NODE)
+        await trio.sleep(1.0)
+        assert dict(registry.delivered) == {f"assign/{NODE}": 1}
+
+
+async def test_a_rollout_switch_and_an_app_change_reach_the_node_through_its_index_alone(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    # Only the assignment index is delivered: no placement or app watch to fall back
+    # on, and the periodic re-read far away.
+    registry = WatchLog(MemoryRegistry(), only_assign=True)
+    async with running_agent(
+        tmp_path, registry=registry, interval=5.0, full_pass_every=3600.0
+    ) as agent:
+        await deploy(agent.registry, "hello")
+        await place(agent.registry, "hello", NODE, "node-b")
+        with trio.fail_after(0.5):
+            await until(lambda: agent.launcher.alive(), step=0.01)
+        # A new revision: the node keeps the one it runs until its rollout names the
+        # new one for it (a step taken for node-b first changes nothing here).
+        record = AppRecord(
+            "hello",
+            deployment=Deployment(R2, ["python3", "server.py"]),
+            previous_deployment=Deployment(R1, ["python3", "server.py"]),
+        )
+        await agent.registry.put(app_key("hello"), record.encode())
+        await sync_app_specs(agent.registry)
+        pending = {
+            NODE: NodeRollout(R1, "pending", 0.0),
+            "node-b": NodeRollout(R2, "restarting", 0.0),
+        }
+        await write_placement(
+            agent.registry, "hello", [NODE, "node-b"], rollout=RolloutRecord(R2, pending)
+        )
+        await trio.sleep(1.0)
+        assert [p.spec.revision for p in agent.launcher.alive()] == [R1]
+        switch = {**pending, NODE: NodeRollout(R2, "restarting", 0.0)}
+        await write_placement(
+            agent.registry, "hello", [NODE, "node-b"], rollout=RolloutRecord(R2, switch)
+        )
+        with trio.fail_after(0.5):  # within a pass, not on a timer
+            await until(lambda: [p.spec.revision for p in agent.launcher.alive()] == [R2])
+        # The app is torn down: a flag in its record alone, no placement change.
+        torn = dataclasses.replace(record, teardown_pending=True)
+        await agent.registry.put(app_key("hello"), torn.encode())
+        await sync_app_specs(agent.registry)
+        drain = record.rollout.drain_ms / 1000  # out of routing first, then the stop
+        with trio.fail_after(drain + 0.5):
+            await until(lambda: not agent.launcher.alive(), step=0.01)
+        stops = [e.fields for e in agent.system.events() if e.kind == "reconcile.stop"]
+        assert stops[-1] == {"app": "hello", "reason": STOP_TEARDOWN}
