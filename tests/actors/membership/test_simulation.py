@@ -42,6 +42,13 @@ def test_a_killed_member_is_declared_down_by_every_live_member_within_the_bound(
 ) -> None:
     sim = cluster(n, config, seed)
     sim.run_until(20.0)
+    # Gossip alone may miss a member now and then (seed 319, n=5: n01 had not heard
+    # of n03 at 20 s); the periodic push-pull completes every view. Only then does
+    # every member know the victim, and so can declare it down.
+    deadline = sim.now + 2 * config.push_pull_interval
+    while not all_alive(sim) and sim.now < deadline:
+        sim.run_for(1.0)
+    assert all_alive(sim), "views never completed through push-pull"
     victim = data.draw(st.sampled_from(sim.live()))
     sim.kill(victim)
     killed_at = sim.now
