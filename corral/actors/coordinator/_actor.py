@@ -97,6 +97,7 @@ from corral.actors.coordinator._errors import (
 )
 from corral.actors.coordinator._inputs import (
     INPUT_PREFIXES,
+    InputCache,
     RegistryView,
     inputs_digest,
     needs_time,
@@ -304,6 +305,9 @@ class Coordinator(Actor):
         # key -> (mod_revision, decoded record) of the last pass: unchanged keys are
         # not decoded again (see view_from_kvs).
         self._decoded: dict[str, tuple[int, Record | Undecodable]] = {}
+        # The planner's apps and placements, and the digest's parts, built from those
+        # same record objects: a pass rebuilds only what changed (see InputCache).
+        self._input_cache = InputCache()
         self._own_revisions: set[int] = set()
         # Last report per (event kind, app, node): what it said, and when (trio time).
         self._reports = ReportLog(self._policy.cooldown_s)
@@ -684,7 +688,12 @@ class Coordinator(Actor):
         )
 
     def _inputs(self, view: RegistryView, now: float, states: NodeStates) -> PlanInput:
-        return plan_input_from_view(view, policy=self._policy, now=now, states=states)
+        return plan_input_from_view(
+            view, policy=self._policy, now=now, states=states, cache=self._input_cache
+        )
+
+    def _digest(self, inputs: PlanInput) -> str:
+        return inputs_digest(inputs, cache=self._input_cache)
 
     async def _pass(self, trigger: str, started: float) -> None:
         view = await self._read_view()
@@ -706,7 +715,7 @@ class Coordinator(Actor):
         """Plan and write the placements (skipped when the inputs did not move); the
         view as it stands after the writes."""
         inputs = self._inputs(view, now, states)
-        digest = inputs_digest(inputs)
+        digest = self._digest(inputs)
         if digest == self._last_digest and not self._waiting_on_time:
             self._counts["skipped"] += 1
             self._record_pass(started, trigger, "skipped", digest=digest)
@@ -757,7 +766,7 @@ class Coordinator(Actor):
         written = await self._apply(written_plan)
         view = with_placements(view, written)
         after = self._inputs(view, now, states)
-        self._last_digest = inputs_digest(after)
+        self._last_digest = self._digest(after)
         self._waiting_on_time = needs_time(inputs, decisions)
         self._unplaced = decisions.unplaced
         self._stranded = decisions.stranded
@@ -1013,6 +1022,12 @@ class Coordinator(Actor):
                 written[write.app] = (
                     None if record is None else CurrentPlacement(record, revision)
                 )
+                # The next read finds this record at this revision: it is known
+                # already, and the same object keeps its inputs cached.
+                if record is None:
+                    self._decoded.pop(write.key, None)
+                else:
+                    self._decoded[write.key] = (revision, record)
         return written
 
     # ------------------------------------------------------------------ reporting
