@@ -154,6 +154,7 @@ from corral.registry import (
     COORDINATOR_LEASE_KEY,
     PROXIES_PREFIX,
     ROUTING_KEY,
+    AppRecord,
     Compare,
     CoordinatorLease,
     Delete,
@@ -163,6 +164,7 @@ from corral.registry import (
     Lease,
     LeaseNotFound,
     NodeRecord,
+    PlacementRecord,
     ProxyRecord,
     Put,
     Record,
@@ -196,6 +198,8 @@ _MISSED = 0
 #: What a rollout waits on besides the inputs: the routing table and what each proxy
 #: applied. Read every pass; their changes are news only while an app rolls.
 _ROLLOUT_PREFIXES = (ROUTING_KEY, PROXIES_PREFIX)
+#: The plan of an app with nothing to roll.
+_AT_REST = RolloutPlan(None)
 
 
 @message("coordinator.state")
@@ -336,6 +340,11 @@ class Coordinator(Actor):
         self._rollouts: dict[str, RolloutRecord] = {}
         self._rollout_timer: TimerHandle | None = None
         self._rollout_due: float | None = None
+        # app -> the records (app, placement, its nodes') a pass found nothing to roll
+        # from, with no rollout in the placement: unchanged, they decide nothing again.
+        self._at_rest: dict[
+            str, tuple[AppRecord, PlacementRecord, tuple[NodeRecord | None, ...]]
+        ] = {}
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -414,6 +423,7 @@ class Coordinator(Actor):
         self._schedule_grace(None, 0.0)
         self._schedule_rollout(None, 0.0)
         self._rollouts = {}
+        self._at_rest = {}
         self._stop_input_watch()
         if self._holder == self._node_id:
             self._holder = None
@@ -794,17 +804,36 @@ class Coordinator(Actor):
         rolling = any(c.record.rollout is not None for c in view.placements.values())
         routed = self._routed_urls(await self._read_routing()) if rolling else None
         plans: dict[str, RolloutPlan] = {}
+        known, at_rest = self._at_rest, {}
         for app, current in view.placements.items():
             record = view.apps.get(app)
             if record is None:
                 continue
+            placement = current.record
+            if placement.rollout is None:
+                # Nothing rolls and nothing started rolling from these very records (the
+                # app's, its placement's and its nodes'): the same objects decide the
+                # same, whatever the time (only a rollout in progress waits on it).
+                hosts = tuple(view.nodes.get(node) for node in placement.nodes)
+                seen = known.get(app)
+                if (
+                    seen is not None
+                    and seen[0] is record
+                    and seen[1] is placement  # so the same nodes, in the same order
+                    and all(a is b for a, b in zip(seen[2], hosts, strict=True))
+                ):
+                    at_rest[app] = seen
+                    plans[app] = _AT_REST
+                    continue
             unrouted = (
-                frozenset()
-                if current.record.rollout is None
-                else self._unrouted(app, view, routed)
+                frozenset() if placement.rollout is None else self._unrouted(app, view, routed)
             )
-            inputs = rollout_inputs(record, current.record, view.nodes, unrouted, now)
-            plans[app] = RolloutPlan(None) if inputs is None else plan_rollout(inputs)
+            inputs = rollout_inputs(record, placement, view.nodes, unrouted, now)
+            plan = RolloutPlan(None) if inputs is None else plan_rollout(inputs)
+            plans[app] = plan
+            if placement.rollout is None and plan == _AT_REST:
+                at_rest[app] = (record, placement, hosts)
+        self._at_rest = at_rest
         wanted = {app: plan.record for app, plan in plans.items()}
         batches = plan_rollout_writes(
             wanted, view.placements, fence=holding.fence, max_writes=self._max_writes
