@@ -1,11 +1,17 @@
 """What a fleet costs the registry and each node, on virtual time.
 
-    python bench/fleet.py                    # 50 nodes x 500 apps, and 5 x 50 (~30 s)
-    python bench/fleet.py --nodes 100 --apps 1000   # ~1 min on 2 shared cores
-    python bench/fleet.py --nodes 300 --apps 3000   # ~6 min, peak ~1.4 GiB
+    python bench/fleet.py                    # 50 nodes x 500 apps, and 5 x 50
+    python bench/fleet.py --nodes 100 --apps 1000   # ~80 s CPU, peak ~200 MiB
+    python bench/fleet.py --nodes 300 --apps 3000   # ~6 min alone, peak ~1.4 GiB
 
-At 1,000 x 10,000 a run does not finish within 35 minutes here: the wall time grows
-faster than the fleet (see the ``wall_<phase>_s`` figures and the notes on issue 16).
+Measured on this 2-core machine shared with other jobs, so read ``cpu_s`` (this
+process's CPU seconds) beside ``wall_s``: at 100 x 1,000 a run took 147 s wall at a
+load average of 2-4 and 440 s at 17-20, for about the same CPU (~97 s before the
+coordinator's input cache and the collector freeze below, ~77 s after). At 1,000 x
+10,000 a run has never finished here: before, not within 36 minutes; after, it was
+still building the fleet when its 50-minute limit came, at a load average of ~20
+(it got ~15 % of a core). Most of what remains is the nodes' reconcile passes and
+trio's timers and cancel scopes (150 tasks per node), not the coordinator.
 
 N full nodes (registration, coordinator, reconciler, ports, in-memory processes) run
 in this process on one memory registry under trio's MockClock, in 10 racks; apps
