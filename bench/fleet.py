@@ -7,11 +7,13 @@
 Measured on this 2-core machine shared with other jobs, so read ``cpu_s`` (this
 process's CPU seconds) beside ``wall_s``: at 100 x 1,000 a run took 147 s wall at a
 load average of 2-4 and 440 s at 17-20, for about the same CPU (~97 s before the
-coordinator's input cache and the collector freeze below, ~77 s after). At 1,000 x
-10,000 a run has never finished here: before, not within 36 minutes; after, it was
-still building the fleet when its 50-minute limit came, at a load average of ~20
-(it got ~15 % of a core). Most of what remains is the nodes' reconcile passes and
-trio's timers and cancel scopes (150 tasks per node), not the coordinator.
+coordinator's input cache and the collector freeze below, ~77-92 s after: CPU time
+too moves with the load). At 1,000 x 10,000 a run has never finished here: before,
+not within 36 minutes; after, it had not finished its first phase (placing and
+starting the 10,000 apps) when its 50-minute limit came, at a load average of 11-21
+(it got ~15 % of a core, ~8 CPU minutes). Most of what remains is the nodes'
+reconcile passes and trio's timers and cancel scopes (150 tasks per node), not the
+coordinator.
 
 N full nodes (registration, coordinator, reconciler, ports, in-memory processes) run
 in this process on one memory registry under trio's MockClock, in 10 racks; apps
