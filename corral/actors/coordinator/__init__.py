@@ -9,6 +9,7 @@ around three pure pieces, public so they can be tested and reused:
   planner's input (node states with the operator's intent applied);
 * :func:`inputs_digest` / :func:`needs_time` — when a pass can be skipped (a pass
   runs each tick and, through a watch of the input prefixes, promptly after a change);
+  an :class:`InputCache` carried between passes makes both cost O(changed records);
 * :func:`plan_writes` — decisions to fenced, ordered transaction batches;
 * :func:`plan_rollout` — a rolling deploy's next actions, run for every app each
   pass and kept in its placement record (:func:`plan_rollout_writes`);
@@ -33,6 +34,7 @@ from corral.actors.coordinator._errors import (
 )
 from corral.actors.coordinator._inputs import (
     INPUT_PREFIXES,
+    InputCache,
     RegistryView,
     inputs_digest,
     needs_time,
@@ -106,6 +108,7 @@ __all__ = [
     "DownBatch",
     "FenceRejected",
     "GetCoordinatorState",
+    "InputCache",
     "KickCoordinator",
     "LeadershipLost",
     "LeaseExpired",

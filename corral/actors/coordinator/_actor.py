@@ -97,6 +97,7 @@ from corral.actors.coordinator._errors import (
 )
 from corral.actors.coordinator._inputs import (
     INPUT_PREFIXES,
+    InputCache,
     RegistryView,
     inputs_digest,
     needs_time,
@@ -153,6 +154,7 @@ from corral.registry import (
     COORDINATOR_LEASE_KEY,
     PROXIES_PREFIX,
     ROUTING_KEY,
+    AppRecord,
     Compare,
     CoordinatorLease,
     Delete,
@@ -162,6 +164,7 @@ from corral.registry import (
     Lease,
     LeaseNotFound,
     NodeRecord,
+    PlacementRecord,
     ProxyRecord,
     Put,
     Record,
@@ -195,6 +198,8 @@ _MISSED = 0
 #: What a rollout waits on besides the inputs: the routing table and what each proxy
 #: applied. Read every pass; their changes are news only while an app rolls.
 _ROLLOUT_PREFIXES = (ROUTING_KEY, PROXIES_PREFIX)
+#: The plan of an app with nothing to roll.
+_AT_REST = RolloutPlan(None)
 
 
 @message("coordinator.state")
@@ -304,6 +309,9 @@ class Coordinator(Actor):
         # key -> (mod_revision, decoded record) of the last pass: unchanged keys are
         # not decoded again (see view_from_kvs).
         self._decoded: dict[str, tuple[int, Record | Undecodable]] = {}
+        # The planner's apps and placements, and the digest's parts, built from those
+        # same record objects: a pass rebuilds only what changed (see InputCache).
+        self._input_cache = InputCache()
         self._own_revisions: set[int] = set()
         # Last report per (event kind, app, node): what it said, and when (trio time).
         self._reports = ReportLog(self._policy.cooldown_s)
@@ -332,6 +340,11 @@ class Coordinator(Actor):
         self._rollouts: dict[str, RolloutRecord] = {}
         self._rollout_timer: TimerHandle | None = None
         self._rollout_due: float | None = None
+        # app -> the records (app, placement, its nodes') a pass found nothing to roll
+        # from, with no rollout in the placement: unchanged, they decide nothing again.
+        self._at_rest: dict[
+            str, tuple[AppRecord, PlacementRecord, tuple[NodeRecord | None, ...]]
+        ] = {}
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -410,6 +423,7 @@ class Coordinator(Actor):
         self._schedule_grace(None, 0.0)
         self._schedule_rollout(None, 0.0)
         self._rollouts = {}
+        self._at_rest = {}
         self._stop_input_watch()
         if self._holder == self._node_id:
             self._holder = None
@@ -684,7 +698,12 @@ class Coordinator(Actor):
         )
 
     def _inputs(self, view: RegistryView, now: float, states: NodeStates) -> PlanInput:
-        return plan_input_from_view(view, policy=self._policy, now=now, states=states)
+        return plan_input_from_view(
+            view, policy=self._policy, now=now, states=states, cache=self._input_cache
+        )
+
+    def _digest(self, inputs: PlanInput) -> str:
+        return inputs_digest(inputs, cache=self._input_cache)
 
     async def _pass(self, trigger: str, started: float) -> None:
         view = await self._read_view()
@@ -706,7 +725,7 @@ class Coordinator(Actor):
         """Plan and write the placements (skipped when the inputs did not move); the
         view as it stands after the writes."""
         inputs = self._inputs(view, now, states)
-        digest = inputs_digest(inputs)
+        digest = self._digest(inputs)
         if digest == self._last_digest and not self._waiting_on_time:
             self._counts["skipped"] += 1
             self._record_pass(started, trigger, "skipped", digest=digest)
@@ -757,7 +776,7 @@ class Coordinator(Actor):
         written = await self._apply(written_plan)
         view = with_placements(view, written)
         after = self._inputs(view, now, states)
-        self._last_digest = inputs_digest(after)
+        self._last_digest = self._digest(after)
         self._waiting_on_time = needs_time(inputs, decisions)
         self._unplaced = decisions.unplaced
         self._stranded = decisions.stranded
@@ -785,17 +804,36 @@ class Coordinator(Actor):
         rolling = any(c.record.rollout is not None for c in view.placements.values())
         routed = self._routed_urls(await self._read_routing()) if rolling else None
         plans: dict[str, RolloutPlan] = {}
+        known, at_rest = self._at_rest, {}
         for app, current in view.placements.items():
             record = view.apps.get(app)
             if record is None:
                 continue
+            placement = current.record
+            if placement.rollout is None:
+                # Nothing rolls and nothing started rolling from these very records (the
+                # app's, its placement's and its nodes'): the same objects decide the
+                # same, whatever the time (only a rollout in progress waits on it).
+                hosts = tuple(view.nodes.get(node) for node in placement.nodes)
+                seen = known.get(app)
+                if (
+                    seen is not None
+                    and seen[0] is record
+                    and seen[1] is placement  # so the same nodes, in the same order
+                    and all(a is b for a, b in zip(seen[2], hosts, strict=True))
+                ):
+                    at_rest[app] = seen
+                    plans[app] = _AT_REST
+                    continue
             unrouted = (
-                frozenset()
-                if current.record.rollout is None
-                else self._unrouted(app, view, routed)
+                frozenset() if placement.rollout is None else self._unrouted(app, view, routed)
             )
-            inputs = rollout_inputs(record, current.record, view.nodes, unrouted, now)
-            plans[app] = RolloutPlan(None) if inputs is None else plan_rollout(inputs)
+            inputs = rollout_inputs(record, placement, view.nodes, unrouted, now)
+            plan = RolloutPlan(None) if inputs is None else plan_rollout(inputs)
+            plans[app] = plan
+            if placement.rollout is None and plan == _AT_REST:
+                at_rest[app] = (record, placement, hosts)
+        self._at_rest = at_rest
         wanted = {app: plan.record for app, plan in plans.items()}
         batches = plan_rollout_writes(
             wanted,
@@ -1019,6 +1057,12 @@ class Coordinator(Actor):
                 written[write.app] = (
                     None if record is None else CurrentPlacement(record, revision)
                 )
+                # The next read finds this record at this revision: it is known
+                # already, and the same object keeps its inputs cached.
+                if record is None:
+                    self._decoded.pop(write.key, None)
+                else:
+                    self._decoded[write.key] = (revision, record)
         return written
 
     # ------------------------------------------------------------------ reporting

@@ -46,7 +46,7 @@ import hashlib
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from corral.actors.coordinator._membership import (
     CurrentDown,
@@ -60,6 +60,7 @@ from corral.actors.planner import (
     AppSpec,
     Decisions,
     NodeCapacity,
+    NodeInfo,
     Placement,
     PlanInput,
     Policy,
@@ -85,6 +86,7 @@ from corral.registry import (
 
 __all__ = [
     "INPUT_PREFIXES",
+    "InputCache",
     "RegistryView",
     "effective_state",
     "inputs_digest",
@@ -182,6 +184,71 @@ def view_from_kvs(
     )
 
 
+class InputCache:
+    """An optional memo for :func:`plan_input_from_view` and :func:`inputs_digest`,
+    carried from one pass to the next.
+
+    It is purely an optimisation: with it both return exactly what they return
+    without it (equal inputs, the same digest), for any sequence of views. A pass
+    at fleet size reads thousands of records of which a few changed; building and
+    validating an :class:`~corral.actors.planner.AppSpec` and a
+    :class:`~corral.actors.planner.Placement` for each, and canonicalizing each for
+    the digest, cost more than the rest of the pass. So each is kept per app, and
+    reused while the view hands back *the very record object* it was built from:
+    :func:`view_from_kvs` with its ``memo`` returns an unchanged key's record as
+    the same object (records are frozen), so a record that changed is always a
+    new object, and a pass costs O(changed records) here. A node's digest part is
+    kept while its :class:`~corral.actors.planner.NodeInfo` (and allocatable room)
+    compares equal.
+
+    Only what the last pass used is kept, so the memo stays the size of the view.
+    One cache serves one sequence of passes (one coordinator); it is not
+    thread-safe; :meth:`clear` empties it.
+    """
+
+    __slots__ = ("_app_parts", "_apps", "_node_parts", "_placement_parts", "_placements")
+
+    def __init__(self) -> None:
+        self._apps: dict[str, tuple[AppRecord, AppSpec]] = {}
+        self._placements: dict[str, tuple[PlacementRecord, Placement]] = {}
+        self._app_parts: dict[str, tuple[AppSpec, str]] = {}
+        self._placement_parts: dict[str, tuple[Placement, str]] = {}
+        self._node_parts: dict[str, tuple[NodeInfo, tuple[int, int] | None, str]] = {}
+
+    def clear(self) -> None:
+        """Forget everything; the next pass builds every input anew."""
+        self._apps, self._placements = {}, {}
+        self._app_parts, self._placement_parts, self._node_parts = {}, {}, {}
+
+    def __len__(self) -> int:
+        return len(self._apps) + len(self._placements)
+
+    def apps(self, records: Mapping[str, AppRecord]) -> tuple[AppSpec, ...]:
+        """The planner's app for each record, sorted by name."""
+        known, kept = self._apps, {}
+        specs = []
+        for name, record in sorted(records.items()):
+            hit = known.get(name)
+            spec = hit[1] if hit is not None and hit[0] is record else _app(record)
+            kept[name] = (record, spec)
+            specs.append(spec)
+        self._apps = kept
+        return tuple(specs)
+
+    def placements(self, current: Mapping[str, CurrentPlacement]) -> dict[str, Placement]:
+        """The planner's placement for each record, by app (sorted)."""
+        known, kept = self._placements, {}
+        out = {}
+        for app, placed in sorted(current.items()):
+            record = placed.record
+            hit = known.get(app)
+            value = hit[1] if hit is not None and hit[0] is record else _placement(record)
+            kept[app] = (record, value)
+            out[app] = value
+        self._placements = kept
+        return out
+
+
 def _app(record: AppRecord) -> AppSpec:
     return AppSpec(
         name=record.name,
@@ -250,6 +317,7 @@ def plan_input_from_view(
     now: float,
     membership: Mapping[str, MemberStatus] | None = None,
     states: NodeStates | None = None,
+    cache: InputCache | None = None,
 ) -> PlanInput:
     """The planner's input for one pass.
 
@@ -260,18 +328,19 @@ def plan_input_from_view(
         membership: node id -> status from SWIM (used when ``states`` is not given).
         states: the node states already decided for this pass
             (:func:`states_from_view`); by default decided here, with no memory.
+        cache: the memo of the previous passes (see :class:`InputCache`).
 
     Returns:
         A :class:`~corral.actors.planner.PlanInput` with apps and nodes sorted.
     """
     if states is None:
         states = states_from_view(view, policy=policy, now=now, membership=membership)
+    if cache is None:
+        cache = InputCache()  # the same code path, remembering nothing
     return PlanInput(
-        apps=tuple(_app(record) for _, record in sorted(view.apps.items())),
+        apps=cache.apps(view.apps),
         nodes=states.nodes,
-        placements={
-            app: _placement(current.record) for app, current in sorted(view.placements.items())
-        },
+        placements=cache.placements(view.placements),
         policy=policy,
         now=now,
         undecodable=tuple(u.key for u in view.undecodable),
@@ -302,7 +371,7 @@ def with_placements(
     )
 
 
-def inputs_digest(inputs: PlanInput) -> str:
+def inputs_digest(inputs: PlanInput, *, cache: InputCache | None = None) -> str:
     """A sha256 hex digest of what the planner decides from.
 
     Covers the apps, nodes, placements and undecodable keys of ``inputs`` —
@@ -322,27 +391,89 @@ def inputs_digest(inputs: PlanInput) -> str:
     Measured free memory and disk above the floor are not covered: the
     planner reads them as a second check whenever a pass runs for another
     reason, but their drift alone decides nothing new.
+
+    Args:
+        inputs: the planner's input.
+        cache: the memo of the previous passes (see :class:`InputCache`): each
+            app's, placement's and node's canonical part is encoded once while it
+            stays the same object (the same value, for a node). The digest is the
+            same with or without it.
     """
+    if cache is None:
+        cache = InputCache()  # the same code path, remembering nothing
     sized = [a for a in inputs.apps if a.declares_resources and not (a.retired or a.blocked)]
-    if sized:
-        reserved = reserved_by_placements(sized, inputs.placements)
+    reserved = reserved_by_placements(sized, inputs.placements) if sized else ({}, {})
+    known_nodes, kept_nodes = cache._node_parts, {}
     nodes = []
     for node in sorted(inputs.nodes, key=lambda n: n.id):
-        canonical = _canonical(dataclasses.replace(node, capacity=None))
         cap = node.capacity
-        canonical["capacity"] = None if cap is None else _capacity_input(cap)
-        if cap is not None and sized:
-            mem, disk10 = allocatable(cap, reserved[0].get(node.id, 0), reserved[1].get(node.id, 0))
-            canonical["capacity"]["allocatable"] = [mem, disk10]
-        nodes.append(canonical)
-    document = {
-        "apps": [_canonical(app) for app in sorted(inputs.apps, key=lambda a: a.name)],
-        "nodes": nodes,
-        "placements": {app: _canonical(p) for app, p in sorted(inputs.placements.items())},
-        "undecodable": sorted(inputs.undecodable),
-    }
-    encoded = json.dumps(document, sort_keys=True, separators=(",", ":"), allow_nan=False)
+        room = (
+            allocatable(cap, reserved[0].get(node.id, 0), reserved[1].get(node.id, 0))
+            if cap is not None and sized
+            else None
+        )
+        hit = known_nodes.get(node.id)
+        if hit is not None and hit[0] == node and hit[1] == room:
+            text = hit[2]
+        else:
+            canonical = _canonical(dataclasses.replace(node, capacity=None))
+            canonical["capacity"] = None if cap is None else _capacity_input(cap)
+            if room is not None:
+                canonical["capacity"]["allocatable"] = list(room)
+            text = _encode(canonical)
+        kept_nodes[node.id] = (node, room, text)
+        nodes.append(text)
+    cache._node_parts = kept_nodes
+    cache._app_parts, apps = _parts(
+        sorted(((a.name, a) for a in inputs.apps), key=_by_name), cache._app_parts
+    )
+    cache._placement_parts, placements = _parts(
+        sorted(inputs.placements.items(), key=_by_name), cache._placement_parts
+    )
+    # Exactly ``json.dumps(document, sort_keys=True, separators=(",", ":"))`` of
+    # {"apps": [...], "nodes": [...], "placements": {...}, "undecodable": [...]},
+    # assembled from the kept parts.
+    encoded = "".join(
+        (
+            '{"apps":[',
+            ",".join(text for _, text in apps),
+            '],"nodes":[',
+            ",".join(nodes),
+            '],"placements":{',
+            ",".join(f"{_encode(app)}:{text}" for app, text in placements),
+            '},"undecodable":',
+            _encode(sorted(inputs.undecodable)),
+            "}",
+        )
+    )
     return hashlib.sha256(encoded.encode()).hexdigest()
+
+
+def _encode(value: Any) -> str:
+    """Canonical JSON text of an already canonical value."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
+
+
+def _by_name(item: tuple[str, object]) -> str:
+    return item[0]
+
+
+_V = TypeVar("_V")
+
+
+def _parts(
+    items: Iterable[tuple[str, _V]], known: Mapping[str, tuple[_V, str]]
+) -> tuple[dict[str, tuple[_V, str]], list[tuple[str, str]]]:
+    """The canonical JSON text of each (name, value), in order, and the memo to keep:
+    a value that is the very object the last pass encoded keeps its text."""
+    kept: dict[str, tuple[_V, str]] = {}
+    texts: list[tuple[str, str]] = []
+    for name, value in items:
+        hit = known.get(name)
+        text = hit[1] if hit is not None and hit[0] is value else _encode(_canonical(value))
+        kept[name] = (value, text)
+        texts.append((name, text))
+    return kept, texts
 
 
 def _capacity_input(cap: NodeCapacity) -> dict[str, Any]:

@@ -42,6 +42,7 @@ from corral.registry import (
     NodeIntent,
     NodeRecord,
     PlacementRecord,
+    Record,
     Undecodable,
     app_key,
     intent_key,
@@ -436,3 +437,122 @@ def test_with_resources_only_allocatable_figures_count() -> None:
     assert capacity_digest(apps, MeasuredCapacity(16384, 4000, 100_000, 50_000)) != before
     smaller = MeasuredCapacity(8192, 4000, 100_000, 50_000)
     assert capacity_digest(apps, smaller, placed=False) != before
+
+
+# ------------------------------------------------------------- the input cache
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    apps=apps_strategy.filter(bool),
+    nodes=nodes_strategy.filter(bool),
+    steps=st.lists(st.tuples(st.integers(0, 3), st.integers(0, 20)), min_size=1, max_size=6),
+)
+def test_a_sequence_of_passes_reads_the_same_with_and_without_the_cache(
+    apps: list[AppRecord], nodes: list[NodeRecord], steps: list[tuple[int, int]]
+) -> None:
+    # Each step changes one record (or none) and reads everything again through the
+    # decode memo, as a pass does: the cache must never change an input or a digest.
+    cache: coordinator.InputCache = coordinator.InputCache()
+    memo: dict[str, tuple[int, Record | Undecodable]] = {}
+    records: dict[str, AppRecord | NodeRecord | PlacementRecord] = {
+        **{app_key(a.name): a for a in apps},
+        **{node_key(n.id): n for n in nodes},
+        **{
+            placement_key(a.name): PlacementRecord(nodes=[nodes[0].id], decided_at=1.0, fence=2)
+            for a in apps
+        },
+    }
+    revisions = dict.fromkeys(records, 1)
+    for step, (what, which) in enumerate(steps, start=2):
+        app, node = apps[which % len(apps)], nodes[which % len(nodes)]
+        changed: tuple[str, AppRecord | NodeRecord | PlacementRecord] | None = None
+        if what == 0:
+            changed = app_key(app.name), dataclasses.replace(app, replicas=which + 1)
+        elif what == 1:
+            changed = node_key(node.id), dataclasses.replace(node, rack=f"r{step}")
+        elif what == 2:
+            changed = placement_key(app.name), PlacementRecord(
+                nodes=[node.id], decided_at=float(step), fence=2
+            )
+        if changed is not None:
+            records[changed[0]], revisions[changed[0]] = changed[1], step
+        kvs = [kv(key, record.encode(), rev=revisions[key]) for key, record in records.items()]
+        cached = plan_input_from_view(
+            view_from_kvs(kvs, memo=memo), policy=POLICY, now=1.0, cache=cache
+        )
+        plain = plan_input_from_view(view_from_kvs(kvs), policy=POLICY, now=1.0)
+        assert cached == plain
+        assert inputs_digest(cached, cache=cache) == inputs_digest(plain)
+
+
+def test_an_unchanged_record_keeps_its_planner_input_and_a_changed_one_is_rebuilt() -> None:
+    cache, memo = coordinator.InputCache(), {}
+    apps = [AppRecord("a"), AppRecord("b")]
+    placement = PlacementRecord(nodes=["n1"], decided_at=1.0, fence=2)
+    node = NodeRecord("n1")
+
+    def read(b: AppRecord, rev_b: int) -> PlanInput:
+        kvs = [
+            kv(app_key("a"), apps[0].encode(), rev=3),
+            kv(app_key("b"), b.encode(), rev=rev_b),
+            kv(node_key("n1"), node.encode(), rev=3),
+            kv(placement_key("a"), placement.encode(), rev=3),
+        ]
+        return plan_input_from_view(
+            view_from_kvs(kvs, memo=memo), policy=POLICY, now=1.0, cache=cache
+        )
+
+    first = read(apps[1], 3)
+    digest = inputs_digest(first, cache=cache)
+    second = read(dataclasses.replace(apps[1], replicas=2), 4)
+    assert second.apps[0] is first.apps[0]  # "a" is not built (nor validated) again
+    assert second.placements["a"] is first.placements["a"]
+    assert second.apps[1] is not first.apps[1]
+    assert second.apps[1].replicas == 2
+    assert inputs_digest(second, cache=cache) == inputs_digest(second) != digest
+    assert len(cache) == 3  # two apps and one placement: only what the last pass used
+    cache.clear()
+    assert len(cache) == 0
+    assert inputs_digest(second, cache=cache) == inputs_digest(second)
+
+
+def test_the_digest_is_the_sha256_of_the_canonical_document() -> None:
+    # The digest is assembled from per-record parts; it is exactly the digest of the
+    # whole canonical document, so a coordinator of an older release that digested
+    # the document agrees on it.
+    import hashlib
+    import json
+
+    inputs = PlanInput(
+        apps=(AppSpec("b", replicas=2, selector={"z": "1", "a": "2"}), AppSpec("a")),
+        nodes=(
+            NodeInfo("n2", rack="r", capacity=NodeCapacity(100, 50, 1000, 900)),
+            NodeInfo("n1", state="down", down_since=5.0, labels={"k": "v"}),
+        ),
+        placements={"b": Placement(nodes=("n2", "n1"), placed_at={"n1": 3.0})},
+        policy=POLICY,
+        now=1.0,
+        undecodable=("apps/x",),
+    )
+    document = {
+        "apps": [
+            {"name": "a", "replicas": "all", "selector": {}, "memory_mb": 0, "disk_mb": 0,
+             "pinned": False, "retired": False, "blocked": False},
+            {"name": "b", "replicas": 2, "selector": {"a": "2", "z": "1"}, "memory_mb": 0,
+             "disk_mb": 0, "pinned": False, "retired": False, "blocked": False},
+        ],
+        "nodes": [
+            {"id": "n1", "state": "down", "labels": {"k": "v"}, "rack": None,
+             "datacenter": None, "down_since": 5, "capacity": None, "drain_forced": False},
+            {"id": "n2", "state": "alive", "labels": {}, "rack": "r", "datacenter": None,
+             "down_since": None, "capacity": {"readable": True, "above_floor": True},
+             "drain_forced": False},
+        ],
+        "placements": {
+            "b": {"nodes": ["n1", "n2"], "placed_at": {"n1": 3}, "stopped": []},
+        },
+        "undecodable": ["apps/x"],
+    }
+    text = json.dumps(document, sort_keys=True, separators=(",", ":"))
+    assert inputs_digest(inputs) == hashlib.sha256(text.encode()).hexdigest()
