@@ -21,6 +21,7 @@ from .test_cluster import cli, coordinator
 pytestmark = pytest.mark.slow
 
 APP = "roll"
+ROLLING = f"rollout {APP}: rolling "  # what `corral ps` says while it rolls
 #: A whole three-node rollout: three restarts, each with its drain and readiness.
 ROLLOUT = 120.0
 
@@ -115,7 +116,7 @@ def test_a_redeploy_switches_one_node_at_a_time_on_the_same_ports(
     cluster: LocalCluster, app_dir: Path
 ) -> None:
     first = deploy(
-        cluster, app_dir, replicas=3, env={"GREETING": "one"}, max_parallel=1, drain_ms=500
+        cluster, app_dir, replicas=3, env={"GREETING": "one"}, max_parallel=1, drain_ms=1000
     )
     before = wait_for("three instances of the first revision", lambda: all_on(cluster, first),
                       timeout=60.0, interval=0.2)
@@ -134,7 +135,9 @@ def test_a_redeploy_switches_one_node_at_a_time_on_the_same_ports(
         busy_seen.append(
             sum(1 for r in now if r["rollout_step"] not in (None, "pending", "done"))
         )
-        if any(r["rollout"] for r in now) and not texts:
+        if any(r["rollout"] for r in now) and not any(ROLLING in t for t in texts):
+            # Again while it rolls: on a loaded machine the CLI's own start can take
+            # longer than the rollout's next step (once, it outlasted the rollout).
             shown = cli(cluster.nodes["node-1"], "ps")
             assert shown.returncode == 0, shown.stderr
             texts.append(shown.stdout)
@@ -147,7 +150,7 @@ def test_a_redeploy_switches_one_node_at_a_time_on_the_same_ports(
     assert max(busy_seen) <= 1  # never two instances out or restarting at once
     assert set(switched) == set(ports)
     # One node after the other, as the coordinator told them: each only once the one
-    # before was ready again, and after its own drain (500 ms).
+    # before was ready again, and after its own drain (1 s).
     holder, _ = coordinator(cluster)
     with cluster.nodes[holder].client() as client:
         told = [
@@ -157,8 +160,8 @@ def test_a_redeploy_switches_one_node_at_a_time_on_the_same_ports(
         ]
     assert sorted(node for _, node in told) == sorted(ports)
     times = sorted(when for when, _ in told)
-    assert all(later - earlier >= 0.5 for earlier, later in itertools.pairwise(times)), told
-    assert any(f"rollout {APP}: rolling " in text for text in texts), texts
+    assert all(later - earlier >= 1.0 for earlier, later in itertools.pairwise(times)), told
+    assert any(ROLLING in text for text in texts), texts
     after = rows(cluster)
     assert {r["node"]: (r["public_port"], r["internal_port"]) for r in after} == ports
     for row in after:
