@@ -16,6 +16,19 @@ An ask waiting for a remote reply fails with ``PeerUnavailable`` as soon as the
 transport reports that peer lost (:meth:`~corral.transport.Transport.on_peer_lost`),
 rather than waiting out its deadline.
 
+Deadlines: a cancel scope per ask costs more than the rest of the bridge's work
+on it, so the bridge keeps every pending ask's deadline in one heap and one
+timer task fails the asks whose deadline passed with :class:`AskTimeout` (the
+asker sleeps on its reply slot, which the timer resolves). The send is covered
+by the deadline too: to a peer the bridge has not heard from since it was last
+reported lost (the transport may have to dial it), or behind queued frames, the
+send runs in a cancel scope at the ask's deadline. To a peer that sent us a frame
+since, the transport sends without waiting for the peer (it is connected), so no
+scope is entered; such a send is still bounded by the transport itself, which
+never blocks forever (``WebSocketTransport``: a frame written through to a socket
+whose buffer is full waits at most until the heartbeat drops the connection), and
+the ask raises AskTimeout as soon as it returns if the deadline passed meanwhile.
+
 Frames that cannot be sent from the caller's task (replies queued where the
 caller cannot wait, error answers) wait in one bounded outbox; while any wait
 for a peer, later frames to that peer queue behind them, so per-pair order holds.
@@ -27,6 +40,7 @@ import itertools
 import logging
 import math
 from collections.abc import Callable
+from heapq import heapify, heappop, heappush
 from typing import Any
 
 import outcome
@@ -66,17 +80,29 @@ logger = logging.getLogger("corral.supervision")
 
 _CLOSED = (trio.ClosedResourceError, trio.BrokenResourceError)
 OUTBOX_SIZE = 256
+# The deadline heap drops entries of answered asks lazily; it is rebuilt from the
+# pending asks when it holds this many more than twice their number.
+_HEAP_SLACK = 64
 
 
 class _PendingAsk(Ask):
-    """A remote ask waiting for its reply: the slot, and whom it asked."""
+    """A remote ask waiting for its reply: the slot, whom it asked, until when."""
 
-    __slots__ = ("peer", "target")
+    __slots__ = ("deadline", "peer", "target", "timeout")
 
-    def __init__(self, message: object, peer: str, target: str) -> None:
+    def __init__(self, message: object, peer: str, target: str, timeout: float | None) -> None:
         super().__init__(message)
         self.peer = peer
         self.target = target
+        self.timeout = timeout
+        self.deadline = math.inf
+
+    def timed_out(self) -> AskTimeout:
+        return AskTimeout(
+            f"no reply from {self.target} within {self.timeout} s to a "
+            f"{type(self.message).__qualname__} message; the node may be slow, "
+            "partitioned or down"
+        )
 
 
 class Unreachable:
@@ -144,6 +170,14 @@ class RemoteBridge:
         self._address = f"{node_id}/"
         self._ids = itertools.count(1)
         self._pending: dict[int, _PendingAsk] = {}
+        # (deadline, ask id) of pending asks; entries of answered asks linger until
+        # they reach the top or the heap is rebuilt
+        self._deadlines: list[tuple[float, int]] = []
+        self._timer: trio.CancelScope | None = None  # the timer task's sleep, while it runs
+        self._wake_at = math.inf  # the timer's deadline: no pending ask expires before it
+        # peers heard from since they were last reported lost: a send to them
+        # does not wait for a dial
+        self._heard_from: set[str] = set()
         self._outbox_send, self._outbox_receive = trio.open_memory_channel[tuple[str, bytes]](
             OUTBOX_SIZE
         )
@@ -159,6 +193,8 @@ class RemoteBridge:
         if not self.transport.deliver_frames_to(self.deliver_frame):
             nursery.start_soon(self._receive_loop)
         nursery.start_soon(self._outbox_loop)
+        self._timer = trio.CancelScope(deadline=self._wake_at)
+        nursery.start_soon(self._expire_asks, self._timer)
         return forget_losses
 
     # ------------------------------------------------------------------ sending
@@ -179,35 +215,105 @@ class RemoteBridge:
         if not self._enqueue(node, data):
             raise MailboxFull(f"the outbound queue of {self.node_id!r} is full; use `await tell()`")
 
-    async def ask(self, address: str, node: str, message: object, timeout: float) -> Any:  # noqa: ASYNC109
+    async def ask(
+        self,
+        address: str,
+        node: str,
+        message: object,
+        timeout: float | None,  # noqa: ASYNC109
+    ) -> Any:
         """Send ``message`` as an ask to the actor at ``address`` on ``node``; await the reply.
 
-        The deadline covers the send too (a dial in flight, frames queued ahead).
+        The deadline covers the send too (a dial in flight, frames queued ahead);
+        see the module docstring for how it is kept without a cancel scope per ask.
         """
+        if timeout is None:
+            timeout = math.inf
+        elif not timeout >= 0:
+            raise ValueError(f"an ask's timeout must be >= 0 seconds, not {timeout!r}")
         ident = next(self._ids)
         data = self._encode(address, message, ident, True)
-        slot = _PendingAsk(message, node, address)
+        slot = _PendingAsk(message, node, address, timeout)
+        timer = self._timer
+        if timer is None:  # not attached, or shut down: no timer task to rely on
+            with trio.move_on_after(timeout):
+                return await self._send_and_wait(node, data, ident, slot)
+            raise slot.timed_out()
         pending = self._pending
         pending[ident] = slot
         try:
-            with trio.move_on_after(timeout if timeout is not None else math.inf):
-                if self._queued.get(node):
+            if timeout != math.inf:
+                deadline = slot.deadline = trio.current_time() + timeout
+                heap = self._deadlines
+                heappush(heap, (deadline, ident))
+                if deadline < self._wake_at:
+                    self._wake_at = timer.deadline = deadline
+                elif len(heap) > 2 * len(pending) + _HEAP_SLACK:
+                    self._rebuild_deadlines()
+            if node in self._heard_from and not self._queued.get(node):
+                await self.transport.send(node, data)  # connected: does not wait for the peer
+            else:
+                with trio.CancelScope(deadline=slot.deadline) as scope:
                     await self._send_frame(node, data)
-                else:  # _send_frame's common case, inlined: nothing queued for the peer
-                    await self.transport.send(node, data)
-                return await slot.wait()
+                if scope.cancelled_caught:
+                    raise slot.timed_out()
+            return await slot.wait()
         finally:
             pending.pop(ident, None)
-        raise AskTimeout(
-            f"no reply from {address} within {timeout} s to a "
-            f"{type(message).__qualname__} message; the node may be slow, partitioned or down"
-        )
+
+    async def _send_and_wait(self, node: str, data: bytes, ident: int, slot: _PendingAsk) -> Any:
+        self._pending[ident] = slot
+        try:
+            await self._send_frame(node, data)
+            return await slot.wait()
+        finally:
+            self._pending.pop(ident, None)
+
+    def _rebuild_deadlines(self) -> None:
+        """Drop the entries of answered asks (the heap stays within twice the pending asks)."""
+        heap = [(slot.deadline, i) for i, slot in self._pending.items() if slot.deadline < math.inf]
+        heapify(heap)
+        self._deadlines[:] = heap
+
+    async def _expire_asks(self, sleep: trio.CancelScope) -> None:
+        """The timer task: fail each pending ask whose deadline passed with AskTimeout."""
+        heap, pending = self._deadlines, self._pending
+        try:
+            while True:
+                with sleep:
+                    await trio.sleep_forever()
+                now = trio.current_time()
+                while heap:
+                    deadline, ident = heap[0]
+                    slot = pending.get(ident)
+                    if slot is not None and deadline > now:
+                        break
+                    heappop(heap)
+                    if slot is not None:
+                        del pending[ident]
+                        slot.resolve(outcome.Error(slot.timed_out()))
+                self._wake_at = heap[0][0] if heap else math.inf
+                sleep = self._timer = trio.CancelScope(deadline=self._wake_at)
+        finally:
+            # Nobody is left to time out the asks still waiting: fail them now.
+            self._timer = None
+            self._wake_at = math.inf
+            self._deadlines.clear()
+            for slot in list(pending.values()):
+                slot.resolve(
+                    outcome.Error(
+                        PeerUnavailable(
+                            f"actor system {self.node_id!r} stopped while an ask to "
+                            f"{slot.target} waited for its reply"
+                        )
+                    )
+                )
 
     def _reply_frame(self, peer: str, correlation_id: int, result: outcome.Outcome[Any]) -> bytes:
         """Encode the reply (or error) envelope for an ask from ``peer``."""
         ident = next(self._ids)
         to = f"{peer}/"
-        if isinstance(result, outcome.Value):
+        if type(result) is outcome.Value:  # not isinstance: Outcome is an ABC, slow to test
             value = result.value
             kind = message_kind(value)
             try:
@@ -324,6 +430,7 @@ class RemoteBridge:
 
     async def deliver_frame(self, frame: Frame) -> None:
         """Handle one arriving frame; never raises (but for cancellation)."""
+        self._heard_from.add(frame.sender)
         try:
             decision = route(frame, self.node_id, self._directory.cells, self.limits)
             if isinstance(decision, Deliver):
@@ -375,6 +482,7 @@ class RemoteBridge:
 
     def on_peer_lost(self, event: PeerLost) -> None:
         """Fail every ask waiting for a reply from the lost peer (the reply cannot come)."""
+        self._heard_from.discard(event.peer)
         lost = [slot for slot in self._pending.values() if slot.peer == event.peer]
         for slot in lost:
             slot.resolve(

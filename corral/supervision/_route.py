@@ -44,7 +44,6 @@ from corral.transport import (
     decode_envelope,
     decode_message,
     peek_header,
-    split_address,
 )
 
 __all__ = ["Deliver", "Reject", "Reply", "Target", "reply_outcome", "route"]
@@ -110,31 +109,30 @@ def route(
         :class:`Reject`, :class:`Reply` or :class:`Deliver`. Never raises for
         anything a peer can send.
     """
-    peer = frame.sender
+    peer, data = frame
     try:
-        envelope = decode_envelope(frame.data, limits)
+        envelope = decode_envelope(data, limits)
     except FrameError as exc:
         code = (
             ErrorCode.FRAME_TOO_LARGE
             if isinstance(exc, FrameTooLarge)
             else (ErrorCode.MALFORMED_FRAME)
         )
-        header = peek_header(frame.data)
+        header = peek_header(data)
         ask_id = header[0] if header is not None and header[2] else None
         return Reject(peer, ask_id, code, str(exc))
-    kind = envelope.kind
+    ident, to, _, kind, body, correlation_id, expects_reply, _ = envelope
     if kind == "reply" or kind == "error":
-        return Reply(peer, envelope.correlation_id, reply_outcome(peer, envelope))
-    ask_id = envelope.id if envelope.expects_reply else None
+        return Reply(peer, correlation_id, reply_outcome(peer, envelope))
+    ask_id = ident if expects_reply else None
     try:
-        message = decode_message(kind, envelope.body)
+        message = decode_message(kind, body)
     except UnknownKind as exc:
         return Reject(peer, ask_id, ErrorCode.UNKNOWN_KIND, str(exc))
     except SchemaError as exc:
         return Reject(peer, ask_id, ErrorCode.SCHEMA, f"{kind}: {exc}")
-    node, path = split_address(envelope.to)
-    if len(path) > 1:
-        path = path.rstrip("/")
+    node, _, rest = to.partition("/")  # split_address, inlined: every message's path
+    path = ("/" + rest).rstrip("/") if rest else "/"
     target = targets.get(path) if node == node_id else None
     if target is None:
         return Reject(

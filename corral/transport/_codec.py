@@ -130,27 +130,19 @@ def encode_envelope(envelope: Envelope, limits: CodecLimits = DEFAULT_LIMITS) ->
         FrameTooLarge: the frame would exceed ``limits.max_frame_bytes``.
         MalformedFrame: the body holds something CBOR cannot carry, or nests too deeply.
     """
-    if _depth_exceeds(envelope.body, limits.max_depth - 1):
+    ident, to, sender, kind, body, correlation_id, expects_reply, version = envelope
+    if _depth_exceeds(body, limits.max_depth - 1):
         raise MalformedFrame(
-            f"the body of a {envelope.kind!r} message nests deeper than "
+            f"the body of a {kind!r} message nests deeper than "
             f"{limits.max_depth - 1} levels; flatten it or raise CodecLimits.max_depth"
         )
     try:
         data: bytes = cbor2.dumps(
-            [
-                envelope.version,
-                envelope.id,
-                envelope.to,
-                envelope.sender,
-                envelope.kind,
-                envelope.correlation_id,
-                envelope.expects_reply,
-                envelope.body,
-            ]
+            [version, ident, to, sender, kind, correlation_id, expects_reply, body]
         )
     except Exception as exc:
         raise MalformedFrame(
-            f"the body of a {envelope.kind!r} message cannot be encoded as CBOR: {exc}"
+            f"the body of a {kind!r} message cannot be encoded as CBOR: {exc}"
         ) from exc
     if len(data) > limits.max_frame_bytes:
         raise FrameTooLarge(
@@ -189,7 +181,10 @@ def decode_envelope(data: bytes, limits: CodecLimits = DEFAULT_LIMITS) -> Envelo
     if not data:
         raise MalformedFrame("empty frame")
     stream = io.BytesIO(data)
-    decoder = _decoder(limits.max_depth)
+    try:
+        decoder = _local.decoders[limits.max_depth]
+    except (AttributeError, KeyError):
+        decoder = _decoder(limits.max_depth)
     decoder.fp = stream
     try:
         decoded = decoder.decode()
@@ -201,19 +196,41 @@ def decode_envelope(data: bytes, limits: CodecLimits = DEFAULT_LIMITS) -> Envelo
     if type(decoded) is not list or len(decoded) != 8:
         raise MalformedFrame("frame is not an envelope (an array of 8 items)")
     version, ident, to, sender, kind, correlation_id, expects_reply, body = decoded
+    # One test for the common envelope; which item is wrong is worked out only when one is.
+    if (
+        type(ident) is not int
+        or ident < 0
+        or type(to) is not str
+        or type(sender) is not str
+        or type(kind) is not str
+        or type(expects_reply) is not bool
+        or version != PROTOCOL_VERSION
+        or type(version) is not int
+        or (correlation_id is not None and (type(correlation_id) is not int or correlation_id < 0))
+    ):
+        raise _malformed_header(decoded)
+    fields = (ident, to, sender, kind, body, correlation_id, expects_reply, version)
+    return _new_tuple(Envelope, fields)
+
+
+# Envelope(...) without its Python-level __new__: the fields are checked already.
+_new_tuple = tuple.__new__
+
+
+def _malformed_header(decoded: list[Any]) -> MalformedFrame:
+    """The refusal of an envelope whose header items do not check out: the first one wrong."""
+    version, ident, to, sender, kind, correlation_id, _, _ = decoded
     if version != PROTOCOL_VERSION or type(version) is not int:
-        raise MalformedFrame(
+        return MalformedFrame(
             f"envelope version {version!r} is not supported (this node speaks {PROTOCOL_VERSION})"
         )
     if type(ident) is not int or ident < 0:
-        raise MalformedFrame("envelope id must be a non-negative integer")
+        return MalformedFrame("envelope id must be a non-negative integer")
     if type(to) is not str or type(sender) is not str or type(kind) is not str:
-        raise MalformedFrame("envelope to, from and kind must be text")
+        return MalformedFrame("envelope to, from and kind must be text")
     if correlation_id is not None and (type(correlation_id) is not int or correlation_id < 0):
-        raise MalformedFrame("envelope correlation id must be a non-negative integer or null")
-    if type(expects_reply) is not bool:
-        raise MalformedFrame("envelope expects_reply must be a bool")
-    return Envelope(ident, to, sender, kind, body, correlation_id, expects_reply, version)
+        return MalformedFrame("envelope correlation id must be a non-negative integer or null")
+    return MalformedFrame("envelope expects_reply must be a bool")
 
 
 # Building a decoder with these options costs several times the decoding of a small
