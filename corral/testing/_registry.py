@@ -214,7 +214,9 @@ class CountingRegistry(Registry):
     ``delete``, and each Put/Delete in the branch of a ``txn`` that ran.
     ``keys_written`` counts them per key. ``failed_txns`` counts txns whose
     guard did not hold. Lease grants,
-    keepalives and revokes are counted in ``calls`` only.
+    keepalives and revokes are counted in ``calls`` only. ``delivered`` counts the
+    events each watch delivered, by the prefix it was opened on (a subclass may hold
+    some back: :meth:`delivers`).
 
     ``aclose()`` closes the registry behind it.
     """
@@ -225,6 +227,7 @@ class CountingRegistry(Registry):
         self.writes = 0
         self.failed_txns = 0
         self.keys_written: Counter[str] = Counter()
+        self.delivered: Counter[str] = Counter()
 
     @property
     def inner(self) -> Registry:
@@ -236,6 +239,11 @@ class CountingRegistry(Registry):
         self.writes = 0
         self.failed_txns = 0
         self.keys_written.clear()
+        self.delivered.clear()
+
+    def delivers(self, prefix: str, event: WatchEvent) -> bool:
+        """Whether a watch on ``prefix`` gets ``event`` (always; for subclasses)."""
+        return True
 
     def writes_under(self, prefix: str) -> int:
         """How many writes touched a key starting with ``prefix``."""
@@ -298,7 +306,24 @@ class CountingRegistry(Registry):
         self, prefix: str, start_revision: int | None = None
     ) -> AbstractAsyncContextManager[AsyncIterator[WatchEvent]]:
         self.calls["watch"] += 1
-        return self._inner.watch(prefix, start_revision)
+        return self._counted_watch(prefix, start_revision)
+
+    @asynccontextmanager
+    async def _counted_watch(
+        self, prefix: str, start_revision: int | None
+    ) -> AsyncIterator[AsyncIterator[WatchEvent]]:
+        async with self._inner.watch(prefix, start_revision) as events:
+            counted = self._counted(prefix, events)
+            async with contextlib.aclosing(counted):
+                yield counted
+
+    async def _counted(
+        self, prefix: str, events: AsyncIterator[WatchEvent]
+    ) -> AsyncGenerator[WatchEvent, None]:
+        async for event in events:
+            if self.delivers(prefix, event):
+                self.delivered[prefix] += 1
+                yield event
 
     async def revision(self) -> int:
         self.calls["revision"] += 1

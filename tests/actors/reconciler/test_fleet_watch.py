@@ -4,13 +4,11 @@ the deploy does not concern (each reconciler watches only its assignment index).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import AsyncIterator
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
 import trio
 import trio.testing
 
-from corral.registry import AppRecord, Deployment, MemoryRegistry, WatchEvent
+from corral.registry import AppRecord, Deployment, MemoryRegistry
 from corral.testing import CountingRegistry, open_fleet
 
 R1 = "1" * 64
@@ -22,26 +20,6 @@ class DeliveryCount(CountingRegistry):
 
     def __init__(self) -> None:
         super().__init__(MemoryRegistry())
-        self.delivered: Counter[str] = Counter()
-
-    def watch(
-        self, prefix: str, start_revision: int | None = None
-    ) -> AbstractAsyncContextManager[AsyncIterator[WatchEvent]]:
-        return self._counted(prefix, start_revision)
-
-    @asynccontextmanager
-    async def _counted(
-        self, prefix: str, start_revision: int | None
-    ) -> AsyncIterator[AsyncIterator[WatchEvent]]:
-        async with super().watch(prefix, start_revision) as events:
-            yield self._delivering(prefix, events)
-
-    async def _delivering(
-        self, prefix: str, events: AsyncIterator[WatchEvent]
-    ) -> AsyncIterator[WatchEvent]:
-        async for event in events:
-            self.delivered[prefix] += 1
-            yield event
 
 
 def app(name: str) -> AppRecord:

@@ -6,9 +6,8 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import random
-from collections import Counter
 from collections.abc import AsyncIterator, Callable
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -639,29 +638,10 @@ class WatchLog(CountingRegistry):
 
     def __init__(self, inner: MemoryRegistry, *, only_assign: bool = False) -> None:
         super().__init__(inner)
-        self.delivered: Counter[str] = Counter()
         self.only_assign = only_assign
 
-    def watch(
-        self, prefix: str, start_revision: int | None = None
-    ) -> AbstractAsyncContextManager[AsyncIterator[WatchEvent]]:
-        return self._logged(prefix, start_revision)
-
-    @asynccontextmanager
-    async def _logged(
-        self, prefix: str, start_revision: int | None
-    ) -> AsyncIterator[AsyncIterator[WatchEvent]]:
-        async with super().watch(prefix, start_revision) as events:
-            yield self._delivering(prefix, events)
-
-    async def _delivering(
-        self, prefix: str, events: AsyncIterator[WatchEvent]
-    ) -> AsyncIterator[WatchEvent]:
-        async for event in events:
-            if self.only_assign and not prefix.startswith("assign/"):
-                continue
-            self.delivered[prefix] += 1
-            yield event
+    def delivers(self, prefix: str, event: WatchEvent) -> bool:
+        return not self.only_assign or prefix.startswith("assign/")
 
 
 async def test_placement_writes_for_other_nodes_deliver_nothing_to_this_nodes_watch(
