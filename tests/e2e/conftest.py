@@ -44,6 +44,21 @@ async def _wipe(url: str) -> None:
 
 
 @contextmanager
+def started_cluster(local: LocalCluster, registry_url: str | None = None) -> Iterator[LocalCluster]:
+    """Start every node of ``local``; on exit stop them, wipe the etcd namespace (when
+    ``registry_url`` names one) and fail if any app process outlived its node."""
+    try:
+        local.start_all()
+        yield local
+    finally:
+        local.stop_all()
+        leftovers = local.kill_leftovers()
+        if registry_url is not None:
+            trio.run(_wipe, registry_url)
+        assert not leftovers, f"app processes outlived their nodes: {leftovers}"
+
+
+@contextmanager
 def tagged_cluster(
     tmp_path: Path, prefix: str, first_port: int, registry_url: str | None = None
 ) -> Iterator[LocalCluster]:
@@ -62,15 +77,8 @@ def tagged_cluster(
     for index in range(3):
         start = first_port + 200 * index
         local.add_node(f"{prefix}{tag}-{index + 1}", port_range=(start, start + 199))
-    try:
-        local.start_all()
+    with started_cluster(local, registry_url):
         yield local
-    finally:
-        local.stop_all()
-        leftovers = local.kill_leftovers()
-        if registry_url is not None:
-            trio.run(_wipe, registry_url)
-        assert not leftovers, f"app processes outlived their nodes: {leftovers}"
 
 
 @pytest.fixture(params=["sqlite", pytest.param("etcd", marks=pytest.mark.etcd)])
@@ -88,12 +96,5 @@ def cluster(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LocalClu
     for index, (node_id, labels) in enumerate(NODES.items()):
         start = 25000 + 200 * index
         local.add_node(node_id, labels=labels, port_range=(start, start + 199))
-    try:
-        local.start_all()
+    with started_cluster(local, url):
         yield local
-    finally:
-        local.stop_all()
-        leftovers = local.kill_leftovers()
-        if url is not None:
-            trio.run(_wipe, url)
-        assert not leftovers, f"app processes outlived their nodes: {leftovers}"

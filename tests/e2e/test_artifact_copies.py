@@ -13,12 +13,11 @@ from pathlib import Path
 
 import psutil
 import pytest
-import trio
 
 from corral.node import PackedArtifact, pack_directory
 from corral.node._local_cluster import LocalCluster, LocalNode, wait_for
 
-from .conftest import GRACE_PERIOD_MS, GREETER, _etcd_url, _wipe
+from .conftest import GRACE_PERIOD_MS, GREETER, _etcd_url, started_cluster
 
 pytestmark = pytest.mark.slow
 
@@ -45,15 +44,8 @@ def racks(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LocalClust
             port_range=(start, start + 99),
             extra_args=["--rack", rack, "--artifact-interval-ms", str(INTERVAL_MS)],
         )
-    try:
-        local.start_all()
+    with started_cluster(local, url):
         yield local
-    finally:
-        local.stop_all()
-        leftovers = local.kill_leftovers()
-        if url is not None:
-            trio.run(_wipe, url)
-        assert not leftovers, f"app processes outlived their nodes: {leftovers}"
 
 
 def heavy_app(root: Path, version: int) -> PackedArtifact:

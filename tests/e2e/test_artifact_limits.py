@@ -14,7 +14,7 @@ import pytest
 from corral.node import ApiRefused, pack_directory
 from corral.node._local_cluster import LocalCluster, wait_for
 
-from .conftest import GREETER
+from .conftest import GREETER, started_cluster
 
 pytestmark = pytest.mark.slow
 
@@ -24,13 +24,8 @@ def pair(tmp_path: Path) -> Iterator[LocalCluster]:
     local = LocalCluster(tmp_path, lease_ttl_ms=3000, node_ttl_ms=3000, shutdown_grace_ms=5000)
     local.add_node("node-1", port_range=(26000, 26099))
     local.add_node("node-2", port_range=(26100, 26199), extra_args=["--max-artifact-mb", "1"])
-    try:
-        local.start_all()
+    with started_cluster(local):
         yield local
-    finally:
-        local.stop_all()
-        leftovers = local.kill_leftovers()
-        assert not leftovers, f"app processes outlived their nodes: {leftovers}"
 
 
 def test_a_node_refusing_an_artifact_shows_it_failed_while_another_serves(
