@@ -240,12 +240,13 @@ class Reconciler(Actor):
     Otherwise it reads only what concerns the node: the records of the apps whose stamp
     in the index changed, or that entered or left it, kept with those of every app the
     node serves or keeps state for from one pass to the next. A change costs O(changed
-    apps). At least every ``full_pass_every`` seconds every app that concerns the node
-    is read again (by name: O(its apps), not O(all apps)): that is how the deletion of
-    an app this node keeps state for but no longer serves (its directory and ports are
-    removed then) reaches it, as no index moves for it. A full pass (every app and
-    placement) runs first, when forced, when the index cannot be decoded, and after the
-    watch or a pass broke (changes may have been missed).
+    apps). Every app that concerns the node (in its index, served, or with a working
+    directory or port claims here) is read again by name, O(its apps) and never
+    O(all apps): on its first pass, after the watch or a pass broke (changes may have
+    been missed), and at least every ``full_pass_every`` seconds. That is also how the
+    deletion of an app this node keeps state for but no longer serves (its directory
+    and ports are removed then) reaches it, as no index moves for it. Every app and
+    placement is read only when the index cannot be decoded, or a pass is forced.
 
     Args:
         node_id: this node's id.
@@ -449,10 +450,15 @@ class Reconciler(Actor):
             indexed = _indexed_apps(None if index is None else self._decode(index))
             generation = await self._processes.ask(ProcessGeneration(), self._ask_timeout)
             now = trio.current_time()
-            full = force or self._rescan or indexed is None or self._last_token is None
-            refresh = now >= self._next_full
+            # The index lists what the coordinator assigns this node: only an index that
+            # cannot be decoded (or an operator's forced pass) has the node read every app.
+            read_all = force or indexed is None
+            # Every app that concerns the node, read again by name: periodically, on a
+            # node's first pass, and after a watch or a pass broke (changes may have
+            # been missed).
+            refresh = now >= self._next_full or self._rescan or self._last_token is None
             timer_due = (
-                full
+                read_all
                 or refresh
                 or self._retry_due
                 or own_revision != self._own_revision
@@ -468,18 +474,30 @@ class Reconciler(Actor):
                 summary.skipped = True
                 return summary
             indexed = indexed or {}
-            if full:
-                self._rescan = False
+            self._rescan = False
+            if read_all or refresh:
+                # Only this node's port allocator claims ports, for apps a pass starts
+                # (in the process table from then on): read again with the rest, for
+                # the claims a previous life of the node left.
+                await self._read_claims()
+            local = self._local_state() | self._claimed
+            if read_all:
                 await self._read_everything()
             else:
                 stamps = self._stamps
                 dirty = {app for app, stamp in indexed.items() if stamps.get(app) != stamp}
-                if refresh:  # every app that concerns this node, read again by name
-                    dirty |= self._records.keys() | self._placed.keys() | self._unknown
+                if refresh:
+                    dirty |= (
+                        self._records.keys()
+                        | self._placed.keys()
+                        | self._unknown
+                        | self._local
+                        | local
+                    )
                 await self._read_changed(dirty, frozenset(indexed))
-            if full or refresh:
+            if read_all or refresh:
                 self._next_full = t0 + self._full_pass_every
-            await self._full_pass(summary, own, read_claims=full or refresh)
+            await self._full_pass(summary, own, local)
             self._stamps = indexed
             self._last_token, self._last_generation = token, str(generation)
         except (RegistryError, SupervisionError) as exc:
@@ -553,25 +571,21 @@ class Reconciler(Actor):
             elif isinstance(record, Undecodable):
                 self._unknown.add(name)
 
-    async def _full_pass(
-        self, summary: PassSummary, own: KeyValue | None, *, read_claims: bool
-    ) -> None:
-        if read_claims:
-            # Only this node's port allocator claims ports, for apps this pass starts
-            # (so in the process table from then on): read again with everything else,
-            # for the claims a previous life of the node left.
-            claims, _ = await read_records(self._registry, node_ports_prefix(self._node_id))
-            self._claimed = {
-                c.app
-                for c in claims.values()
-                if isinstance(c, PortClaim) and c.node == self._node_id
-            }
+    async def _read_claims(self) -> None:
+        """Read the apps this node holds port claims for."""
+        claims, _ = await read_records(self._registry, node_ports_prefix(self._node_id))
+        self._claimed = {
+            c.app for c in claims.values() if isinstance(c, PortClaim) and c.node == self._node_id
+        }
+
+    async def _full_pass(self, summary: PassSummary, own: KeyValue | None, local: set[str]) -> None:
+        """Plan and act on what the pass read; ``local``: the apps this node keeps state
+        for (a working directory, port claims)."""
         rows = await self._processes.ask(ListProcesses(), self._ask_timeout)
 
         records = self._records
         by_app = self._placed
         unknown = set(self._unknown)
-        local = self._local_state() | self._claimed
         processes = process_views(rows)
         running = {app: p.revision for app, p in processes.items() if p.phase == "live"}
         views = app_views(self._node_id, records.values(), by_app, running)

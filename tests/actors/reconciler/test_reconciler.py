@@ -300,6 +300,38 @@ async def test_a_change_reads_only_the_apps_it_names(
         assert set(registry.prefixes) == {f"ports/{NODE}/"}
 
 
+async def test_a_restarted_nodes_first_pass_reads_only_the_apps_that_concern_it(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    # A fleet restarting at once must not have every node read every app: a node's
+    # first pass reads its index, then by name what it is assigned or keeps state for.
+    registry = RangeLog(MemoryRegistry())
+    launcher = MemoryLauncher()
+    async with running_agent(tmp_path, registry=registry, launcher=launcher) as agent:
+        for app in ("kept", "moved", "deleted"):
+            await deploy(registry, app)
+            await place(registry, app, NODE)
+        for i in range(30):
+            await deploy(registry, f"other-{i}")
+            await place(registry, f"other-{i}", "node-b")
+        await agent.settle()
+    # While the node is away: one app moves elsewhere, one is deleted.
+    await place(registry, "moved", "node-b")
+    await place(registry, "deleted")
+    await registry.delete(app_key("deleted"))
+    registry.prefixes.clear()
+    async with running_agent(
+        tmp_path, registry=registry, launcher=launcher, node_record=False
+    ) as agent:
+        await agent.settle()
+        assert {p.spec.app for p in launcher.alive()} == {"kept"}
+        assert not (set(registry.prefixes) & {"apps/", "placement/"})
+        # The moved app keeps its directory and ports; the deleted one's are gone.
+        assert AppPaths.of(tmp_path, "moved").ports_file.exists()
+        assert not AppPaths.of(tmp_path, "deleted").root.exists()
+        assert set((await agent.claims()).values()) == {"kept", "moved"}
+
+
 class RangeLog(CountingRegistry):
     """A CountingRegistry that also remembers the prefix of every range read."""
 
