@@ -12,7 +12,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import math
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Iterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
@@ -82,6 +82,10 @@ class MemoryRegistry(Registry):
         # Watchers park by prefix: a write wakes only those it concerns. One of them
         # (the keeper) also wakes at the earliest lease deadline, to expire it on time.
         self._lots: dict[str, trio.lowlevel.ParkingLot] = {}
+        # The lengths of the watched prefixes, sorted: the prefixes a key starts with are
+        # found by a dict lookup per length, not by trying every prefix watched (a
+        # thousand nodes watch a thousand prefixes).
+        self._prefix_lengths: list[int] = []
         self._keeper: object | None = None
         self._keeper_lot: trio.lowlevel.ParkingLot | None = None
         self._keeper_wake = math.inf
@@ -172,7 +176,7 @@ class MemoryRegistry(Registry):
             raise RevisionCompacted(start, self._compacted)
         # Registered now, not when the stream is first read: what history drops of this
         # prefix from here on must be known to it.
-        self._lots.setdefault(prefix, trio.lowlevel.ParkingLot())
+        self._lot(prefix)
         stream = self._stream(prefix, start)
         try:
             yield stream
@@ -180,7 +184,7 @@ class MemoryRegistry(Registry):
             await stream.aclose()
 
     async def _stream(self, prefix: str, next_revision: int) -> AsyncGenerator[WatchEvent, None]:
-        lot = self._lots.setdefault(prefix, trio.lowlevel.ParkingLot())
+        lot = self._lot(prefix)
         token = object()
         try:
             while True:
@@ -205,6 +209,24 @@ class MemoryRegistry(Registry):
                 self._keeper_wake = math.inf
                 for other in self._lots.values():
                     other.unpark_all()  # one of them takes the deadlines over
+
+    def _lot(self, prefix: str) -> trio.lowlevel.ParkingLot:
+        """Where the watchers of ``prefix`` wait."""
+        lot = self._lots.get(prefix)
+        if lot is None:
+            lot = self._lots[prefix] = trio.lowlevel.ParkingLot()
+            if len(prefix) not in self._prefix_lengths:
+                bisect.insort(self._prefix_lengths, len(prefix))
+        return lot
+
+    def _watched(self, key: str) -> Iterator[str]:
+        """The watched prefixes ``key`` starts with, shortest first."""
+        lots = self._lots
+        for length in self._prefix_lengths:
+            if length > len(key):
+                return
+            if key[:length] in lots:
+                yield key[:length]
 
     async def _wait_for_change(self, lot: trio.lowlevel.ParkingLot, token: object) -> None:
         if self._keeper is None:
@@ -345,13 +367,14 @@ class MemoryRegistry(Registry):
             # Drop whole revisions only, so a watcher never sees half of one.
             cut = bisect.bisect_right(self._event_revisions, self._event_revisions[excess - 1])
             self._compacted = self._event_revisions[cut - 1]
-            for prefix in self._lots:
-                for event in reversed(self._events[:cut]):
-                    if event.kv.key.startswith(prefix):
-                        self._dropped[prefix] = event.kv.mod_revision
-                        break
+            for event in self._events[:cut]:  # oldest first: the newest is kept
+                for prefix in self._watched(event.kv.key):
+                    self._dropped[prefix] = event.kv.mod_revision
             del self._events[:cut]
             del self._event_revisions[:cut]
-        for prefix, lot in self._lots.items():
-            if lot and any(e.kv.key.startswith(prefix) for e in events):
-                lot.unpark_all()
+        woken: set[str] = set()
+        for event in events:
+            for prefix in self._watched(event.kv.key):
+                if prefix not in woken:
+                    woken.add(prefix)
+                    self._lots[prefix].unpark_all()
