@@ -98,7 +98,7 @@ class ProcessSupervisor(Actor):
     under ``data_dir``, checked with psutil, and processes carrying a marker of this
     node in their environment); on stop (``stopping()``, shielded) every process is
     gone before it returns. Once a second it collects dead orphans the node adopted
-    as a child subreaper.
+    as a child subreaper (only when the launcher can adopt any: ``adopts_orphans``).
 
     Args:
         node_id: this node's id.
@@ -170,7 +170,10 @@ class ProcessSupervisor(Actor):
             on_event=self.ctx.emit,
             on_change=self._notify,
         )
-        self.ctx.every(ORPHAN_SCAN_INTERVAL, _ReapOrphans())
+        if self._launcher.adopts_orphans:
+            # Only a child subreaper adopts orphans: otherwise the scan finds nothing,
+            # and a timer a second per node is most of an idle node's work.
+            self.ctx.every(ORPHAN_SCAN_INTERVAL, _ReapOrphans())
 
     def _notify(self) -> None:
         if self._notify_name is None:

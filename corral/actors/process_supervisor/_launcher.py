@@ -111,6 +111,12 @@ class Launcher(Protocol):
         alone."""
         ...
 
+    @property
+    def adopts_orphans(self) -> bool:
+        """Whether orphaned app descendants can be re-parented to this process (it is a
+        child subreaper), so that :meth:`reap_orphans` has anything to collect."""
+        ...
+
     async def reap_orphans(self) -> int:
         """Collect the exit status of orphaned app descendants that the node adopted as
         a child subreaper (see ``orphans_to_reap``); return how many."""

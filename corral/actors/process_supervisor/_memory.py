@@ -214,6 +214,10 @@ class MemoryLauncher:
         ended, self.leftovers = self.leftovers, []
         return ended
 
+    @property
+    def adopts_orphans(self) -> bool:
+        return False  # nothing outlives its MemoryProcess
+
     async def reap_orphans(self) -> int:
         await trio.lowlevel.checkpoint()
         return 0

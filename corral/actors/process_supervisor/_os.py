@@ -765,6 +765,10 @@ class OsLauncher:
         if pid_file is not None:
             pid_file.unlink(missing_ok=True)  # noqa: ASYNC240 - one small local file
 
+    @property
+    def adopts_orphans(self) -> bool:
+        return _subreaper and _HAS_PROC
+
     async def reap_orphans(self) -> int:
         await trio.lowlevel.checkpoint()
         return reap_orphans_now()
