@@ -30,7 +30,7 @@ readiness is checked every 60 s (see ``HEALTH``). Scenarios:
   full reads (a range over every app or placement), applied coordinator passes;
 * deploy 100 apps: virtual seconds until every instance runs, registry
   operations per deployed app;
-* lose 10 % of the nodes (killed): virtual seconds after the grace until their
+* lose 10 nodes (killed; a tenth of a fleet under 100): virtual seconds after the grace until their
   apps run elsewhere, instances moved beyond the lost ones, and the coordinator
   passes that took. Replacing an instance lost with its node is a relocation, and
   the policy's ``disruption_budget`` (5) allows that many per pass; the next pass
@@ -56,13 +56,24 @@ import resource
 import sys
 import time
 from collections import Counter
+from collections.abc import Sequence
 from typing import Any
 
 import trio
 import trio.testing
 
 from corral.actors.planner import Policy
-from corral.registry import AppRecord, Deployment, HealthSpec, KeyValue, MemoryRegistry
+from corral.registry import (
+    AppRecord,
+    Compare,
+    Deployment,
+    Get,
+    HealthSpec,
+    KeyValue,
+    MemoryRegistry,
+    TxnOp,
+    TxnResult,
+)
 from corral.testing import CountingRegistry, open_fleet, random_faults
 
 REVISION = "f" * 64
@@ -82,8 +93,8 @@ FREEZE = True
 
 
 class Recording(CountingRegistry):
-    """Counts calls, and ranges by prefix (a range over apps/ or placement/ is a full
-    read)."""
+    """Counts calls, and ranges by prefix, alone or inside a transaction (a range over
+    apps/ or placement/ is a full read)."""
 
     def __init__(self) -> None:
         super().__init__(MemoryRegistry())
@@ -92,6 +103,18 @@ class Recording(CountingRegistry):
     async def range(self, prefix: str) -> list[KeyValue]:
         self.ranges[prefix] += 1
         return await super().range(prefix)
+
+    async def txn(
+        self,
+        compares: Sequence[Compare],
+        on_success: Sequence[TxnOp],
+        on_failure: Sequence[TxnOp] = (),
+    ) -> TxnResult:
+        result = await super().txn(compares, on_success, on_failure)
+        for op in on_success if result.succeeded else on_failure:
+            if isinstance(op, Get) and op.prefix:
+                self.ranges[op.key] += 1
+        return result
 
     def clear(self) -> None:
         self.reset()
@@ -195,8 +218,8 @@ async def scenario(nodes: int, apps: int, seed: int, out: dict[str, Any]) -> Non
         await trio.sleep(60)
         phase(out, "deploy")
 
-        # Lose a tenth of the nodes.
-        lost = sorted(fleet.cluster.running)[: max(1, nodes // 10)]
+        # Lose 10 nodes, as the issue's scenario says (a tenth of a smaller fleet).
+        lost = sorted(fleet.cluster.running)[: max(1, min(10, nodes // 10))]
         before_map = fleet.cluster.instances()
         on_lost = sum(1 for hosts in before_map.values() for h in hosts if h in lost)
         killed_at = trio.current_time()
