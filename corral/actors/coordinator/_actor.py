@@ -99,15 +99,13 @@ from corral.actors.coordinator._inputs import (
     INPUT_PREFIXES,
     InputCache,
     RegistryView,
+    Section,
     inputs_digest,
     needs_time,
     plan_input_from_view,
     states_from_view,
-    view_from_kvs,
-    with_placements,
 )
 from corral.actors.coordinator._membership import (
-    CurrentDown,
     MemberStatus,
     NodeStates,
     NodeStatus,
@@ -128,9 +126,9 @@ from corral.actors.coordinator._state import (
     CoordinatorState,
     PassCounts,
 )
+from corral.actors.coordinator._view import ViewStore
 from corral.actors.coordinator._writes import (
     DEFAULT_MAX_WRITES,
-    CurrentPlacement,
     WritePlan,
     plan_down_writes,
     plan_rollout_writes,
@@ -154,7 +152,6 @@ from corral.registry import (
     COORDINATOR_LEASE_KEY,
     PROXIES_PREFIX,
     ROUTING_KEY,
-    AppRecord,
     Compare,
     CoordinatorLease,
     Delete,
@@ -164,16 +161,14 @@ from corral.registry import (
     Lease,
     LeaseNotFound,
     NodeRecord,
-    PlacementRecord,
     ProxyRecord,
     Put,
-    Record,
     Registry,
     RegistryError,
     RevisionCompacted,
     RolloutRecord,
-    Undecodable,
     decode_record,
+    down_key,
 )
 from corral.supervision import Actor, ChildSpec, Restart, TimerHandle
 from corral.transport import SchemaError, message
@@ -195,6 +190,8 @@ DEFAULT_WATCH_DEBOUNCE = 0.25
 _WATCH_RETRY = 1.0
 #: Revision standing for "changes were missed" (a compacted watch): always news.
 _MISSED = 0
+#: Standing for "the mirror of the input prefixes changed" (news if no pass saw it yet).
+_STORE_CHANGED = -1
 #: What a rollout waits on besides the inputs: the routing table and what each proxy
 #: applied. Read every pass; their changes are news only while an app rolls.
 _ROLLOUT_PREFIXES = (ROUTING_KEY, PROXIES_PREFIX)
@@ -302,17 +299,16 @@ class Coordinator(Actor):
         self._membership = membership
         self._debounce = debounce
         self._holding: _Holding | None = None
-        # The watch of the input prefixes (while coordinating) and what is not news to it:
-        # revisions a pass already read, and the revisions of our own writes.
+        # The watch of the input prefixes (while coordinating), which keeps the mirror
+        # of them current (see ViewStore), the mirror's change count the last pass saw,
+        # and the revision of the routing table and proxies a pass last read.
         self._input_watch: trio.CancelScope | None = None
+        self._store = ViewStore()
+        self._viewed_changes = -1
         self._read_revision = 0
-        # key -> (mod_revision, decoded record) of the last pass: unchanged keys are
-        # not decoded again (see view_from_kvs).
-        self._decoded: dict[str, tuple[int, Record | Undecodable]] = {}
         # The planner's apps and placements, and the digest's parts, built from those
         # same record objects: a pass rebuilds only what changed (see InputCache).
         self._input_cache = InputCache()
-        self._own_revisions: set[int] = set()
         # Last report per (event kind, app, node): what it said, and when (trio time).
         self._reports = ReportLog(self._policy.cooldown_s)
         self._cache = ScoreCache()
@@ -340,11 +336,15 @@ class Coordinator(Actor):
         self._rollouts: dict[str, RolloutRecord] = {}
         self._rollout_timer: TimerHandle | None = None
         self._rollout_due: float | None = None
-        # app -> the records (app, placement, its nodes') a pass found nothing to roll
-        # from, with no rollout in the placement: unchanged, they decide nothing again.
-        self._at_rest: dict[
-            str, tuple[AppRecord, PlacementRecord, tuple[NodeRecord | None, ...]]
-        ] = {}
+        # The apps a rollout pass found nothing to roll for (and no rollout in their
+        # placement), with the nodes they are placed on, and the other way round: until
+        # their app record, placement or one of those nodes' records changes, they
+        # decide nothing again. The view that pass looked at (and whether placements
+        # were paused then), and the apps it found not at rest.
+        self._at_rest: dict[str, tuple[str, ...]] = {}
+        self._rest_on: dict[str, set[str]] = {}
+        self._rolled: tuple[RegistryView, bool] | None = None
+        self._restless: set[str] = set()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -423,8 +423,9 @@ class Coordinator(Actor):
         self._schedule_grace(None, 0.0)
         self._schedule_rollout(None, 0.0)
         self._rollouts = {}
-        self._at_rest = {}
+        self._rolled = None
         self._stop_input_watch()
+        self._store.invalidate()
         if self._holder == self._node_id:
             self._holder = None
             self._holder_fence = None
@@ -596,11 +597,16 @@ class Coordinator(Actor):
             scope.cancel()
 
     def _is_news(self, revisions: Iterable[int]) -> bool:
-        """Whether a change at any of ``revisions`` is one no pass has read yet and is
-        not one of our own writes."""
+        """Whether any of ``revisions`` stands for a change no pass has seen yet: the
+        mirror of the inputs changed since the last pass viewed it, changes were missed,
+        or the routing table or a proxy moved past what a pass last read."""
         return any(
             revision == _MISSED
-            or (revision > self._read_revision and revision not in self._own_revisions)
+            or (
+                self._store.changes != self._viewed_changes
+                if revision == _STORE_CHANGED
+                else revision > self._read_revision
+            )
             for revision in revisions
         )
 
@@ -632,13 +638,20 @@ class Coordinator(Actor):
                 try:
                     async with self._registry.watch(prefix, next_revision) as events:
                         async for event in events:
-                            next_revision = event.kv.mod_revision + 1
-                            if prefix in _ROLLOUT_PREFIXES and not self._rollouts:
-                                continue  # the table and proxies matter only mid-rollout
-                            await send.send(event.kv.mod_revision)
+                            kv = event.kv
+                            next_revision = kv.mod_revision + 1
+                            if prefix in _ROLLOUT_PREFIXES:
+                                if self._rollouts:  # they matter only mid-rollout
+                                    await send.send(kv.mod_revision)
+                                continue
+                            put = kv if event.type is EventType.PUT else None
+                            if self._store.apply(kv.key, put, kv.mod_revision):
+                                await send.send(_STORE_CHANGED)
                 except RevisionCompacted as exc:
                     self.ctx.log.info("watch of %s lost changes (%s); looking now", prefix, exc)
                     next_revision = None
+                    if prefix not in _ROLLOUT_PREFIXES:
+                        self._store.invalidate()
                     await send.send(_MISSED)
                 except RegistryError as exc:
                     self.ctx.log.debug("watch of %s broke (%s); watching again", prefix, exc)
@@ -657,25 +670,30 @@ class Coordinator(Actor):
             self._drop("a write was refused", exc)
         except _Conflict as exc:
             self._last_digest = None
+            self._store.invalidate()
             self._record_pass(started, trigger, "conflict", error=str(exc))
         except RegistryError as exc:
             # The registry could not be reached mid-pass: some batches may have
             # landed. Read everything again next tick.
             self._last_digest = None
+            self._store.invalidate()
             self._record_pass(started, trigger, "registry-error", error=str(exc))
             self.ctx.log.warning("pass aborted: %s", exc)
 
     async def _read_view(self) -> RegistryView:
-        reads = [Get(prefix, prefix=True) for prefix in INPUT_PREFIXES]
-        result = await self._registry.txn([], reads)
-        if result.revision > self._read_revision:
-            self._read_revision = result.revision
-            self._own_revisions = {r for r in self._own_revisions if r > result.revision}
-        kvs: list[KeyValue] = []
-        for response in result.responses:
-            assert isinstance(response, list)
-            kvs.extend(response)
-        return view_from_kvs(kvs, memo=self._decoded)
+        """The inputs as they stand: the mirror the watch keeps current, read in full
+        (one transaction, one revision) only when it holds no snapshot."""
+        store = self._store
+        if not store.loaded:
+            reads = [Get(prefix, prefix=True) for prefix in INPUT_PREFIXES]
+            result = await self._registry.txn([], reads)
+            kvs: list[KeyValue] = []
+            for response in result.responses:
+                assert isinstance(response, list)
+                kvs.extend(response)
+            store.load(kvs, result.revision)
+        self._viewed_changes = store.changes
+        return store.view()
 
     async def _read_routing(self) -> tuple[KeyValue, ...]:
         """The routing table and every proxy record, read only while some app rolls
@@ -683,6 +701,7 @@ class Coordinator(Actor):
         later table is only a newer observation of what the proxies stopped routing."""
         reads = [Get(ROUTING_KEY), Get(PROXIES_PREFIX, prefix=True)]
         result = await self._registry.txn([], reads)
+        self._read_revision = max(self._read_revision, result.revision)
         return tuple(
             kv for response in result.responses if isinstance(response, list) for kv in response
         )
@@ -695,6 +714,7 @@ class Coordinator(Actor):
             now=now,
             membership=membership,
             remembered=self._remembered,
+            cache=self._input_cache,
         )
 
     def _inputs(self, view: RegistryView, now: float, states: NodeStates) -> PlanInput:
@@ -710,7 +730,8 @@ class Coordinator(Actor):
         now = self._wall_clock()
         states = self._states(view, now)
         if states.down_writes:
-            view = with_placements(view, {}, await self._apply_down(view, states))
+            await self._apply_down(view, states)
+            view = self._store.view()
         self._remembered = states.remembered
         self._statuses = states.statuses
         self._schedule_grace(states.next_deadline, now)
@@ -773,8 +794,8 @@ class Coordinator(Actor):
             )
             return view
         written_plan = self._plan_writes(view, decisions, now)
-        written = await self._apply(written_plan)
-        view = with_placements(view, written)
+        await self._apply(written_plan)
+        view = self._store.view()
         after = self._inputs(view, now, states)
         self._last_digest = self._digest(after)
         self._waiting_on_time = needs_time(inputs, decisions)
@@ -799,32 +820,24 @@ class Coordinator(Actor):
         holding = self._holding
         if holding is None:
             raise LeaseExpired("the lease was dropped during the pass")
+        candidates = self._rollout_candidates(view)
+        self._rolled = None  # until this pass is through: a failed one looks at every app
         # The table and the proxies are looked at only when some app rolls: an idle
-        # pass costs one loop over the placements, with nothing decoded.
-        rolling = any(c.record.rollout is not None for c in view.placements.values())
+        # pass looks at nothing but what changed, with nothing decoded.
+        rolling = bool(self._rollouts) or any(
+            current.record.rollout is not None
+            for app in candidates
+            if (current := view.placements.get(app)) is not None
+        )
         routed = self._routed_urls(await self._read_routing()) if rolling else None
         plans: dict[str, RolloutPlan] = {}
-        known, at_rest = self._at_rest, {}
-        for app, current in view.placements.items():
+        for app in sorted(candidates):
+            current = view.placements.get(app)
             record = view.apps.get(app)
-            if record is None:
+            self._unsettle(app)
+            if current is None or record is None:
                 continue
             placement = current.record
-            if placement.rollout is None:
-                # Nothing rolls and nothing started rolling from these very records (the
-                # app's, its placement's and its nodes'): the same objects decide the
-                # same, whatever the time (only a rollout in progress waits on it).
-                hosts = tuple(view.nodes.get(node) for node in placement.nodes)
-                seen = known.get(app)
-                if (
-                    seen is not None
-                    and seen[0] is record
-                    and seen[1] is placement  # so the same nodes, in the same order
-                    and all(a is b for a, b in zip(seen[2], hosts, strict=True))
-                ):
-                    at_rest[app] = seen
-                    plans[app] = _AT_REST
-                    continue
             unrouted = (
                 frozenset() if placement.rollout is None else self._unrouted(app, view, routed)
             )
@@ -832,20 +845,26 @@ class Coordinator(Actor):
             plan = RolloutPlan(None) if inputs is None else plan_rollout(inputs)
             plans[app] = plan
             if placement.rollout is None and plan == _AT_REST:
-                at_rest[app] = (record, placement, hosts)
-        self._at_rest = at_rest
+                # Nothing rolls and nothing started rolling from these very records (the
+                # app's, its placement's and its nodes'): the same objects decide the
+                # same, whatever the time, so it is not looked at again until one of
+                # them changes (only a rollout in progress waits on the time).
+                self._settle(app, placement.nodes)
         wanted = {app: plan.record for app, plan in plans.items()}
+        paused = self._paused is not None
         batches = plan_rollout_writes(
             wanted,
             view.placements,
             fence=holding.fence,
             max_writes=self._max_writes,
             # The app specs nodes act on move with the placements, so not while paused.
-            apps=view.apps if self._paused is None else None,
+            specs=None if paused else self._input_cache.node_specs(view.apps),
         )
         rollout_writes = 0
         for batch in batches:
-            await self._send_fenced(batch.compares, batch.operations)
+            revision = await self._send_fenced(batch.compares, batch.operations)
+            for write in batch.writes:
+                self._store.record(write.key, write.record, revision)
             rollout_writes += len(batch.writes)
             for write in batch.writes:
                 before = view.placements[write.app].record.rollout
@@ -856,9 +875,47 @@ class Coordinator(Actor):
             self._last_pass = dataclasses.replace(
                 last, counts={**last.counts, "rollout_writes": rollout_writes}
             )
-        self._rollouts = {app: r for app, r in wanted.items() if r is not None}
+        rollouts = {app: r for app, r in self._rollouts.items() if app not in plans}
+        rollouts.update({app: r for app, r in wanted.items() if r is not None})
+        self._rollouts = dict(sorted(rollouts.items()))
+        self._restless = {app for app in plans if app not in self._at_rest}
+        self._rolled = (view, paused)
         due = [plan.wake_at for plan in plans.values() if plan.wake_at is not None]
         self._schedule_rollout(min(due) if due else None, now)
+
+    def _rollout_candidates(self, view: RegistryView) -> set[str]:
+        """The apps a rollout pass must look at: those whose app record, placement or
+        placed nodes' records changed since the last rollout pass, and those not at rest
+        then (rolling, halted, or waiting); every placed app when that is not known."""
+        rolled = self._rolled
+        if rolled is not None and rolled[1] == (self._paused is not None):
+            last = rolled[0]
+            apps = _changes_of(view.apps, last.apps)
+            placements = _changes_of(view.placements, last.placements)
+            nodes = _changes_of(view.nodes, last.nodes)
+            if apps is not None and placements is not None and nodes is not None:
+                candidates = set(apps | placements) | self._restless | self._rollouts.keys()
+                for node in nodes:
+                    candidates |= self._rest_on.get(node, set())
+                return candidates
+        self._at_rest, self._rest_on = {}, {}
+        return set(view.placements)
+
+    def _settle(self, app: str, nodes: Iterable[str]) -> None:
+        """``app`` is at rest, placed on ``nodes``."""
+        hosts = tuple(nodes)
+        self._at_rest[app] = hosts
+        for node in hosts:
+            self._rest_on.setdefault(node, set()).add(app)
+
+    def _unsettle(self, app: str) -> None:
+        """``app`` is looked at again: it is at rest no more (until it is found so)."""
+        for node in self._at_rest.pop(app, ()):
+            apps = self._rest_on.get(node)
+            if apps is not None:
+                apps.discard(app)
+                if not apps:
+                    del self._rest_on[node]
 
     def _routed_urls(self, kvs: Iterable[KeyValue]) -> frozenset[str] | None:
         """Every backend URL of the routing table as read, when every registered proxy
@@ -965,9 +1022,7 @@ class Coordinator(Actor):
             for app, record in sorted(self._rollouts.items())
         )
 
-    async def _apply_down(
-        self, view: RegistryView, states: NodeStates
-    ) -> dict[str, CurrentDown | None]:
+    async def _apply_down(self, view: RegistryView, states: NodeStates) -> None:
         """Write the ``down/<node>`` entries that changed, under the fence."""
         holding = self._holding
         if holding is None:
@@ -978,18 +1033,16 @@ class Coordinator(Actor):
             fence=holding.fence,
             max_writes=self._max_writes,
         )
-        written: dict[str, CurrentDown | None] = {}
         for batch in batches:
             revision = await self._send_fenced(batch.compares, batch.operations)
             for node, entry in batch.entries.items():
-                written[node] = None if entry is None else CurrentDown(entry, revision)
+                self._store.record(down_key(node), entry, revision)
                 before = view.down.get(node)
                 was_down = before is not None and before.record.down_since is not None
                 if entry is not None and entry.down_since is not None and not was_down:
                     self.ctx.emit("node.down", node=node, down_since=entry.down_since)
                 elif entry is None and was_down and node in view.nodes:
                     self.ctx.emit("node.back", node=node)
-        return written
 
     def _schedule_grace(self, deadline: float | None, now: float) -> None:
         """Run a pass when the earliest grace of a down node holding work lapses."""
@@ -1015,7 +1068,7 @@ class Coordinator(Actor):
             decided_at=now,
             max_writes=self._max_writes,
             stopped=decisions.stopped,
-            apps=view.apps,
+            specs=self._input_cache.node_specs(view.apps),
         )
         if written.superseded:
             newest = max(view.placements[app].record.fence for app in written.superseded)
@@ -1045,25 +1098,15 @@ class Coordinator(Actor):
                 )
             # Still ours: a record changed since it was read. Read again next tick.
             raise _Conflict()
-        self._own_revisions.add(result.revision)
         return result.revision
 
-    async def _apply(self, written_plan: WritePlan) -> dict[str, CurrentPlacement | None]:
-        written: dict[str, CurrentPlacement | None] = {}
+    async def _apply(self, written_plan: WritePlan) -> None:
         for batch in written_plan.batches:
             revision = await self._send_fenced(batch.compares, batch.operations)
             for write in batch.writes:
-                record = write.record
-                written[write.app] = (
-                    None if record is None else CurrentPlacement(record, revision)
-                )
-                # The next read finds this record at this revision: it is known
-                # already, and the same object keeps its inputs cached.
-                if record is None:
-                    self._decoded.pop(write.key, None)
-                else:
-                    self._decoded[write.key] = (revision, record)
-        return written
+                # The mirror holds it at once (the watch brings it again, as old news),
+                # as the very object written, so its inputs stay cached.
+                self._store.record(write.key, write.record, revision)
 
     # ------------------------------------------------------------------ reporting
 
@@ -1180,6 +1223,13 @@ class Coordinator(Actor):
             node_states=self._statuses if coordinating else (),
             rollouts=self._rollouts_state() if coordinating else (),
         )
+
+
+def _changes_of(current: Mapping[str, object], last: Mapping[str, object]) -> frozenset[str] | None:
+    """The keys that differ between two sections of the view's line; None when unknown."""
+    if current is last:
+        return frozenset()
+    return current.changes_since(last) if isinstance(current, Section) else None
 
 
 class _Conflict(RegistryError):

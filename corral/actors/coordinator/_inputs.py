@@ -44,8 +44,10 @@ import dataclasses
 import enum
 import hashlib
 import json
+from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any, TypeVar
 
 from corral.actors.coordinator._membership import (
@@ -98,6 +100,8 @@ __all__ = [
     "with_placements",
 ]
 
+_V = TypeVar("_V")
+
 #: The prefixes a pass reads, in the order it reads them.
 INPUT_PREFIXES = (APPS_PREFIX, NODES_PREFIX, INTENT_PREFIX, PLACEMENT_PREFIX, DOWN_PREFIX)
 
@@ -124,6 +128,110 @@ class RegistryView:
     down: Mapping[str, CurrentDown] = field(default_factory=dict)
 
 
+class SectionHistory:
+    """The keys each version of a line of :class:`Section` objects changed (the last
+    ``depth`` versions)."""
+
+    __slots__ = ("_log", "latest")
+
+    def __init__(self, depth: int = 64) -> None:
+        self._log: deque[tuple[int, frozenset[str]]] = deque(maxlen=depth)
+        self.latest = 0
+
+    def record(self, version: int, changed: frozenset[str]) -> None:
+        self._log.append((version, changed))
+        self.latest = version
+
+    def between(self, old: int, new: int) -> frozenset[str] | None:
+        """The keys changed from version ``old`` to ``new``; None when not kept."""
+        if old == new:
+            return frozenset()
+        log = self._log
+        if old > new or not log or log[0][0] > old + 1:
+            return None
+        changed: set[str] = set()
+        for version, keys in log:
+            if old < version <= new:
+                changed |= keys
+        return frozenset(changed)
+
+
+class Section(dict[str, _V]):
+    """One part of a :class:`RegistryView` (its apps, nodes, placements...): a dict in
+    key order that knows the line of sections it belongs to, so a consumer that kept
+    results for an earlier section of the line asks :meth:`changes_since` which keys
+    differ (added, removed or given another value) and updates only those (see
+    :class:`InputCache`). With any other mapping it starts over.
+    """
+
+    __slots__ = ("history", "version")
+
+    def __init__(self, items: Iterable[tuple[str, _V]] = ()) -> None:
+        super().__init__(items)
+        self.history = SectionHistory()
+        self.version = 0
+
+    def derive(self, updates: Mapping[str, _V | None]) -> Section[_V]:
+        """A new section of the line: this one with ``updates`` applied (None removes the
+        key), in key order; ``self`` when nothing changes."""
+        changed = {
+            key
+            for key, value in updates.items()
+            if (value is None and key in self) or (value is not None and self.get(key) is not value)
+        }
+        if not changed:
+            return self
+        if all(key in self and updates[key] is not None for key in changed):
+            new = Section(self.items())  # the same keys: the order holds
+            for key in changed:
+                value = updates[key]
+                assert value is not None
+                new[key] = value
+        else:
+            merged = dict(self)
+            for key in changed:
+                value = updates[key]
+                if value is None:
+                    del merged[key]
+                else:
+                    merged[key] = value
+            new = Section(sorted(merged.items()))
+        if self.history.latest == self.version:  # the newest of its line: extend it
+            new.history, new.version = self.history, self.version + 1
+            self.history.record(new.version, frozenset(changed))
+        return new
+
+    def changes_since(self, earlier: Mapping[str, object] | None) -> frozenset[str] | None:
+        """The keys that differ from ``earlier``, a section of the same line; None when
+        ``earlier`` is not one (or too old to tell)."""
+        if isinstance(earlier, Section) and earlier.history is self.history:
+            return self.history.between(earlier.version, self.version)
+        return None
+
+
+def classify(
+    key: str, record: Record | Undecodable, mod_revision: int
+) -> tuple[str, str, object]:
+    """Where a decoded input record goes in a :class:`RegistryView`: its section's name
+    (``apps``, ``nodes``, ``intents``, ``placements``, ``down`` or ``undecodable``), its
+    name there, and the value (a placement or down entry with its ``mod_revision``; a
+    record of the wrong kind for its key is :class:`~corral.registry.Undecodable`)."""
+    name = key.partition("/")[2]
+    if isinstance(record, Undecodable):
+        return "undecodable", key, record
+    if isinstance(record, AppRecord):
+        return "apps", name, record
+    if isinstance(record, NodeRecord):
+        return "nodes", name, record
+    if isinstance(record, NodeIntent):
+        return "intents", name, record
+    if isinstance(record, PlacementRecord):
+        return "placements", name, CurrentPlacement(record, mod_revision)
+    if isinstance(record, NodeDown):
+        return "down", name, CurrentDown(record, mod_revision)
+    return "undecodable", key, Undecodable(key, f"a {type(record).__name__} is not expected here")
+
+
 def view_from_kvs(
     kvs: Iterable[KeyValue],
     *,
@@ -139,12 +247,7 @@ def view_from_kvs(
             to this pass's keys: a key at the same mod_revision holds the same bytes,
             so an unchanged record is not decoded again (records are frozen).
     """
-    apps: dict[str, AppRecord] = {}
-    nodes: dict[str, NodeRecord] = {}
-    intents: dict[str, NodeIntent] = {}
-    placements: dict[str, CurrentPlacement] = {}
-    down: dict[str, CurrentDown] = {}
-    undecodable: list[Undecodable] = []
+    sections: dict[str, dict[str, Any]] = {name: {} for name in _SECTIONS}
     seen: dict[str, tuple[int, Record | Undecodable]] = {}
     for kv in kvs:
         known = None if memo is None else memo.get(kv.key)
@@ -154,99 +257,257 @@ def view_from_kvs(
             record = decode_record(kv.key, kv.value)
         if memo is not None:
             seen[kv.key] = (kv.mod_revision, record)
-        name = kv.key.partition("/")[2]
-        if isinstance(record, Undecodable):
-            undecodable.append(record)
-        elif isinstance(record, AppRecord):
-            apps[name] = record
-        elif isinstance(record, NodeRecord):
-            nodes[name] = record
-        elif isinstance(record, NodeIntent):
-            intents[name] = record
-        elif isinstance(record, PlacementRecord):
-            placements[name] = CurrentPlacement(record, kv.mod_revision)
-        elif isinstance(record, NodeDown):
-            down[name] = CurrentDown(record, kv.mod_revision)
-        else:
-            undecodable.append(
-                Undecodable(kv.key, f"a {type(record).__name__} is not expected here")
-            )
+        section, name, value = classify(kv.key, record, kv.mod_revision)
+        sections[section][name] = value
     if memo is not None:
         memo.clear()
         memo.update(seen)
+    return view_of_sections({name: Section(sorted(s.items())) for name, s in sections.items()})
+
+
+#: The parts of a view, by name.
+_SECTIONS = ("apps", "nodes", "intents", "placements", "down", "undecodable")
+
+
+def view_of_sections(sections: Mapping[str, Mapping[str, Any]]) -> RegistryView:
+    """The view made of sections in key order (see :data:`_SECTIONS`; ``undecodable``
+    by key)."""
     return RegistryView(
-        apps=dict(sorted(apps.items())),
-        nodes=dict(sorted(nodes.items())),
-        intents=dict(sorted(intents.items())),
-        placements=dict(sorted(placements.items())),
-        undecodable=tuple(sorted(undecodable, key=lambda u: u.key)),
-        down=dict(sorted(down.items())),
+        apps=sections["apps"],
+        nodes=sections["nodes"],
+        intents=sections["intents"],
+        placements=sections["placements"],
+        undecodable=tuple(sections["undecodable"].values()),
+        down=sections["down"],
     )
 
 
 class InputCache:
-    """An optional memo for :func:`plan_input_from_view` and :func:`inputs_digest`,
-    carried from one pass to the next.
+    """An optional memo for :func:`plan_input_from_view`, :func:`states_from_view` and
+    :func:`inputs_digest`, carried from one pass to the next.
 
-    It is purely an optimisation: with it both return exactly what they return
-    without it (equal inputs, the same digest), for any sequence of views. A pass
-    at fleet size reads thousands of records of which a few changed; building and
-    validating an :class:`~corral.actors.planner.AppSpec` and a
+    It is purely an optimisation: with it they return exactly what they return
+    without it (equal inputs, equal states, the same digest), for any sequence of
+    views. A pass at fleet size reads thousands of records of which a few changed;
+    building and validating an :class:`~corral.actors.planner.AppSpec` and a
     :class:`~corral.actors.planner.Placement` for each, and canonicalizing each for
-    the digest, cost more than the rest of the pass. So each is kept per app, and
-    reused while the view hands back *the very record object* it was built from:
-    :func:`view_from_kvs` with its ``memo`` returns an unchanged key's record as
-    the same object (records are frozen), so a record that changed is always a
-    new object, and a pass costs O(changed records) here. A node's digest part is
-    kept while its :class:`~corral.actors.planner.NodeInfo` (and allocatable room)
-    compares equal.
+    the digest, cost more than the rest of the pass. So:
+
+    * each is kept per app, and reused while the view hands back *the very record
+      object* it was built from (:func:`view_from_kvs` with its ``memo``, and the
+      coordinator's :class:`~._view.ViewStore`, return an unchanged record as the same
+      object; records are frozen);
+    * when a section of the view is a :class:`Section` derived from the one the last
+      pass used, only its ``changed`` keys are looked at, and so only they are
+      canonicalized again for the digest: a pass costs O(changed records), plus
+      copying references. Any other mapping is looked at whole.
+
+    A node's digest part is kept while its :class:`~corral.actors.planner.NodeInfo`
+    (and allocatable room) compares equal.
 
     Only what the last pass used is kept, so the memo stays the size of the view.
     One cache serves one sequence of passes (one coordinator); it is not
     thread-safe; :meth:`clear` empties it.
     """
 
-    __slots__ = ("_app_parts", "_apps", "_node_parts", "_placement_parts", "_placements")
+    __slots__ = (
+        "_app_spec",
+        "_app_text",
+        "_apps",
+        "_apps_dirty",
+        "_apps_names",
+        "_apps_out",
+        "_apps_source",
+        "_joined",
+        "_node_parts",
+        "_placed",
+        "_placed_by",
+        "_placed_out",
+        "_placed_source",
+        "_placement_text",
+        "_placements",
+        "_placements_dirty",
+        "_placements_out",
+        "_placements_source",
+        "_sized",
+        "_specs",
+        "_specs_source",
+    )
 
     def __init__(self) -> None:
-        self._apps: dict[str, tuple[AppRecord, AppSpec]] = {}
-        self._placements: dict[str, tuple[PlacementRecord, Placement]] = {}
-        self._app_parts: dict[str, tuple[AppSpec, str]] = {}
-        self._placement_parts: dict[str, tuple[Placement, str]] = {}
-        self._node_parts: dict[str, tuple[NodeInfo, tuple[int, int] | None, str]] = {}
+        self.clear()
 
     def clear(self) -> None:
         """Forget everything; the next pass builds every input anew."""
-        self._apps, self._placements = {}, {}
-        self._app_parts, self._placement_parts, self._node_parts = {}, {}, {}
+        # app -> (record, its AppSpec), and the spec alone; the mapping the output was
+        # built from, the output, its names in order; the names whose spec changed since
+        # the digest last looked (None: any may have).
+        self._apps: dict[str, tuple[AppRecord, AppSpec]] = {}
+        self._app_spec: dict[str, AppSpec] = {}
+        self._apps_source: Mapping[str, AppRecord] | None = None
+        self._apps_out: tuple[AppSpec, ...] = ()
+        self._apps_names: tuple[str, ...] = ()
+        self._apps_dirty: set[str] | None = None
+        self._placements: dict[str, tuple[PlacementRecord, Placement]] = {}
+        self._placements_source: Mapping[str, CurrentPlacement] | None = None
+        self._placements_out: dict[str, Placement] = {}
+        self._placements_dirty: set[str] | None = None
+        # The digest's canonical text per app and per placement, each with the value
+        # it was built for; the joined texts of the last digest (apps, placements).
+        self._app_text: dict[str, tuple[AppSpec, str]] = {}
+        self._placement_text: dict[str, tuple[Placement, str]] = {}
+        self._joined: dict[str, tuple[object, str]] = {}
+        self._node_parts: dict[str, tuple[NodeInfo, tuple[int, int] | None, str]] = {}
+        # The apps declaring resources of an apps tuple, and the reservations of those
+        # on a placements mapping.
+        self._sized: tuple[object, object, list[AppSpec], tuple[dict[str, int], dict[str, int]]]
+        self._sized = (None, None, [], ({}, {}))
+        # Every node a placement names: how many placements name each, what each
+        # placement named, and the answer for the placements mapping it was built from.
+        self._placed: dict[str, int] = {}
+        self._placed_by: dict[str, tuple[str, ...]] = {}
+        self._placed_source: Mapping[str, CurrentPlacement] | None = None
+        self._placed_out: frozenset[str] = frozenset()
+        # The node spec of each app, and the mapping they were computed from.
+        self._specs: dict[str, str] = {}
+        self._specs_source: Mapping[str, AppRecord] | None = None
 
     def __len__(self) -> int:
         return len(self._apps) + len(self._placements)
 
     def apps(self, records: Mapping[str, AppRecord]) -> tuple[AppSpec, ...]:
         """The planner's app for each record, sorted by name."""
-        known, kept = self._apps, {}
-        specs = []
-        for name, record in sorted(records.items()):
-            hit = known.get(name)
-            spec = hit[1] if hit is not None and hit[0] is record else _app(record)
-            kept[name] = (record, spec)
-            specs.append(spec)
-        self._apps = kept
-        return tuple(specs)
+        if records is self._apps_source:
+            return self._apps_out
+        changed = _changes(records, self._apps_source)
+        known, specs = self._apps, self._app_spec
+        if changed is None:
+            known, specs = {}, {}
+            for name, record in _in_order(records):
+                hit = self._apps.get(name)
+                spec = hit[1] if hit is not None and hit[0] is record else _app(record)
+                known[name], specs[name] = (record, spec), spec
+            self._apps, self._app_spec = known, specs
+            self._apps_dirty = None
+        else:
+            reorder = False
+            for name in changed:
+                found = records.get(name)
+                if found is None:
+                    known.pop(name, None)
+                    reorder |= specs.pop(name, None) is not None
+                    continue
+                hit = known.get(name)
+                if hit is None or hit[0] is not found:
+                    spec = _app(found)
+                    reorder |= name not in specs
+                    known[name], specs[name] = (found, spec), spec
+            if reorder:  # an app came or went: the output stays in name order
+                self._app_spec = specs = {name: specs[name] for name in records}
+            if self._apps_dirty is not None:
+                self._apps_dirty.update(changed)
+        self._apps_source = records
+        self._apps_names = tuple(specs)
+        self._apps_out = tuple(specs.values())
+        return self._apps_out
 
     def placements(self, current: Mapping[str, CurrentPlacement]) -> dict[str, Placement]:
         """The planner's placement for each record, by app (sorted)."""
-        known, kept = self._placements, {}
-        out = {}
-        for app, placed in sorted(current.items()):
-            record = placed.record
-            hit = known.get(app)
-            value = hit[1] if hit is not None and hit[0] is record else _placement(record)
-            kept[app] = (record, value)
-            out[app] = value
-        self._placements = kept
+        if current is self._placements_source:
+            return self._placements_out
+        changed = _changes(current, self._placements_source)
+        known = self._placements
+        if changed is None:
+            known = {}
+            for app, placed in _in_order(current):
+                record = placed.record
+                hit = self._placements.get(app)
+                value = hit[1] if hit is not None and hit[0] is record else _placement(record)
+                known[app] = (record, value)
+            self._placements = known
+            self._placements_dirty = None
+            out = {app: value for app, (_, value) in known.items()}
+        else:
+            for app in changed:
+                found = current.get(app)
+                if found is None:
+                    known.pop(app, None)
+                    continue
+                hit = known.get(app)
+                if hit is None or hit[0] is not found.record:
+                    known[app] = (found.record, _placement(found.record))
+            if self._placements_dirty is not None:
+                self._placements_dirty.update(changed)
+            previous = self._placements_out
+            if all(app in previous for app in changed if app in known) and all(
+                app in known for app in changed if app in previous
+            ):
+                out = dict(previous)  # the same apps: the order holds
+                for app in changed:
+                    if app in known:
+                        out[app] = known[app][1]
+            else:
+                out = {app: known[app][1] for app in current}
+        self._placements_source = current
+        self._placements_out = out
         return out
+
+    def node_specs(self, records: Mapping[str, AppRecord]) -> Mapping[str, str]:
+        """:meth:`~corral.registry.AppRecord.node_spec` of each app, by name (read it
+        before the next call: it is the cache's own)."""
+        if records is self._specs_source:
+            return self._specs
+        changed = _changes(records, self._specs_source)
+        specs = self._specs
+        if changed is None:
+            specs = self._specs = {name: record.node_spec() for name, record in records.items()}
+        else:
+            for name in changed:
+                found = records.get(name)
+                if found is None:
+                    specs.pop(name, None)
+                else:
+                    specs[name] = found.node_spec()
+        self._specs_source = records
+        return specs
+
+    def placed(self, current: Mapping[str, CurrentPlacement]) -> frozenset[str]:
+        """:func:`placed_nodes` of a view with these placements."""
+        if current is self._placed_source:
+            return self._placed_out
+        changed = _changes(current, self._placed_source)
+        counts, named = self._placed, self._placed_by
+        if changed is None:
+            counts, named = {}, {}
+            changed = frozenset(current)
+        for app in changed:
+            for node in named.pop(app, ()):
+                counts[node] -= 1
+                if not counts[node]:
+                    del counts[node]
+            placed = current.get(app)
+            if placed is not None:
+                nodes = (*placed.record.nodes, *placed.record.placed_at)
+                named[app] = nodes
+                for node in nodes:
+                    counts[node] = counts.get(node, 0) + 1
+        self._placed, self._placed_by = counts, named
+        self._placed_source = current
+        self._placed_out = frozenset(counts)
+        return self._placed_out
+
+
+def _changes(
+    current: Mapping[str, object], previous: Mapping[str, object] | None
+) -> frozenset[str] | None:
+    """The keys ``current`` changed from ``previous`` when both are sections of one line
+    (see :class:`Section`); None when that is not known (look at every key)."""
+    return current.changes_since(previous) if isinstance(current, Section) else None
+
+
+def _in_order(mapping: Mapping[str, _V]) -> Iterable[tuple[str, _V]]:
+    """The items of ``mapping`` sorted by key (a :class:`Section` is already)."""
+    return mapping.items() if isinstance(mapping, Section) else sorted(mapping.items())
 
 
 def _app(record: AppRecord) -> AppSpec:
@@ -288,6 +549,7 @@ def states_from_view(
     now: float,
     membership: Mapping[str, MemberStatus] | None = None,
     remembered: Mapping[str, NodeRecord] | None = None,
+    cache: InputCache | None = None,
 ) -> NodeStates:
     """:func:`~._membership.node_states` over what one pass read.
 
@@ -297,12 +559,13 @@ def states_from_view(
         now: wall-clock time of the pass.
         membership: node id -> status from SWIM; None until SWIM is wired in.
         remembered: the last record the coordinator saw of each node.
+        cache: the memo of the previous passes (see :class:`InputCache`).
     """
     return node_states(
         view.nodes,
         intents=view.intents,
         down={node: current.record for node, current in view.down.items()},
-        placed=placed_nodes(view),
+        placed=placed_nodes(view) if cache is None else cache.placed(view.placements),
         now=now,
         grace_period_s=policy.grace_period_s,
         membership=membership,
@@ -401,11 +664,10 @@ def inputs_digest(inputs: PlanInput, *, cache: InputCache | None = None) -> str:
     """
     if cache is None:
         cache = InputCache()  # the same code path, remembering nothing
-    sized = [a for a in inputs.apps if a.declares_resources and not (a.retired or a.blocked)]
-    reserved = reserved_by_placements(sized, inputs.placements) if sized else ({}, {})
+    sized, reserved = _reservations(inputs, cache)
     known_nodes, kept_nodes = cache._node_parts, {}
     nodes = []
-    for node in sorted(inputs.nodes, key=lambda n: n.id):
+    for node in sorted(inputs.nodes, key=_id_of):
         cap = node.capacity
         room = (
             allocatable(cap, reserved[0].get(node.id, 0), reserved[1].get(node.id, 0))
@@ -424,23 +686,19 @@ def inputs_digest(inputs: PlanInput, *, cache: InputCache | None = None) -> str:
         kept_nodes[node.id] = (node, room, text)
         nodes.append(text)
     cache._node_parts = kept_nodes
-    cache._app_parts, apps = _parts(
-        sorted(((a.name, a) for a in inputs.apps), key=_by_name), cache._app_parts
-    )
-    cache._placement_parts, placements = _parts(
-        sorted(inputs.placements.items(), key=_by_name), cache._placement_parts
-    )
+    apps = _joined_apps(inputs.apps, cache)
+    placements = _joined_placements(inputs.placements, cache)
     # Exactly ``json.dumps(document, sort_keys=True, separators=(",", ":"))`` of
     # {"apps": [...], "nodes": [...], "placements": {...}, "undecodable": [...]},
     # assembled from the kept parts.
     encoded = "".join(
         (
             '{"apps":[',
-            ",".join(text for _, text in apps),
+            apps,
             '],"nodes":[',
             ",".join(nodes),
             '],"placements":{',
-            ",".join(f"{_encode(app)}:{text}" for app, text in placements),
+            placements,
             '},"undecodable":',
             _encode(sorted(inputs.undecodable)),
             "}",
@@ -449,31 +707,97 @@ def inputs_digest(inputs: PlanInput, *, cache: InputCache | None = None) -> str:
     return hashlib.sha256(encoded.encode()).hexdigest()
 
 
+def _reservations(
+    inputs: PlanInput, cache: InputCache
+) -> tuple[list[AppSpec], tuple[dict[str, int], dict[str, int]]]:
+    """The live apps declaring resources, and what their placements reserve per node
+    (kept while the inputs' apps and placements are the same objects)."""
+    apps_of, placements_of, sized, reserved = cache._sized
+    if apps_of is not inputs.apps:
+        sized = [a for a in inputs.apps if a.declares_resources and not (a.retired or a.blocked)]
+    if apps_of is not inputs.apps or placements_of is not inputs.placements:
+        reserved = reserved_by_placements(sized, inputs.placements) if sized else ({}, {})
+        cache._sized = (inputs.apps, inputs.placements, sized, reserved)
+    return sized, reserved
+
+
+def _joined_apps(apps: tuple[AppSpec, ...], cache: InputCache) -> str:
+    """The canonical texts of ``apps`` (sorted by name), joined by commas."""
+    texts = cache._app_text
+    if apps is cache._apps_out and cache._apps_dirty is not None:
+        # Built by the cache: only the apps it changed since need a new text.
+        names: Iterable[str] = cache._apps_names
+        specs = cache._app_spec
+        for name in cache._apps_dirty:
+            spec = specs.get(name)
+            if spec is None:
+                texts.pop(name, None)
+            elif (hit := texts.get(name)) is None or hit[0] is not spec:
+                texts[name] = (spec, _encode(_canonical(spec)))
+    else:
+        ordered = sorted(apps, key=_name_of)
+        kept: dict[str, tuple[AppSpec, str]] = {}
+        for spec in ordered:
+            hit = texts.get(spec.name)
+            kept[spec.name] = (
+                hit if hit is not None and hit[0] is spec else (spec, _encode(_canonical(spec)))
+            )
+        cache._app_text = texts = kept
+        names = [spec.name for spec in ordered]
+    if apps is cache._apps_out:
+        cache._apps_dirty = set()
+        joined = cache._joined.get("apps")
+        if joined is not None and joined[0] is apps:
+            return joined[1]
+    else:
+        cache._apps_dirty = None  # the texts are those of other inputs now
+    text = ",".join([texts[name][1] for name in names])
+    cache._joined["apps"] = (apps, text)
+    return text
+
+
+def _joined_placements(placements: Mapping[str, Placement], cache: InputCache) -> str:
+    """``"<app>":<canonical text>`` of each placement (sorted by app), joined by commas."""
+    texts = cache._placement_text
+    if placements is cache._placements_out and cache._placements_dirty is not None:
+        names: Iterable[str] = placements  # built by the cache: in app order
+        for app in cache._placements_dirty:
+            value = placements.get(app)
+            if value is None:
+                texts.pop(app, None)
+            elif (hit := texts.get(app)) is None or hit[0] is not value:
+                texts[app] = (value, f"{_encode(app)}:{_encode(_canonical(value))}")
+    else:
+        names = sorted(placements)
+        kept: dict[str, tuple[Placement, str]] = {}
+        for app in names:
+            value = placements[app]
+            hit = texts.get(app)
+            kept[app] = (
+                hit
+                if hit is not None and hit[0] is value
+                else (value, f"{_encode(app)}:{_encode(_canonical(value))}")
+            )
+        cache._placement_text = texts = kept
+    if placements is cache._placements_out:
+        cache._placements_dirty = set()
+        joined = cache._joined.get("placements")
+        if joined is not None and joined[0] is placements:
+            return joined[1]
+    else:
+        cache._placements_dirty = None
+    text = ",".join([texts[app][1] for app in names])
+    cache._joined["placements"] = (placements, text)
+    return text
+
+
+_name_of = attrgetter("name")
+_id_of = attrgetter("id")
+
+
 def _encode(value: Any) -> str:
     """Canonical JSON text of an already canonical value."""
     return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
-
-
-def _by_name(item: tuple[str, object]) -> str:
-    return item[0]
-
-
-_V = TypeVar("_V")
-
-
-def _parts(
-    items: Iterable[tuple[str, _V]], known: Mapping[str, tuple[_V, str]]
-) -> tuple[dict[str, tuple[_V, str]], list[tuple[str, str]]]:
-    """The canonical JSON text of each (name, value), in order, and the memo to keep:
-    a value that is the very object the last pass encoded keeps its text."""
-    kept: dict[str, tuple[_V, str]] = {}
-    texts: list[tuple[str, str]] = []
-    for name, value in items:
-        hit = known.get(name)
-        text = hit[1] if hit is not None and hit[0] is value else _encode(_canonical(value))
-        kept[name] = (value, text)
-        texts.append((name, text))
-    return kept, texts
 
 
 def _capacity_input(cap: NodeCapacity) -> dict[str, Any]:

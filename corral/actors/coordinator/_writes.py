@@ -204,6 +204,7 @@ def plan_writes(
     max_writes: int = DEFAULT_MAX_WRITES,
     stopped: Mapping[str, tuple[str, ...]] | None = None,
     apps: Mapping[str, AppRecord] | None = None,
+    specs: Mapping[str, str] | None = None,
 ) -> WritePlan:
     """Plan the transactions that make the placement records match ``targets``.
 
@@ -221,6 +222,9 @@ def plan_writes(
         apps: the app records by name; a record written for an app named here
             carries its :meth:`~corral.registry.AppRecord.node_spec` (the others
             keep the spec they had).
+        specs: the node spec of each app, when the caller keeps them (see
+            :meth:`~._inputs.InputCache.node_specs`): used instead of computing each
+            from ``apps``.
 
     Returns:
         The plan; ``records`` maps each written app to its new record (None
@@ -245,8 +249,7 @@ def plan_writes(
             superseded.append(app)
             continue
         held = (stopped or {}).get(app, ())
-        record = None if apps is None else apps.get(app)
-        spec = None if record is None else record.node_spec()
+        spec = _spec_of(app, apps, specs)
         write = _write_for(
             app, wanted, held, existing, fence=fence, decided_at=decided_at, spec=spec
         )
@@ -328,6 +331,7 @@ def plan_rollout_writes(
     fence: int,
     max_writes: int = DEFAULT_MAX_WRITES,
     apps: Mapping[str, AppRecord] | None = None,
+    specs: Mapping[str, str] | None = None,
 ) -> tuple[WriteBatch, ...]:
     """The transactions that put each app's rollout bookkeeping, and its spec, into its
     placement record: only the records whose rollout differs from the one read, or
@@ -345,6 +349,8 @@ def plan_rollout_writes(
         fence: the writer's lease fence.
         max_writes: most writes in one transaction (>= 1).
         apps: the app records by name (None: specs are left as they are).
+        specs: the node spec of each app, when the caller keeps them: used instead of
+            computing each from ``apps``.
 
     Raises:
         ValueError: ``fence`` < 1 or ``max_writes`` < 1.
@@ -358,13 +364,24 @@ def plan_rollout_writes(
         existing = current.get(app)
         if existing is None or existing.record.fence > fence:
             continue
-        record = None if apps is None else apps.get(app)
-        spec = existing.record.spec if record is None else record.node_spec()
+        found = _spec_of(app, apps, specs)
+        spec = existing.record.spec if found is None else found
         if existing.record.rollout == rollouts[app] and existing.record.spec == spec:
             continue
         new = dataclasses.replace(existing.record, rollout=rollouts[app], fence=fence, spec=spec)
         writes.append(PlacementWrite(app, new, tuple(existing.record.nodes), existing.mod_revision))
     return _batches(writes, current, fence, max_writes)
+
+
+def _spec_of(
+    app: str, apps: Mapping[str, AppRecord] | None, specs: Mapping[str, str] | None
+) -> str | None:
+    """The node spec of ``app``: from ``specs`` when given, else from its record in
+    ``apps``; None when neither knows it."""
+    if specs is not None:
+        return specs.get(app)
+    record = None if apps is None else apps.get(app)
+    return None if record is None else record.node_spec()
 
 
 def _batches(
