@@ -793,7 +793,7 @@ class Coordinator(Actor):
                 message=decisions.paused.message,
             )
             return view
-        written_plan = self._plan_writes(view, decisions, now)
+        written_plan, untouched = self._plan_writes(view, inputs, decisions, now)
         await self._apply(written_plan)
         view = self._store.view()
         after = self._inputs(view, now, states)
@@ -808,6 +808,7 @@ class Coordinator(Actor):
         self._record_pass(
             started, trigger, "applied", digest=self._last_digest, decisions=decisions,
             written=written_plan,
+            untouched=untouched,
         )
         self._emit_outcomes(decisions, repeat=same_inputs)
         return view
@@ -1055,12 +1056,26 @@ class Coordinator(Actor):
         if deadline is not None:
             self._grace_timer = self.ctx.after(max(0.0, deadline - now), _GraceLapsed())
 
-    def _plan_writes(self, view: RegistryView, decisions: Decisions, now: float) -> WritePlan:
+    def _plan_writes(
+        self, view: RegistryView, inputs: PlanInput, decisions: Decisions, now: float
+    ) -> tuple[WritePlan, int]:
+        """The writes of a pass, and how many apps were left out as surely unchanged."""
         holding = self._holding
         if holding is None:
             raise LeaseExpired("the lease was dropped during the pass")
-        apps = set(decisions.placements) | set(view.placements) | set(decisions.stopped)
-        targets = {app: decisions.placements.get(app) for app in sorted(apps)}
+        # Only the apps a write may concern: placed elsewhere than their record says,
+        # losing or gaining their record, or with instances a forced drain stopped now
+        # or before. Every other app's record already says what was decided (the fence
+        # guard of every write still stops a superseded coordinator).
+        placed, decided = inputs.placements, decisions.placements
+        concerned = {
+            app
+            for app, nodes in decided.items()
+            if (p := placed.get(app)) is None or p.nodes != nodes
+        }
+        concerned.update(placed.keys() - decided.keys(), decisions.stopped)
+        concerned.update(app for app, p in placed.items() if p.stopped)
+        targets = {app: decided.get(app) for app in sorted(concerned)}
         written = plan_writes(
             targets,
             view.placements,
@@ -1073,7 +1088,7 @@ class Coordinator(Actor):
         if written.superseded:
             newest = max(view.placements[app].record.fence for app in written.superseded)
             raise FenceRejected(holding.fence, newest)
-        return written
+        return written, len(placed.keys() | decided.keys()) - len(targets)
 
     async def _send_fenced(
         self, compares: Iterable[Compare], operations: Iterable[Put | Delete]
@@ -1134,8 +1149,11 @@ class Coordinator(Actor):
 
     def _emit_outcomes(self, decisions: Decisions, *, repeat: bool) -> None:
         self._emit_pending(skipped=False)
-        # Each event's fields are the item as ``corral plan`` prints it.
-        doc = decisions_to_json(decisions)
+        # Each event's fields are the item as ``corral plan`` prints it (of the reports
+        # only: the placements of every app are not wanted here).
+        doc = decisions_to_json(
+            dataclasses.replace(decisions, placements={}, removals=(), additions=(), stopped={})
+        )
         kind = "placement.deferred"
         self._forget_reports(kind, {(d.app, d.node) for d in decisions.deferred})
         for d, fields in zip(decisions.deferred, doc["deferred"], strict=True):
@@ -1161,6 +1179,7 @@ class Coordinator(Actor):
         digest: str | None = None,
         decisions: Decisions | None = None,
         written: WritePlan | None = None,
+        untouched: int = 0,
         error: str | None = None,
     ) -> None:
         counts: dict[str, int] = {}
@@ -1170,7 +1189,7 @@ class Coordinator(Actor):
                 batches=len(written.batches),
                 removals=written.removals,
                 placements=written.placements,
-                unchanged=len(written.unchanged),
+                unchanged=len(written.unchanged) + untouched,
             )
         if decisions is not None:
             counts.update(
