@@ -86,6 +86,9 @@ class MemoryRegistry(Registry):
         # found by a dict lookup per length, not by trying every prefix watched (a
         # thousand nodes watch a thousand prefixes).
         self._prefix_lengths: list[int] = []
+        # Per watched prefix, the revision of its newest event in the history: a watcher
+        # woken with nothing new for it does not look through the history.
+        self._newest: dict[str, int] = {}
         self._keeper: object | None = None
         self._keeper_lot: trio.lowlevel.ParkingLot | None = None
         self._keeper_wake = math.inf
@@ -195,8 +198,11 @@ class MemoryRegistry(Registry):
                     if self._dropped.get(prefix, 0) >= next_revision:
                         raise RevisionCompacted(next_revision, self._compacted)
                     next_revision = self._compacted + 1
-                first = bisect.bisect_left(self._event_revisions, next_revision)
-                batch = [e for e in self._events[first:] if e.kv.key.startswith(prefix)]
+                if self._newest.get(prefix, 0) >= next_revision:
+                    first = bisect.bisect_left(self._event_revisions, next_revision)
+                    batch = [e for e in self._events[first:] if e.kv.key.startswith(prefix)]
+                else:
+                    batch = []  # woken for the deadlines, or nothing of this prefix since
                 next_revision = self._revision + 1
                 if batch:
                     for event in batch:
@@ -207,8 +213,12 @@ class MemoryRegistry(Registry):
             if self._keeper is token:
                 self._keeper = self._keeper_lot = None
                 self._keeper_wake = math.inf
+                # One waiting watcher takes the deadlines over (waking all of them would
+                # have each look through the history: a thousand nodes watch).
                 for other in self._lots.values():
-                    other.unpark_all()  # one of them takes the deadlines over
+                    if other:
+                        other.unpark(count=1)
+                        break
 
     def _lot(self, prefix: str) -> trio.lowlevel.ParkingLot:
         """Where the watchers of ``prefix`` wait."""
@@ -217,6 +227,10 @@ class MemoryRegistry(Registry):
             lot = self._lots[prefix] = trio.lowlevel.ParkingLot()
             if len(prefix) not in self._prefix_lengths:
                 bisect.insort(self._prefix_lengths, len(prefix))
+            for event in reversed(self._events):  # once per prefix ever watched
+                if event.kv.key.startswith(prefix):
+                    self._newest[prefix] = event.kv.mod_revision
+                    break
         return lot
 
     def _watched(self, key: str) -> Iterator[str]:
@@ -375,6 +389,7 @@ class MemoryRegistry(Registry):
         woken: set[str] = set()
         for event in events:
             for prefix in self._watched(event.kv.key):
+                self._newest[prefix] = event.kv.mod_revision
                 if prefix not in woken:
                     woken.add(prefix)
                     self._lots[prefix].unpark_all()
