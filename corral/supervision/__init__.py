@@ -2,7 +2,9 @@
 
 The contract is in the docstrings of the names exported here (:class:`Actor`,
 :class:`ActorRef`, :class:`SupervisorSpec`, :class:`ActorSystem`...);
-``corral/supervision/_runtime.py`` says how it runs.
+``corral/supervision/_runtime.py`` says how it runs. Timers (actor timers, and
+:func:`sleep` / :func:`sleep_until` / :func:`call_at`, trio's equivalents) share one
+heap per trio run, served by one task (``corral/supervision/_timers.py`` says why).
 """
 
 from corral.supervision._actor import Actor, ActorContext, TimerHandle
@@ -22,6 +24,7 @@ from corral.supervision._introspect import ActorSnapshot, ActorState, Event
 from corral.supervision._ref import ActorRef
 from corral.supervision._spec import Backoff, ChildSpec, Restart, Strategy, SupervisorSpec
 from corral.supervision._system import ActorSystem, open_actor_system, run_actor_system
+from corral.supervision._timers import TimerEntry, call_at, sleep, sleep_until
 
 __all__ = [
     "Actor",
@@ -45,8 +48,12 @@ __all__ = [
     "Strategy",
     "SupervisionError",
     "SupervisorSpec",
+    "TimerEntry",
     "TimerHandle",
     "UnhandledMessage",
+    "call_at",
     "open_actor_system",
     "run_actor_system",
+    "sleep",
+    "sleep_until",
 ]

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import trio
 
 from corral.supervision._errors import UnhandledMessage
+from corral.supervision._timers import call_at
 
 if TYPE_CHECKING:
     from corral.supervision._ref import ActorRef
@@ -68,21 +69,62 @@ class Actor:
 
 
 class TimerHandle:
-    """A timer started with :meth:`ActorContext.every` or :meth:`ActorContext.after`."""
+    """A timer started with :meth:`ActorContext.every` or :meth:`ActorContext.after`.
 
-    __slots__ = ("_scope",)
+    It lives in the run's timer wheel (see :mod:`._timers`), not in a task of its own:
+    when it is due, the wheel puts its message in the actor's mailbox. It ends with
+    the actor: a timer of an actor that stopped sends nothing more.
+    """
 
-    def __init__(self, scope: trio.CancelScope) -> None:
-        self._scope = scope
+    __slots__ = ("_ctx", "_entry", "_interval", "_message", "_next_at", "cancelled")
+
+    def __init__(
+        self, ctx: ActorContext, message: object, deadline: float, interval: float | None
+    ) -> None:
+        self._ctx = ctx
+        self._message = message
+        self._interval = interval
+        self._next_at = deadline
+        #: Whether :meth:`cancel` was called.
+        self.cancelled = False
+        self._entry = call_at(deadline, self._fire)
 
     def cancel(self) -> None:
         """Stop the timer; no further messages come from it. Idempotent."""
-        self._scope.cancel()
+        self.cancelled = True
+        self._entry.cancel()
 
-    @property
-    def cancelled(self) -> bool:
-        """Whether :meth:`cancel` was called."""
-        return self._scope.cancel_called
+    def _fire(self) -> None:
+        ctx = self._ctx
+        nursery = ctx._nursery
+        send = ctx._cell.mailbox_send
+        if self.cancelled or nursery is None or send is None:
+            return  # cancelled, or the actor stopped: its timers end with it
+        try:
+            send.send_nowait(self._message)
+        except trio.WouldBlock:
+            if self._interval is None:
+                # A one-shot waits for room (in the actor's nursery: it ends with it).
+                nursery.start_soon(_send_when_room, send, self._message)
+            # A tick that finds the mailbox full is skipped: ticks never pile up.
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            return
+        interval = self._interval
+        if interval is None:
+            return
+        next_at = self._next_at + interval
+        now = trio.current_time()
+        while next_at <= now:
+            next_at += interval
+        self._next_at = next_at
+        self._entry = call_at(next_at, self._fire)
+
+
+async def _send_when_room(send: trio.MemorySendChannel[Any], message: object) -> None:
+    try:
+        await send.send(message)
+    except (trio.ClosedResourceError, trio.BrokenResourceError):
+        return
 
 
 class ActorContext:
@@ -144,21 +186,16 @@ class ActorContext:
         """
         if interval <= 0:
             raise ValueError("timer interval must be positive")
-        nursery = self._require_nursery()
-        scope = trio.CancelScope()
-        cell = self._cell
-        nursery.start_soon(_run_every, scope, cell, interval, message)
-        return TimerHandle(scope)
+        self._require_nursery()
+        return TimerHandle(self, message, trio.current_time() + interval, interval)
 
     def after(self, delay: float, message: object) -> TimerHandle:
         """Tell this actor ``message`` once, ``delay`` seconds from now.
 
         Waits for room if the mailbox is full at that moment.
         """
-        nursery = self._require_nursery()
-        scope = trio.CancelScope()
-        nursery.start_soon(_run_after, scope, self._cell, max(0.0, delay), message)
-        return TimerHandle(scope)
+        self._require_nursery()
+        return TimerHandle(self, message, trio.current_time() + max(0.0, delay), None)
 
     def start_task(self, async_fn: Callable[..., Awaitable[object]], *args: Any) -> None:
         """Run ``async_fn(*args)`` in this actor's own nursery.
@@ -173,32 +210,3 @@ class ActorContext:
         Called from inside ``handle`` the actor finishes that message first.
         """
         self._cell.request_self_stop()
-
-
-async def _run_every(scope: trio.CancelScope, cell: Cell, interval: float, message: object) -> None:
-    with scope:
-        assert cell.mailbox_send is not None
-        send_nowait = cell.mailbox_send.send_nowait
-        next_at = trio.current_time() + interval
-        while True:
-            await trio.sleep_until(next_at)
-            try:
-                send_nowait(message)
-            except trio.WouldBlock:
-                pass  # mailbox full: skip this tick rather than queue a backlog
-            except (trio.ClosedResourceError, trio.BrokenResourceError):
-                return
-            next_at += interval
-            now = trio.current_time()
-            while next_at <= now:
-                next_at += interval
-
-
-async def _run_after(scope: trio.CancelScope, cell: Cell, delay: float, message: object) -> None:
-    with scope:
-        await trio.sleep(delay)
-        assert cell.mailbox_send is not None
-        try:
-            await cell.mailbox_send.send(message)
-        except (trio.ClosedResourceError, trio.BrokenResourceError):
-            return

@@ -75,6 +75,7 @@ from corral.registry import (
     validate_name,
 )
 from corral.supervision import Actor, ActorRef, SupervisionError, UnhandledMessage
+from corral.supervision import sleep as wheel_sleep
 from corral.transport import message
 
 log = logging.getLogger("corral.actors.reconciler")
@@ -390,7 +391,7 @@ class Reconciler(Actor):
         while True:
             await self._wake.wait()
             if self._debounce > 0:
-                await trio.sleep(self._debounce)
+                await wheel_sleep(self._debounce)
             self._wake = trio.Event()
             force, self._force = self._force, False
             reasons, self._reasons = self._reasons, []
