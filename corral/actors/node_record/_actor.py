@@ -149,6 +149,8 @@ class NodeRegistration(Actor):
         self._key = node_key(identity.node_id)
         self._lease: int | None = None
         self._last: NodeRecord | None = None
+        # The record as last read, decoded: (mod_revision, record).
+        self._decoded: tuple[int, NodeRecord | None] | None = None
         self._started_at = 0.0
         self._registrations = 0
         self._lease_losses = 0
@@ -275,6 +277,18 @@ class NodeRegistration(Actor):
             return self._registration(None)
         return capacity_update(self._identity, capacity=self._capacity_probe(), stored=stored)
 
+    def _decode(self, kv: KeyValue | None) -> NodeRecord | None:
+        """The record read, decoded once per version (the capacity refresh reads it
+        every 30 s, and it seldom changed)."""
+        if kv is None:
+            return None
+        known = self._decoded
+        if known is not None and known[0] == kv.mod_revision:
+            return known[1]
+        record = _decode_node(kv)
+        self._decoded = (kv.mod_revision, record)
+        return record
+
     async def _write(
         self,
         decide: Callable[[NodeRecord | None], NodeRecord | None],
@@ -291,7 +305,7 @@ class NodeRegistration(Actor):
         lease = self._lease if lease is None else lease
         for _ in range(_WRITE_ATTEMPTS):
             kv = await self._registry.get(self._key)
-            stored = _decode_node(kv)
+            stored = self._decode(kv)
             held = taken_by(self._identity, stored, replaces=self._replaces)
             if held is not None:
                 raise _RecordTaken(held)

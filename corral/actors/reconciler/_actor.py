@@ -573,11 +573,14 @@ class Reconciler(Actor):
                 self._unknown.add(name)
 
     async def _read_claims(self) -> None:
-        """Read the apps this node holds port claims for."""
-        claims, _ = await read_records(self._registry, node_ports_prefix(self._node_id))
-        self._claimed = {
-            c.app for c in claims.values() if isinstance(c, PortClaim) and c.node == self._node_id
-        }
+        """Read the apps this node holds port claims for (each claim decoded once per
+        version: they seldom change, and are read again every ``full_pass_every``)."""
+        claimed = set()
+        for kv in await self._registry.range(node_ports_prefix(self._node_id)):
+            claim = self._decode(kv)
+            if isinstance(claim, PortClaim) and claim.node == self._node_id:
+                claimed.add(claim.app)
+        self._claimed = claimed
 
     async def _full_pass(self, summary: PassSummary, own: KeyValue | None, local: set[str]) -> None:
         """Plan and act on what the pass read; ``local``: the apps this node keeps state
