@@ -122,6 +122,19 @@ class ProcessInfo:
         }
 
 
+class _Watch:
+    """The watch of one running process: ``scope`` is the runner's (readiness),
+    ``exit_waiter`` the helper's that awaits the exit; ``woken`` says how it ended
+    (True: a wake, False: the exit, None: not yet)."""
+
+    __slots__ = ("exit_waiter", "scope", "woken")
+
+    def __init__(self) -> None:
+        self.scope = trio.CancelScope()
+        self.exit_waiter = trio.CancelScope()
+        self.woken: bool | None = None
+
+
 class _Slot:
     def __init__(self, app: str) -> None:
         self.app = app
@@ -140,6 +153,7 @@ class _Slot:
         self.process: LaunchedProcess | None = None
         self.runner_active = False
         self.readiness = Readiness()
+        self.watch: _Watch | None = None
 
     def info(self) -> ProcessInfo:
         shown = self.current or self.desired
@@ -248,7 +262,7 @@ class ProcessTable:
         slot.desired = request
         slot.stop_reason = None
         if slot.runner_active:
-            slot.wake.set()
+            self._wake(slot)
         else:
             slot.runner_active = True
             if self._active == 0:
@@ -266,7 +280,7 @@ class ProcessTable:
             return False
         slot.desired = None
         slot.stop_reason = reason
-        slot.wake.set()
+        self._wake(slot)
         self._changed()
         return True
 
@@ -470,7 +484,7 @@ class ProcessTable:
                 slot.last_error = None
                 self._changed()
                 self._emit("process.started", app=slot.app, pid=proc.pid, revision=request.revision)
-                woken = await self._watch(slot, proc)
+                woken = await self._watch(slot, proc, nursery)
                 uptime = trio.current_time() - spawned_at
                 if woken:
                     slot.state = "stopping"
@@ -519,51 +533,72 @@ class ProcessTable:
             with contextlib.suppress(Exception):
                 proc.kill()
 
-    async def _watch(self, slot: _Slot, proc: LaunchedProcess) -> bool:
+    def _wake(self, slot: _Slot) -> None:
+        """Wake ``slot``'s runner: it reads ``desired`` again (a wake during a backoff
+        ends the backoff; during a watch, the watch)."""
+        slot.wake.set()
+        self._end_watch(slot, woken=True)
+
+    def _end_watch(self, slot: _Slot, *, woken: bool) -> None:
+        """End the watch of ``slot``'s process for a wake (True) or its exit (False);
+        whichever comes first decides what the runner does next."""
+        watch = slot.watch
+        if watch is None or watch.woken is not None:
+            return
+        watch.woken = woken
+        watch.scope.cancel()
+        if woken:
+            watch.exit_waiter.cancel()
+
+    async def _watch(self, slot: _Slot, proc: LaunchedProcess, nursery: trio.Nursery) -> bool:
         """Wait until the process exits (False) or the slot is woken (True); meanwhile
-        mark it running once ready and clear a crash loop once it has run stably."""
-        woken = False
+        mark it running once ready, check its readiness, and clear a crash loop once it
+        has run stably.
 
-        async with trio.open_nursery() as race:
-
-            async def exited() -> None:
-                await proc.wait_exited()
-                race.cancel_scope.cancel()
-
-            async def wake() -> None:
-                nonlocal woken
-                await slot.wake.wait()
-                woken = True
-                race.cancel_scope.cancel()
-
-            async def ready() -> None:
-                answered = await proc.wait_ready()
-                if not answered:
-                    log.info(
-                        "app %s did not answer on port %d within %gs; counting it as running",
-                        slot.app,
-                        slot.current.public_port if slot.current else 0,
-                        self.ready_timeout,
-                    )
-                if slot.state == "starting":
-                    slot.state = "running"
-                    self._changed()
+        Two tasks per process, not one per thing awaited: this one (the runner's) waits
+        for readiness and checks it; one in ``nursery`` waits for the exit (and for
+        ``stable_after``). The exit and a wake each end the watch by cancelling it.
+        """
+        if slot.wake.is_set():
+            return True
+        watch = slot.watch = _Watch()
+        nursery.start_soon(self._await_exit, slot, proc, watch)
+        try:
+            with watch.scope:
+                await self._await_ready(slot, proc)
                 await self._check_readiness(slot, proc)
+        finally:
+            watch.exit_waiter.cancel()
+            slot.watch = None
+        return bool(watch.woken)
 
-            async def stable() -> None:
-                # The one place a crash loop ends: a run that lasted long enough.
-                await trio.sleep(self.policy.stable_after)
-                slot.history = CrashHistory()
-                if slot.crash_loop:
-                    slot.crash_loop = False
-                    self._changed()
-                    self._emit("process.recovered", app=slot.app, pid=proc.pid)
+    async def _await_exit(self, slot: _Slot, proc: LaunchedProcess, watch: _Watch) -> None:
+        with watch.exit_waiter:
+            with trio.move_on_after(self.policy.stable_after):
+                await proc.wait_exited()
+                self._end_watch(slot, woken=False)
+                return
+            # The one place a crash loop ends: a run that lasted long enough.
+            slot.history = CrashHistory()
+            if slot.crash_loop:
+                slot.crash_loop = False
+                self._changed()
+                self._emit("process.recovered", app=slot.app, pid=proc.pid)
+            await proc.wait_exited()
+            self._end_watch(slot, woken=False)
 
-            race.start_soon(exited)
-            race.start_soon(wake)
-            race.start_soon(ready)
-            race.start_soon(stable)
-        return woken
+    async def _await_ready(self, slot: _Slot, proc: LaunchedProcess) -> None:
+        answered = await proc.wait_ready()
+        if not answered:
+            log.info(
+                "app %s did not answer on port %d within %gs; counting it as running",
+                slot.app,
+                slot.current.public_port if slot.current else 0,
+                self.ready_timeout,
+            )
+        if slot.state == "starting":
+            slot.state = "running"
+            self._changed()
 
     async def _check_readiness(self, slot: _Slot, proc: LaunchedProcess) -> None:
         """Check the running process every interval for as long as it runs; publish
