@@ -112,8 +112,11 @@ class FreePorts(Sequence[int]):
         return self._range
 
     def without(self, ports: Iterable[int]) -> FreePorts:
-        """These free ports less ``ports``."""
-        return FreePorts(self._range, self._excluded.union(ports))
+        """These free ports less ``ports`` (``self`` when that excludes nothing more)."""
+        more = [p for p in ports if p in self]
+        if not more:
+            return self
+        return FreePorts(self._range, self._excluded.union(more))
 
     def __len__(self) -> int:
         return self._len
