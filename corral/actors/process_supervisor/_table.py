@@ -45,6 +45,7 @@ from corral.actors.process_supervisor._policy import (
     process_environment,
 )
 from corral.actors.process_supervisor._readiness import Readiness, after_check
+from corral.actors.process_supervisor._wakeups import Wakeups
 from corral.registry import HealthSpec
 
 log = logging.getLogger("corral.actors.process_supervisor")
@@ -245,6 +246,8 @@ class ProcessTable:
         self._life = secrets.token_hex(4)
         self._marker_scope = marker_scope(node_id, data_dir)
         self._spawns = itertools.count(1)
+        # Every instance sleeps between readiness checks: one timer task wakes them all.
+        self._wakeups = Wakeups(start_soon)
 
     # ------------------------------------------------------------------ commands
 
@@ -405,6 +408,7 @@ class ProcessTable:
             self._active -= 1
             if self._active == 0:
                 self._idle.set()
+                self._wakeups.idle()  # no readiness loop runs: its timer may end
             self._changed()
 
     def _failed(self, slot: _Slot, request: StartRequest, exc: BaseException) -> _Outcome:
@@ -632,7 +636,7 @@ class ProcessTable:
                         pid=proc.pid,
                         failures=slot.readiness.failures,
                     )
-            await trio.sleep(spec.interval_ms / 1000)
+            await self._wakeups.sleep(spec.interval_ms / 1000)
 
 
 #: How much of an error message a process row keeps (it is published in the node record).
