@@ -95,7 +95,7 @@ class Kick:
 @message("reconciler.tick")
 @dataclass(frozen=True)
 class Tick:
-    """The pass timer (every ``interval`` seconds)."""
+    """Run a timer pass (as the pass timer, every ``interval`` seconds, does)."""
 
 
 @message("reconciler.run_pass")
@@ -356,7 +356,6 @@ class Reconciler(Actor):
         self._request("startup")
         self.ctx.start_task(self._pass_loop)
         self.ctx.start_task(self._watch)
-        self.ctx.every(self._interval, Tick())
 
     async def handle(self, message: object) -> object:
         match message:
@@ -389,10 +388,16 @@ class Reconciler(Actor):
         self._wake.set()
 
     async def _pass_loop(self) -> None:
+        # The pass timer is a deadline of this loop, not a Tick told every interval by a
+        # timer task: that cost two more task steps per timer pass on every idle node.
+        timer_at = trio.current_time() + self._interval
         while True:
-            await self._wake.wait()
+            with trio.move_on_at(timer_at):
+                await self._wake.wait()
+            timer_at = self._timer_due(timer_at)
             if self._debounce > 0:
                 await trio.sleep(self._debounce)
+                timer_at = self._timer_due(timer_at)  # a tick while gathering joins in
             self._wake = trio.Event()
             force, self._force = self._force, False
             reasons, self._reasons = self._reasons, []
@@ -412,6 +417,15 @@ class Reconciler(Actor):
                 self._skipped_since = 0
             for waiter in waiters:
                 waiter.set()
+
+    def _timer_due(self, at: float) -> float:
+        """Request the timer's pass once ``at`` has come; returns when the next is due
+        (ticks that passed while a pass ran count once, as a timer's ticks coalesced)."""
+        now = trio.current_time()
+        if now < at:
+            return at
+        self._request("timer")
+        return at + self._interval * (1 + (now - at) // self._interval)
 
     # ------------------------------------------------------------------ watching
 

@@ -783,3 +783,28 @@ async def test_the_periodic_refresh_decodes_a_port_claim_only_when_it_changed(
         await agent.settle()
         assert decoded == [f"ports/{NODE}/24990"]
         assert set((await agent.claims()).values()) == {"one", "two"}
+
+
+async def test_timer_passes_come_every_interval_and_tell_the_reconciler_nothing(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    # The timer is the pass loop's own deadline: an idle node's timer pass costs no
+    # message (it was a Tick told by a timer task, two more task steps each).
+    async with running_agent(tmp_path) as agent:
+        await deploy(agent.registry, "hello")
+        await place(agent.registry, "hello", NODE)
+        await agent.settle()
+        tree = agent.system.tree().find("/agent/reconciler")
+        assert tree is not None
+        handled = tree.messages_handled
+        times = []
+        for _ in range(6):
+            await trio.sleep(5.0)
+            last = await agent.reconciler.ask(LastPass())
+            assert last["reasons"] == ["timer"]
+            assert last["skipped"]
+            times.append(last["time"])
+        assert [round(b - a, 6) for a, b in zip(times, times[1:], strict=False)] == [5.0] * 5
+        tree = agent.system.tree().find("/agent/reconciler")
+        assert tree is not None
+        assert tree.messages_handled == handled + 6  # the six LastPass asks alone
