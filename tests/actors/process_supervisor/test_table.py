@@ -362,11 +362,21 @@ async def test_a_watched_process_runs_on_two_tasks(
     """Its runner (which also checks readiness) and one task awaiting its exit, plus one
     timer for the whole table: a fleet of a thousand nodes starts tens of thousands of
     them (it was one task per thing awaited: exit, wake, readiness, stable run)."""
+    spawned: list[str] = []
+
+    class Spawns(trio.abc.Instrument):
+        def task_spawned(self, task: trio.lowlevel.Task) -> None:
+            spawned.append(task.name.rsplit(".", 1)[-1])
+
     async with trio.open_nursery() as nursery:
         h = Harness(nursery, tmp_path)
+        trio.lowlevel.add_instrument(Spawns())
         for n in range(3):
             h.table.ensure(request(f"app-{n}", public=24001 + 10 * n))
         await until(lambda: all(info.ready for info in h.table.snapshot()))
+        # no more were ever started (a simulated process that never exits by itself
+        # needs none of its own)
+        assert sorted(spawned) == ["_await_exit"] * 3 + ["_run"] * 4
         assert len(_tasks_under(nursery)) == 2 * 3 + 1
         await trio.sleep(POLICY.stable_after + 1)  # past the stable run: still two
         assert len(_tasks_under(nursery)) == 2 * 3 + 1
