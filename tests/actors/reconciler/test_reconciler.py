@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
 import random
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -804,7 +805,7 @@ async def test_timer_passes_come_every_interval_and_tell_the_reconciler_nothing(
             assert last["reasons"] == ["timer"]
             assert last["skipped"]
             times.append(last["time"])
-        assert [round(b - a, 6) for a, b in zip(times, times[1:], strict=False)] == [5.0] * 5
+        assert [round(b - a, 6) for a, b in itertools.pairwise(times)] == [5.0] * 5
         tree = agent.system.tree().find("/agent/reconciler")
         assert tree is not None
         assert tree.messages_handled == handled + 6  # the six LastPass asks alone
