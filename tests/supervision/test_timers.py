@@ -146,7 +146,8 @@ async def test_a_restarted_actor_gets_its_own_timers_and_the_old_ones_die(
     # tick after the restart is the new life's.
     assert len(times) == len(set(times))
     after_crash = [life for life, t in ticks if t - t0 > 2.5]
-    assert after_crash and set(after_crash[1:]) == {1}
+    assert after_crash
+    assert set(after_crash[1:]) == {1}
     assert lives_seen[0] == 0
 
 

@@ -22,10 +22,10 @@ from typing import Any
 
 from corral.actors.port_allocator._book import (
     DEFAULT_QUARANTINE_MS,
+    FreePorts,
     PortBook,
     PortPair,
     PortRange,
-    internal_candidates,
     pair_from_json,
     pair_to_json,
     placement_unavailable,
@@ -305,17 +305,19 @@ class PortLedger:
     async def _draw(self, app: str, *, exclude: Sequence[int]) -> PortPair:
         now = self._clock()
         rejected = set(exclude)
-        candidates = self.book.candidates(self.port_range, app, now)
-        free = [p for p in candidates if p not in rejected]
-        if len(free) < 2:
-            raise self._unavailable(app, now, len(free), rejected)
+        # Each pool is a lazy sequence equal, item by item, to the list of its ports, so
+        # a choice over it draws what a choice over that list drew (tests pin seeds).
+        candidates = self.book.free_ports(self.port_range, app, now)
+        free = len(candidates.without(rejected))
+        if free < 2:
+            raise self._unavailable(app, now, free, rejected)
         probes = 0
         unfit: set[int] = set()  # free, but no internal port fits beside it as public
 
-        async def take(pool: list[int], skip: set[int]) -> int | None:
+        async def take(pool: FreePorts, skip: set[int]) -> int | None:
             nonlocal probes
             while probes < self.max_probes:
-                options = [p for p in pool if p not in rejected and p not in skip]
+                options = pool.without(rejected | skip)
                 if not options:
                     return None
                 port = self._random.choice(options)
@@ -333,9 +335,9 @@ class PortLedger:
         while True:
             public = await take(candidates, unfit)
             if public is None:
-                free = [p for p in candidates if p not in rejected]
-                raise self._unavailable(app, now, len(free), rejected)
-            internal = await take(internal_candidates(candidates, public), set())
+                raise self._unavailable(app, now, len(candidates.without(rejected)), rejected)
+            # The internal port is neither the public one nor the one just above it.
+            internal = await take(candidates.without((public, public + 1)), set())
             if internal is not None:
                 return PortPair(public, internal)
             # No internal port fits beside this public one: give it back, try another.

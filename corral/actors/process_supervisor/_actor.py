@@ -17,6 +17,7 @@ from corral.registry import HealthSpec
 from corral.supervision import (
     Actor,
     ActorNotFound,
+    ActorRef,
     ActorStopped,
     MailboxFull,
     UnhandledMessage,
@@ -139,6 +140,7 @@ class ProcessSupervisor(Actor):
         self._wall = wall_clock
         self._life = next(_lives)
         self._table: ProcessTable | None = None
+        self._notified: ActorRef | None = None
 
     @property
     def table(self) -> ProcessTable:
@@ -178,9 +180,13 @@ class ProcessSupervisor(Actor):
     def _notify(self) -> None:
         if self._notify_name is None:
             return
-        parent = self.ctx.path.rsplit("/", 1)[0]
+        if self._notified is None:
+            # Made once: a ref resolves its path whenever it is used (a restarted
+            # reader is found), and a start changes the table four times.
+            parent = self.ctx.path.rsplit("/", 1)[0]
+            self._notified = self.ctx.system.ref(f"{parent}/{self._notify_name}")
         try:
-            self.ctx.system.ref(f"{parent}/{self._notify_name}").tell_nowait(ProcessesChanged())
+            self._notified.tell_nowait(ProcessesChanged())
         except (ActorNotFound, ActorStopped, MailboxFull, UnhandledMessage):
             pass  # the reader also compares ProcessGeneration on its next pass
 

@@ -30,7 +30,7 @@ class AppPaths:
 
     @classmethod
     def of(cls, data_dir: Path, app: str) -> AppPaths:
-        return cls(Path(data_dir) / "apps" / app)
+        return cls(Path(data_dir, "apps", app))  # one parse, not three (once per start)
 
     @staticmethod
     def apps_root(data_dir: Path) -> Path:

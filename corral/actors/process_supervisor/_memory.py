@@ -114,8 +114,7 @@ class MemoryProcess:
         )
 
     async def _run(self) -> None:
-        if self.behaviour.exit_after is None:
-            return
+        assert self.behaviour.exit_after is not None
         with trio.move_on_after(self.behaviour.exit_after):
             await self._exited.wait()
             return
@@ -204,7 +203,8 @@ class MemoryLauncher:
             raise behaviour.spawn_raises
         process = MemoryProcess(spec, next(self._pids), behaviour, self.timeline)
         self.spawned.append(process)
-        nursery.start_soon(process._run)
+        if behaviour.exit_after is not None:  # only a process that ends by itself needs one
+            nursery.start_soon(process._run)
         return process
 
     async def end_leftovers(

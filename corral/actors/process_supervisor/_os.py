@@ -67,9 +67,15 @@ def write_json_atomically(path: Path, obj: object, *, durable: bool = True) -> N
     """Write ``obj`` as JSON to ``path`` so a reader sees the old or the new file, never
     a partial one. ``durable``: fsync before the rename, so it survives a power loss
     (pid files do not need that: their processes would not survive it either)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", encoding="utf-8") as file:
+    try:
+        file = open(tmp, "w", encoding="utf-8")  # closed by the with below
+    except FileNotFoundError:
+        # The directory is there on every write but the first: make it only then (a
+        # mkdir per write was a syscall and a caught FileExistsError per instance start).
+        path.parent.mkdir(parents=True, exist_ok=True)
+        file = open(tmp, "w", encoding="utf-8")
+    with file:
         json.dump(obj, file, sort_keys=True)
         if durable:
             file.flush()

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import math
 import os
 import secrets
 import time
@@ -46,6 +47,7 @@ from corral.actors.process_supervisor._policy import (
 )
 from corral.actors.process_supervisor._readiness import Readiness, after_check
 from corral.registry import HealthSpec
+from corral.supervision import sleep as wheel_sleep
 
 log = logging.getLogger("corral.actors.process_supervisor")
 
@@ -122,6 +124,19 @@ class ProcessInfo:
         }
 
 
+class _Watch:
+    """The watch of one running process: ``scope`` is the runner's (readiness),
+    ``exit_waiter`` the helper's that awaits the exit; ``woken`` says how it ended
+    (True: a wake, False: the exit, None: not yet)."""
+
+    __slots__ = ("exit_waiter", "scope", "woken")
+
+    def __init__(self) -> None:
+        self.scope = trio.CancelScope()
+        self.exit_waiter = trio.CancelScope()
+        self.woken: bool | None = None
+
+
 class _Slot:
     def __init__(self, app: str) -> None:
         self.app = app
@@ -140,6 +155,7 @@ class _Slot:
         self.process: LaunchedProcess | None = None
         self.runner_active = False
         self.readiness = Readiness()
+        self.watch: _Watch | None = None
 
     def info(self) -> ProcessInfo:
         shown = self.current or self.desired
@@ -248,7 +264,7 @@ class ProcessTable:
         slot.desired = request
         slot.stop_reason = None
         if slot.runner_active:
-            slot.wake.set()
+            self._wake(slot)
         else:
             slot.runner_active = True
             if self._active == 0:
@@ -266,7 +282,7 @@ class ProcessTable:
             return False
         slot.desired = None
         slot.stop_reason = reason
-        slot.wake.set()
+        self._wake(slot)
         self._changed()
         return True
 
@@ -470,7 +486,7 @@ class ProcessTable:
                 slot.last_error = None
                 self._changed()
                 self._emit("process.started", app=slot.app, pid=proc.pid, revision=request.revision)
-                woken = await self._watch(slot, proc)
+                woken = await self._watch(slot, proc, nursery)
                 uptime = trio.current_time() - spawned_at
                 if woken:
                     slot.state = "stopping"
@@ -519,85 +535,124 @@ class ProcessTable:
             with contextlib.suppress(Exception):
                 proc.kill()
 
-    async def _watch(self, slot: _Slot, proc: LaunchedProcess) -> bool:
+    def _wake(self, slot: _Slot) -> None:
+        """Wake ``slot``'s runner: it reads ``desired`` again (a wake during a backoff
+        ends the backoff; during a watch, the watch)."""
+        slot.wake.set()
+        self._end_watch(slot, woken=True)
+
+    def _end_watch(self, slot: _Slot, *, woken: bool) -> None:
+        """End the watch of ``slot``'s process for a wake (True) or its exit (False);
+        whichever comes first decides what the runner does next."""
+        watch = slot.watch
+        if watch is None or watch.woken is not None:
+            return
+        watch.woken = woken
+        watch.scope.cancel()
+        if woken:
+            watch.exit_waiter.cancel()
+
+    async def _watch(self, slot: _Slot, proc: LaunchedProcess, nursery: trio.Nursery) -> bool:
         """Wait until the process exits (False) or the slot is woken (True); meanwhile
-        mark it running once ready and clear a crash loop once it has run stably."""
-        woken = False
+        mark it running once ready, check its readiness, and clear a crash loop once it
+        has run stably.
 
-        async with trio.open_nursery() as race:
-
-            async def exited() -> None:
-                await proc.wait_exited()
-                race.cancel_scope.cancel()
-
-            async def wake() -> None:
-                nonlocal woken
-                await slot.wake.wait()
-                woken = True
-                race.cancel_scope.cancel()
-
-            async def ready() -> None:
-                answered = await proc.wait_ready()
-                if not answered:
-                    log.info(
-                        "app %s did not answer on port %d within %gs; counting it as running",
-                        slot.app,
-                        slot.current.public_port if slot.current else 0,
-                        self.ready_timeout,
-                    )
-                if slot.state == "starting":
-                    slot.state = "running"
-                    self._changed()
+        Two tasks per process, not one per thing awaited: this one (the runner's) waits
+        for readiness and checks it; one in ``nursery`` waits for the exit (and for
+        ``stable_after``). The exit and a wake each end the watch by cancelling it.
+        """
+        if slot.wake.is_set():
+            return True
+        watch = slot.watch = _Watch()
+        nursery.start_soon(self._await_exit, slot, proc, watch)
+        try:
+            with watch.scope:
+                await self._await_ready(slot, proc)
                 await self._check_readiness(slot, proc)
+        finally:
+            watch.exit_waiter.cancel()
+            slot.watch = None
+        return bool(watch.woken)
 
-            async def stable() -> None:
-                # The one place a crash loop ends: a run that lasted long enough.
-                await trio.sleep(self.policy.stable_after)
-                slot.history = CrashHistory()
-                if slot.crash_loop:
-                    slot.crash_loop = False
-                    self._changed()
-                    self._emit("process.recovered", app=slot.app, pid=proc.pid)
+    async def _await_exit(self, slot: _Slot, proc: LaunchedProcess, watch: _Watch) -> None:
+        with watch.exit_waiter:
+            with trio.move_on_after(self.policy.stable_after):
+                await proc.wait_exited()
+                self._end_watch(slot, woken=False)
+                return
+            # The one place a crash loop ends: a run that lasted long enough.
+            slot.history = CrashHistory()
+            if slot.crash_loop:
+                slot.crash_loop = False
+                self._changed()
+                self._emit("process.recovered", app=slot.app, pid=proc.pid)
+            await proc.wait_exited()
+            self._end_watch(slot, woken=False)
 
-            race.start_soon(exited)
-            race.start_soon(wake)
-            race.start_soon(ready)
-            race.start_soon(stable)
-        return woken
+    async def _await_ready(self, slot: _Slot, proc: LaunchedProcess) -> None:
+        answered = await proc.wait_ready()
+        if not answered:
+            log.info(
+                "app %s did not answer on port %d within %gs; counting it as running",
+                slot.app,
+                slot.current.public_port if slot.current else 0,
+                self.ready_timeout,
+            )
+        if slot.state == "starting":
+            slot.state = "running"
+            self._changed()
 
     async def _check_readiness(self, slot: _Slot, proc: LaunchedProcess) -> None:
         """Check the running process every interval for as long as it runs; publish
         (``_changed``) only when it turns ready or not ready."""
         health = slot.current.health if slot.current is not None else None
         spec = health or HealthSpec()
+        timeout, interval = spec.timeout_ms / 1000, spec.interval_ms / 1000
+        passed = False
         while True:
-            passed = False
-            with trio.move_on_after(spec.timeout_ms / 1000):
-                try:
-                    passed = await proc.check_ready()
-                except Exception as exc:  # a check's bug is a failed check, never a crash
-                    log.debug("app %s: readiness check raised %s", slot.app, describe(exc))
-            before = slot.readiness
-            slot.readiness = after_check(before, passed)
-            if slot.readiness.ready != before.ready:
-                self._changed()
-                if slot.readiness.ready:
-                    self._emit("process.ready", app=slot.app, pid=proc.pid)
-                else:
-                    log.warning(
-                        "app %s is not ready: %d readiness checks in a row failed (%s); "
-                        "it leaves the routing table, its process keeps running",
-                        slot.app,
-                        slot.readiness.failures,
-                        f"GET {spec.path}" if spec.path else "TCP connect to the public port",
-                    )
-                    self._emit(
-                        "process.unready",
-                        app=slot.app,
-                        pid=proc.pid,
-                        failures=slot.readiness.failures,
-                    )
-            await trio.sleep(spec.interval_ms / 1000)
+            # One scope bounds check after check, its deadline set for each one (a scope
+            # per check was a third of the cost of a check on an idle node). A check
+            # that overruns its deadline cancels the scope: the next gets a new one.
+            with trio.CancelScope() as bound:
+                while True:
+                    bound.deadline = trio.current_time() + timeout
+                    passed = False
+                    try:
+                        passed = await proc.check_ready()
+                    except Exception as exc:  # a check's bug is a failed check, never a crash
+                        log.debug("app %s: readiness check raised %s", slot.app, describe(exc))
+                    bound.deadline = math.inf
+                    if bound.cancel_called:
+                        break  # it answered as its time ran out: this scope is spent
+                    self._note_check(slot, proc, spec, passed)
+                    await wheel_sleep(interval)
+            self._note_check(slot, proc, spec, passed)  # False when it overran
+            await wheel_sleep(interval)
+
+    def _note_check(
+        self, slot: _Slot, proc: LaunchedProcess, spec: HealthSpec, passed: bool
+    ) -> None:
+        before = slot.readiness
+        slot.readiness = after_check(before, passed)
+        if slot.readiness.ready == before.ready:
+            return
+        self._changed()
+        if slot.readiness.ready:
+            self._emit("process.ready", app=slot.app, pid=proc.pid)
+            return
+        log.warning(
+            "app %s is not ready: %d readiness checks in a row failed (%s); "
+            "it leaves the routing table, its process keeps running",
+            slot.app,
+            slot.readiness.failures,
+            f"GET {spec.path}" if spec.path else "TCP connect to the public port",
+        )
+        self._emit(
+            "process.unready",
+            app=slot.app,
+            pid=proc.pid,
+            failures=slot.readiness.failures,
+        )
 
 
 #: How much of an error message a process row keeps (it is published in the node record).

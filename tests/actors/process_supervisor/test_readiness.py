@@ -146,6 +146,74 @@ async def test_a_restart_is_not_ready_until_it_passes_again(
         await t.shutdown()
 
 
+class ScriptedChecks(MemoryLauncher):
+    """Its processes' readiness checks take the scripted times (then pass); a check
+    scripted as ``"swallow"`` hangs, swallows its cancellation and passes anyway."""
+
+    def __init__(self, script: list[float | str]) -> None:
+        super().__init__()
+        self.script = script
+        self.began: list[float] = []
+
+    async def spawn(self, spec: Any, nursery: trio.Nursery) -> Any:
+        process = await super().spawn(spec, nursery)
+
+        async def check_ready() -> bool:
+            self.began.append(trio.current_time())
+            step = self.script.pop(0) if self.script else 0.0
+            if step == "swallow":
+                try:
+                    await trio.sleep_forever()
+                except trio.Cancelled:
+                    return True
+            assert isinstance(step, float)
+            await trio.sleep(step)
+            return True
+
+        process.check_ready = check_ready  # type: ignore[method-assign]
+        return process
+
+
+async def test_a_check_that_overruns_its_timeout_fails_and_the_next_ones_go_on(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    """A check is bounded by ``timeout_ms``: one that overruns fails right then, and the
+    next starts an interval later; a check that swallows its cancellation and answers
+    counts as passed. The exact times the table always kept."""
+    launcher = ScriptedChecks([0.0, 5.0, 0.2, 5.0, "swallow", 5.0, 5.0, 5.0, 0.0])
+    seen: list[tuple[float, bool]] = []
+    health = HealthSpec(interval_ms=1000, timeout_ms=500)
+    async with trio.open_nursery() as nursery:
+        t = ProcessTable(
+            node_id="node-a",
+            data_dir=tmp_path,
+            launcher=launcher,
+            start_soon=nursery.start_soon,
+            base_env={"PATH": "/bin"},
+            on_change=lambda: seen.append(
+                (trio.current_time(), bool((info := t.info("shop")) and info.ready))
+            ),
+        )
+        t.ensure(StartRequest("shop", REV, ("x",), "/srv", 24001, 24501, health=health))
+        await until(lambda: len(launcher.began) == 9)
+        t0 = launcher.began[0]
+        assert [round(b - t0, 6) for b in launcher.began] == [
+            0.0,  # passes: ready
+            1.0,  # overruns: fails at 1.5
+            2.5,  # passes at 2.7
+            3.7,  # overruns: fails at 4.2
+            5.2,  # swallows its cancellation at 5.7: passes
+            6.7,  # overruns: fails at 7.2
+            8.2,  # overruns: fails at 8.7
+            9.7,  # overruns: fails at 10.2, the third in a row: not ready
+            11.2,  # passes: ready again
+        ]
+        flips = [(round(when - t0, 6), ready) for when, ready in seen]
+        flips = [f for n, f in enumerate(flips) if n == 0 or f[1] != flips[n - 1][1]]
+        assert flips[-3:] == [(0.0, True), (10.2, False), (11.2, True)]
+        await t.shutdown()
+
+
 async def _serve(status: bytes, task_status: trio.TaskStatus[int]) -> None:
     async def answer(stream: trio.SocketStream) -> None:
         with trio.move_on_after(5):

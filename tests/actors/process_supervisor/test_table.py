@@ -345,3 +345,42 @@ async def test_restart_delays_are_exact_and_the_crash_loop_never_clears_while_it
         }
         assert h.kinds().count("process.crash-loop") == 1
         await h.table.shutdown()
+
+
+def _tasks_under(nursery: trio.Nursery) -> list[trio.lowlevel.Task]:
+    found = []
+    for task in nursery.child_tasks:
+        found.append(task)
+        for child in task.child_nurseries:
+            found += _tasks_under(child)
+    return found
+
+
+async def test_a_watched_process_runs_on_two_tasks(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    """Its runner (which also checks readiness) and one task awaiting its exit; its
+    readiness checks sleep on the run's timer wheel: a fleet of a thousand nodes starts
+    tens of thousands of them (it was one task per thing awaited: exit, wake,
+    readiness, stable run)."""
+    spawned: list[str] = []
+
+    class Spawns(trio.abc.Instrument):
+        def task_spawned(self, task: trio.lowlevel.Task) -> None:
+            spawned.append(task.name.rsplit(".", 1)[-1])
+
+    async with trio.open_nursery() as nursery:
+        h = Harness(nursery, tmp_path)
+        trio.lowlevel.add_instrument(Spawns())
+        for n in range(3):
+            h.table.ensure(request(f"app-{n}", public=24001 + 10 * n))
+        await until(lambda: all(info.ready for info in h.table.snapshot()))
+        # no more were ever started (a simulated process that never exits by itself
+        # needs none of its own)
+        own = sorted(name for name in spawned if name != "corral timer wheel")
+        assert own == ["_await_exit"] * 3 + ["_run"] * 3
+        assert len(_tasks_under(nursery)) == 2 * 3
+        await trio.sleep(POLICY.stable_after + 1)  # past the stable run: still two
+        assert len(_tasks_under(nursery)) == 2 * 3
+        await h.table.shutdown()
+        assert _tasks_under(nursery) == []

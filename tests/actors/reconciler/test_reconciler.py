@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
 import random
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -746,3 +747,65 @@ async def test_a_rollout_switch_and_an_app_change_reach_the_node_through_its_ind
             await until(lambda: not agent.launcher.alive(), step=0.01)
         stops = [e.fields for e in agent.system.events() if e.kind == "reconcile.stop"]
         assert stops[-1] == {"app": "hello", "reason": STOP_TEARDOWN}
+
+
+async def test_the_periodic_refresh_decodes_a_port_claim_only_when_it_changed(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Every node reads its port claims again once a minute; decoding them all each
+    # time was about half of an idle node's refresh.
+    from corral.actors.reconciler import _actor
+
+    decoded: list[str] = []
+
+    def counting(key: str, value: bytes) -> Any:
+        if key.startswith("ports/"):
+            decoded.append(key)
+        return decode_record(key, value)
+
+    monkeypatch.setattr(_actor, "decode_record", counting)
+    async with running_agent(tmp_path) as agent:
+        for app in ("one", "two"):
+            await deploy(agent.registry, app)
+            await place(agent.registry, app, NODE)
+        await agent.settle()
+        await trio.sleep(61)  # a refresh reads (and decodes) the four claims
+        await agent.settle()
+        assert len(await agent.claims()) == 4
+        decoded.clear()
+        await trio.sleep(61)  # another: nothing changed, nothing decoded
+        await agent.settle()
+        assert decoded == []
+        # A claim this node's previous life left for an app it no longer knows: the
+        # next refresh decodes that one alone, and releases it.
+        ghost = PortClaim(NODE, 24990, "ghost", 0.0)
+        await agent.registry.put(f"ports/{NODE}/24990", ghost.encode())
+        await trio.sleep(61)
+        await agent.settle()
+        assert decoded == [f"ports/{NODE}/24990"]
+        assert set((await agent.claims()).values()) == {"one", "two"}
+
+
+async def test_timer_passes_come_every_interval(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    # The timer is a Tick put in the mailbox by the run's timer wheel (no task of its
+    # own): one message per pass, every interval exactly.
+    async with running_agent(tmp_path) as agent:
+        await deploy(agent.registry, "hello")
+        await place(agent.registry, "hello", NODE)
+        await agent.settle()
+        tree = agent.system.tree().find("/agent/reconciler")
+        assert tree is not None
+        handled = tree.messages_handled
+        times = []
+        for _ in range(6):
+            await trio.sleep(5.0)
+            last = await agent.reconciler.ask(LastPass())
+            assert last["reasons"] == ["timer"]
+            assert last["skipped"]
+            times.append(last["time"])
+        assert [round(b - a, 6) for a, b in itertools.pairwise(times)] == [5.0] * 5
+        tree = agent.system.tree().find("/agent/reconciler")
+        assert tree is not None
+        assert tree.messages_handled == handled + 12  # six ticks and six LastPass asks
