@@ -18,14 +18,17 @@ A pass
 ------
 A pass runs on every tick, and promptly whenever what it decides from
 changes: while it holds the lease the coordinator watches ``apps/``,
-``nodes/``, ``intent/`` and ``placement/``, gathers the changes of a burst for
+``nodes/``, ``intent/``, ``placement/`` and ``down/``, gathers the changes of a burst for
 ``debounce`` seconds after the first one, and then looks once. Changes it has
 already read, and its own placement writes, are not news and trigger
 nothing. (The node service may still send :class:`KickCoordinator`; the
 watch makes it unnecessary.)
 
-A pass reads ``apps/``, ``nodes/``, ``intent/``, ``placement/`` and ``down/``
-in one read-only transaction (one consistent revision), decides every node's
+A pass decides from ``apps/``, ``nodes/``, ``intent/``, ``placement/`` and
+``down/`` as the coordinator's mirror of them holds them (:mod:`._view`): read in
+one read-only transaction (one consistent revision) when it takes the lease, then
+kept current by that same watch and by its own writes, and read in full again only
+after the watch lost changes or a write was refused. It decides every node's
 state from the records, its memory of each node's last record and the
 membership view (:mod:`._membership`), writes the ``down/<node>`` entries that
 changed (under the fence, before anything else: a successor keeps each down
