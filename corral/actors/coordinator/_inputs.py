@@ -45,10 +45,10 @@ import enum
 import hashlib
 import json
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from operator import attrgetter
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from corral.actors.coordinator._membership import (
     CurrentDown,
@@ -311,13 +311,11 @@ class InputCache:
     """
 
     __slots__ = (
-        "_app_spec",
         "_app_text",
         "_apps",
         "_apps_dirty",
         "_apps_names",
         "_apps_out",
-        "_apps_source",
         "_joined",
         "_node_parts",
         "_placed",
@@ -327,11 +325,8 @@ class InputCache:
         "_placement_text",
         "_placements",
         "_placements_dirty",
-        "_placements_out",
-        "_placements_source",
         "_sized",
         "_specs",
-        "_specs_source",
     )
 
     def __init__(self) -> None:
@@ -339,18 +334,16 @@ class InputCache:
 
     def clear(self) -> None:
         """Forget everything; the next pass builds every input anew."""
-        # app -> (record, its AppSpec), and the spec alone; the mapping the output was
-        # built from, the output, its names in order; the names whose spec changed since
-        # the digest last looked (None: any may have).
-        self._apps: dict[str, tuple[AppRecord, AppSpec]] = {}
-        self._app_spec: dict[str, AppSpec] = {}
-        self._apps_source: Mapping[str, AppRecord] | None = None
+        # Each app's AppSpec, the output (and its names in order); each app's Placement;
+        # for each, the names whose value changed since the digest last looked (None:
+        # any may have).
+        self._apps: _PerKey[AppRecord, AppSpec] = _PerKey(_app)
         self._apps_out: tuple[AppSpec, ...] = ()
         self._apps_names: tuple[str, ...] = ()
         self._apps_dirty: set[str] | None = None
-        self._placements: dict[str, tuple[PlacementRecord, Placement]] = {}
-        self._placements_source: Mapping[str, CurrentPlacement] | None = None
-        self._placements_out: dict[str, Placement] = {}
+        self._placements: _PerKey[CurrentPlacement, Placement] = _PerKey(
+            _placement_of, _record_of
+        )
         self._placements_dirty: set[str] | None = None
         # The digest's canonical text per app and per placement, each with the value
         # it was built for; the joined texts of the last digest (apps, placements).
@@ -368,108 +361,33 @@ class InputCache:
         self._placed_by: dict[str, tuple[str, ...]] = {}
         self._placed_source: Mapping[str, CurrentPlacement] | None = None
         self._placed_out: frozenset[str] = frozenset()
-        # The node spec of each app, and the mapping they were computed from.
-        self._specs: dict[str, str] = {}
-        self._specs_source: Mapping[str, AppRecord] | None = None
+        # The node spec of each app.
+        self._specs: _PerKey[AppRecord, str] = _PerKey(AppRecord.node_spec)
 
     def __len__(self) -> int:
-        return len(self._apps) + len(self._placements)
+        return len(self._apps.values) + len(self._placements.values)
 
     def apps(self, records: Mapping[str, AppRecord]) -> tuple[AppSpec, ...]:
         """The planner's app for each record, sorted by name."""
-        if records is self._apps_source:
+        if records is self._apps.mapping:
             return self._apps_out
-        changed = _changes(records, self._apps_source)
-        known, specs = self._apps, self._app_spec
-        if changed is None:
-            known, specs = {}, {}
-            for name, record in _in_order(records):
-                hit = self._apps.get(name)
-                spec = hit[1] if hit is not None and hit[0] is record else _app(record)
-                known[name], specs[name] = (record, spec), spec
-            self._apps, self._app_spec = known, specs
-            self._apps_dirty = None
-        else:
-            reorder = False
-            for name in changed:
-                found = records.get(name)
-                if found is None:
-                    known.pop(name, None)
-                    reorder |= specs.pop(name, None) is not None
-                    continue
-                hit = known.get(name)
-                if hit is None or hit[0] is not found:
-                    spec = _app(found)
-                    reorder |= name not in specs
-                    known[name], specs[name] = (found, spec), spec
-            if reorder:  # an app came or went: the output stays in name order
-                self._app_spec = specs = {name: specs[name] for name in records}
-            if self._apps_dirty is not None:
-                self._apps_dirty.update(changed)
-        self._apps_source = records
+        self._apps_dirty = _noted(self._apps_dirty, self._apps.update(records))
+        specs = self._apps.values
         self._apps_names = tuple(specs)
         self._apps_out = tuple(specs.values())
         return self._apps_out
 
     def placements(self, current: Mapping[str, CurrentPlacement]) -> dict[str, Placement]:
         """The planner's placement for each record, by app (sorted)."""
-        if current is self._placements_source:
-            return self._placements_out
-        changed = _changes(current, self._placements_source)
-        known = self._placements
-        if changed is None:
-            known = {}
-            for app, placed in _in_order(current):
-                record = placed.record
-                hit = self._placements.get(app)
-                value = hit[1] if hit is not None and hit[0] is record else _placement(record)
-                known[app] = (record, value)
-            self._placements = known
-            self._placements_dirty = None
-            out = {app: value for app, (_, value) in known.items()}
-        else:
-            for app in changed:
-                found = current.get(app)
-                if found is None:
-                    known.pop(app, None)
-                    continue
-                hit = known.get(app)
-                if hit is None or hit[0] is not found.record:
-                    known[app] = (found.record, _placement(found.record))
-            if self._placements_dirty is not None:
-                self._placements_dirty.update(changed)
-            previous = self._placements_out
-            if all(app in previous for app in changed if app in known) and all(
-                app in known for app in changed if app in previous
-            ):
-                out = dict(previous)  # the same apps: the order holds
-                for app in changed:
-                    if app in known:
-                        out[app] = known[app][1]
-            else:
-                out = {app: known[app][1] for app in current}
-        self._placements_source = current
-        self._placements_out = out
-        return out
+        if current is not self._placements.mapping:
+            changed = self._placements.update(current)
+            self._placements_dirty = _noted(self._placements_dirty, changed)
+        return self._placements.values
 
     def node_specs(self, records: Mapping[str, AppRecord]) -> Mapping[str, str]:
-        """:meth:`~corral.registry.AppRecord.node_spec` of each app, by name (read it
-        before the next call: it is the cache's own)."""
-        if records is self._specs_source:
-            return self._specs
-        changed = _changes(records, self._specs_source)
-        specs = self._specs
-        if changed is None:
-            specs = self._specs = {name: record.node_spec() for name, record in records.items()}
-        else:
-            for name in changed:
-                found = records.get(name)
-                if found is None:
-                    specs.pop(name, None)
-                else:
-                    specs[name] = found.node_spec()
-        self._specs_source = records
-        return specs
+        """:meth:`~corral.registry.AppRecord.node_spec` of each app, by name."""
+        self._specs.update(records)
+        return self._specs.values
 
     def placed(self, current: Mapping[str, CurrentPlacement]) -> frozenset[str]:
         """:func:`placed_nodes` of a view with these placements."""
@@ -497,6 +415,80 @@ class InputCache:
         return self._placed_out
 
 
+_S = TypeVar("_S")
+
+
+def _same(item: object) -> object:
+    return item
+
+
+class _PerKey(Generic[_S, _V]):
+    """A value derived from each item of a mapping, kept from one call to the next.
+
+    An item whose source (``source_of(item)``: the item itself by default) is the very
+    object a value was derived from keeps that value; for a :class:`Section` of the
+    line last seen, only its changed keys are looked at at all. ``values`` is in key
+    order, and a new dict whenever a value changed (one handed out is never altered).
+    """
+
+    __slots__ = ("_derive", "_entries", "_source_of", "mapping", "values")
+
+    def __init__(
+        self, derive: Callable[[_S], _V], source_of: Callable[[_S], object] = _same
+    ) -> None:
+        self._derive, self._source_of = derive, source_of
+        self._entries: dict[str, tuple[object, _V]] = {}  # key -> (source, value)
+        self.values: dict[str, _V] = {}
+        #: The mapping ``values`` was derived from.
+        self.mapping: Mapping[str, _S] | None = None
+
+    def update(self, mapping: Mapping[str, _S]) -> frozenset[str] | None:
+        """Derive the values of ``mapping``. Returns the keys looked at, or None when
+        every key was."""
+        if mapping is self.mapping:
+            return frozenset()
+        changed = _changes(mapping, self.mapping)
+        self.mapping = mapping
+        derive, source_of, entries = self._derive, self._source_of, self._entries
+        if changed is None:
+            kept: dict[str, tuple[object, _V]] = {}
+            for key, item in _in_order(mapping):
+                source, hit = source_of(item), entries.get(key)
+                kept[key] = hit if hit is not None and hit[0] is source else (source, derive(item))
+            self._entries = kept
+            self.values = {key: value for key, (_, value) in kept.items()}
+            return None
+        same_keys = True
+        for key in changed:
+            found = mapping.get(key)
+            if found is None:
+                same_keys &= entries.pop(key, None) is None
+                continue
+            source, hit = source_of(found), entries.get(key)
+            same_keys &= hit is not None
+            if hit is None or hit[0] is not source:
+                entries[key] = (source, derive(found))
+        if same_keys:
+            values = dict(self.values)  # the same keys: the order holds
+            for key in changed:
+                if key in entries:
+                    values[key] = entries[key][1]
+        else:  # a key came or went: the values stay in key order
+            self._entries = entries = {key: entries[key] for key in mapping}
+            values = {key: value for key, (_, value) in entries.items()}
+        self.values = values
+        return changed
+
+
+def _noted(dirty: set[str] | None, changed: frozenset[str] | None) -> set[str] | None:
+    """Names changed since the digest looked, given the keys an update looked at."""
+    if changed is None:
+        return None
+    if dirty is not None:
+        dirty.update(changed)
+    return dirty
+
+
 def _changes(
     current: Mapping[str, object], previous: Mapping[str, object] | None
 ) -> frozenset[str] | None:
@@ -521,6 +513,14 @@ def _app(record: AppRecord) -> AppSpec:
         retired=record.retired,
         blocked=record.blocked,
     )
+
+
+def _record_of(placed: CurrentPlacement) -> PlacementRecord:
+    return placed.record
+
+
+def _placement_of(placed: CurrentPlacement) -> Placement:
+    return _placement(placed.record)
 
 
 def _placement(record: PlacementRecord) -> Placement:
@@ -727,7 +727,7 @@ def _joined_apps(apps: tuple[AppSpec, ...], cache: InputCache) -> str:
     if apps is cache._apps_out and cache._apps_dirty is not None:
         # Built by the cache: only the apps it changed since need a new text.
         names: Iterable[str] = cache._apps_names
-        specs = cache._app_spec
+        specs = cache._apps.values
         for name in cache._apps_dirty:
             spec = specs.get(name)
             if spec is None:
@@ -759,7 +759,7 @@ def _joined_apps(apps: tuple[AppSpec, ...], cache: InputCache) -> str:
 def _joined_placements(placements: Mapping[str, Placement], cache: InputCache) -> str:
     """``"<app>":<canonical text>`` of each placement (sorted by app), joined by commas."""
     texts = cache._placement_text
-    if placements is cache._placements_out and cache._placements_dirty is not None:
+    if placements is cache._placements.values and cache._placements_dirty is not None:
         names: Iterable[str] = placements  # built by the cache: in app order
         for app in cache._placements_dirty:
             value = placements.get(app)
@@ -779,7 +779,7 @@ def _joined_placements(placements: Mapping[str, Placement], cache: InputCache) -
                 else (value, f"{_encode(app)}:{_encode(_canonical(value))}")
             )
         cache._placement_text = texts = kept
-    if placements is cache._placements_out:
+    if placements is cache._placements.values:
         cache._placements_dirty = set()
         joined = cache._joined.get("placements")
         if joined is not None and joined[0] is placements:
