@@ -86,9 +86,11 @@ class MemoryRegistry(Registry):
         # found by a dict lookup per length, not by trying every prefix watched (a
         # thousand nodes watch a thousand prefixes).
         self._prefix_lengths: list[int] = []
-        # Per watched prefix, the revision of its newest event in the history: a watcher
-        # woken with nothing new for it does not look through the history.
-        self._newest: dict[str, int] = {}
+        # Per watched prefix, its events in the history (and maybe a few older, dropped
+        # lazily): a watcher looks through its own events only, not through every
+        # event since it last looked (when a key a thousand nodes watch changes after
+        # a long while, each of them would look through the whole history).
+        self._prefix_events: dict[str, list[WatchEvent]] = {}
         self._keeper: object | None = None
         self._keeper_lot: trio.lowlevel.ParkingLot | None = None
         self._keeper_wake = math.inf
@@ -198,9 +200,9 @@ class MemoryRegistry(Registry):
                     if self._dropped.get(prefix, 0) >= next_revision:
                         raise RevisionCompacted(next_revision, self._compacted)
                     next_revision = self._compacted + 1
-                if self._newest.get(prefix, 0) >= next_revision:
-                    first = bisect.bisect_left(self._event_revisions, next_revision)
-                    batch = [e for e in self._events[first:] if e.kv.key.startswith(prefix)]
+                own = self._prefix_events[prefix]
+                if own and own[-1].kv.mod_revision >= next_revision:
+                    batch = own[bisect.bisect_left(own, next_revision, key=_revision_of) :]
                 else:
                     batch = []  # woken for the deadlines, or nothing of this prefix since
                 next_revision = self._revision + 1
@@ -227,10 +229,8 @@ class MemoryRegistry(Registry):
             lot = self._lots[prefix] = trio.lowlevel.ParkingLot()
             if len(prefix) not in self._prefix_lengths:
                 bisect.insort(self._prefix_lengths, len(prefix))
-            for event in reversed(self._events):  # once per prefix ever watched
-                if event.kv.key.startswith(prefix):
-                    self._newest[prefix] = event.kv.mod_revision
-                    break
+            # (once per prefix ever watched)
+            self._prefix_events[prefix] = [e for e in self._events if e.kv.key.startswith(prefix)]
         return lot
 
     def _watched(self, key: str) -> Iterator[str]:
@@ -389,7 +389,14 @@ class MemoryRegistry(Registry):
         woken: set[str] = set()
         for event in events:
             for prefix in self._watched(event.kv.key):
-                self._newest[prefix] = event.kv.mod_revision
+                own = self._prefix_events[prefix]
+                own.append(event)
+                if len(own) > 2 * self._history:
+                    del own[: len(own) - self._history]  # older than the history keeps
                 if prefix not in woken:
                     woken.add(prefix)
                     self._lots[prefix].unpark_all()
+
+
+def _revision_of(event: WatchEvent) -> int:
+    return event.kv.mod_revision
