@@ -8,9 +8,13 @@ when a delay is set, sleeps until each frame's delivery time, so frames from one
 sender arrive in order however the delay changes. A frame whose link was cut,
 or whose receiver was killed, while it was in flight is dropped on delivery.
 
-Every fault that makes two nodes unreachable to each other (a partition cut, a
-kill, a transport closing) is reported to both ends' ``on_peer_lost`` handlers
-at once, as a real transport reports a closed connection.
+Two nodes are linked from the first frame either sends the other until a fault
+makes them unreachable to each other (a partition cut, a kill, a transport
+closing); the next frame links them again. A fault that cuts a link is reported
+to both ends' ``on_peer_lost`` handlers at once, as a real transport reports a
+closed connection: to the peers a node talked to, not to every node of the
+network (a thousand nodes that never talk would otherwise each hear of every other
+one's end).
 
 Everything that moves is bytes, exactly as a real wire would carry.
 Randomness comes only from the injected ``random.Random``.
@@ -58,6 +62,9 @@ class MemoryNetwork:
         self._nodes: dict[str, MemoryTransport] = {}
         self._killed: set[str] = set()
         self._cuts: set[frozenset[str]] = set()
+        # node -> the nodes it is linked to (a frame went between them since the last
+        # fault that cut them apart)
+        self._links: dict[str, set[str]] = {}
         self._drop_rate = 0.0
         self._delay = 0.0
         #: frames accepted for delivery, dropped by the dice, and dropped in flight
@@ -115,8 +122,9 @@ class MemoryNetwork:
         lost: set[tuple[str, str]] = set()
         for cut in cuts - self._cuts:
             a, b = sorted(cut)
-            if self._linked(a, b):
+            if b in self._links.get(a, ()) and self._linked(a, b):
                 lost.update(((a, b), (b, a)))
+                self._unlink(a, b)
         self._cuts |= cuts
         for transport in self._nodes.values():
             transport._discard_unreachable()
@@ -128,7 +136,7 @@ class MemoryNetwork:
 
     def kill(self, node_id: str) -> None:
         """Make a node unreachable: it neither sends nor receives; its inbox is lost."""
-        peers = self._linked_to(node_id)
+        peers = self._cut_links(node_id)
         self._killed.add(node_id)
         transport = self._nodes.get(node_id)
         if transport is not None:
@@ -161,13 +169,17 @@ class MemoryNetwork:
             and self.reachable(b, a)
         )
 
-    def _linked_to(self, node_id: str) -> list[str]:
-        """The open nodes that can reach ``node_id``, and be reached by it, right now.
+    def _cut_links(self, node_id: str) -> list[str]:
+        """Cut every link of ``node_id``; returns its peers that could reach it, and be
+        reached by it, until now (sorted)."""
+        peers = sorted(peer for peer in self._links.pop(node_id, ()) if self._linked(peer, node_id))
+        for peer in peers:
+            self._links.get(peer, set()).discard(node_id)
+        return peers
 
-        A fault concerns the links of the nodes it hits only: finding them costs
-        O(nodes), not O(nodes²) (a thousand-node fleet kills and closes nodes too).
-        """
-        return [peer for peer in self._nodes if self._linked(peer, node_id)]
+    def _unlink(self, a: str, b: str) -> None:
+        self._links.get(a, set()).discard(b)
+        self._links.get(b, set()).discard(a)
 
     def _report_lost(self, lost: set[tuple[str, str]]) -> None:
         """Tell each observer about every peer of ``lost`` ((observer, peer) pairs a
@@ -179,11 +191,11 @@ class MemoryNetwork:
 
     def _closing(self, node_id: str) -> None:
         """A transport is closing: its peers lose it."""
-        peers = self._linked_to(node_id)
+        peers = self._cut_links(node_id)
         transport = self._nodes.get(node_id)
         if transport is not None:
             transport._closed = True
-        for observer in sorted(peers):
+        for observer in peers:
             self._nodes[observer]._peer_lost(node_id, f"node {node_id!r} closed its transport")
 
     # ------------------------------------------------------------------ delivery
@@ -191,6 +203,10 @@ class MemoryNetwork:
     def _send(self, sender: str, receiver: str, data: bytes) -> None:
         if not self.reachable(sender, receiver):
             raise PeerUnavailable(self._why_unreachable(sender, receiver))
+        linked = self._links.get(sender)
+        if linked is None or receiver not in linked:
+            self._links.setdefault(sender, set()).add(receiver)
+            self._links.setdefault(receiver, set()).add(sender)
         if self._drop_rate and self._random.random() < self._drop_rate:
             self.stats["dropped"] += 1
             return

@@ -184,6 +184,17 @@ def test_bad_fault_settings_are_refused() -> None:
         network.set_delay(-1)
 
 
+async def _link(*transports: MemoryTransport) -> None:
+    """Link every pair: a frame each way (then drained), as nodes that talk are linked."""
+    for sender in transports:
+        for receiver in transports:
+            if sender is not receiver:
+                await sender.send(receiver.node_id, b"hi")
+    for receiver in transports:
+        for _ in range(len(transports) - 1):
+            await receiver.receive()
+
+
 def _record_losses(*transports: MemoryTransport) -> list[tuple[str, str, str]]:
     """(observer, lost peer, reason) for every on_peer_lost report, in order."""
     seen: list[tuple[str, str, str]] = []
@@ -197,6 +208,7 @@ def _record_losses(*transports: MemoryTransport) -> list[tuple[str, str, str]]:
 async def test_a_kill_is_reported_to_both_ends_once() -> None:
     network = MemoryNetwork()
     a, b, c = (network.connect(n) for n in "abc")
+    await _link(a, b, c)
     seen = _record_losses(a, b, c)
     network.kill("b")
     assert [(o, p) for o, p, _ in seen] == [("a", "b"), ("b", "a"), ("b", "c"), ("c", "b")]
@@ -206,13 +218,31 @@ async def test_a_kill_is_reported_to_both_ends_once() -> None:
     assert len(seen) == 4
     network.revive("b")
     network.heal()
-    network.kill("b")  # reachable again in between: reported again
+    network.kill("b")  # reachable again, but no frame linked them again: nothing
+    assert len(seen) == 4
+    network.revive("b")
+    await _link(a, b, c)
+    network.kill("b")  # linked again in between: reported again
     assert len(seen) == 8
+
+
+async def test_nodes_that_never_talked_hear_nothing_of_each_other() -> None:
+    network = MemoryNetwork()
+    a, b, c = (network.connect(n) for n in "abc")
+    await _link(a, b)
+    seen = _record_losses(a, b, c)
+    network.kill("c")  # linked to nobody
+    network.partition({"a"}, {"c"})
+    await c.aclose()
+    assert seen == []
+    network.kill("b")
+    assert [(o, p) for o, p, _ in seen] == [("a", "b"), ("b", "a")]
 
 
 async def test_a_partition_reports_only_the_links_it_newly_cuts() -> None:
     network = MemoryNetwork()
     a, b, c = (network.connect(n) for n in "abc")
+    await _link(a, b, c)
     seen = _record_losses(a, b, c)
     network.partition({"a"}, {"b"})
     assert [(o, p) for o, p, _ in seen] == [("a", "b"), ("b", "a")]
@@ -224,6 +254,7 @@ async def test_a_partition_reports_only_the_links_it_newly_cuts() -> None:
 async def test_closing_a_transport_is_reported_to_its_peers() -> None:
     network = MemoryNetwork()
     a, b = network.connect("a"), network.connect("b")
+    await _link(a, b)
     seen = _record_losses(a, b)
     await b.aclose()
     assert seen == [("a", "b", "node 'b' closed its transport")]
@@ -233,7 +264,8 @@ async def test_peer_lost_handlers_can_leave_and_a_failing_one_spoils_nothing(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     network = MemoryNetwork()
-    a, _ = network.connect("a"), network.connect("b")
+    a, b = network.connect("a"), network.connect("b")
+    await _link(a, b)
     calls: list[str] = []
 
     def broken(event: PeerLost) -> None:
@@ -247,5 +279,6 @@ async def test_peer_lost_handlers_can_leave_and_a_failing_one_spoils_nothing(
     remove()
     remove()  # idempotent
     network.revive("b")
+    await _link(a, b)
     network.kill("b")
     assert calls == ["b"]
