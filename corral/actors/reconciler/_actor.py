@@ -333,8 +333,10 @@ class Reconciler(Actor):
         self._rescan = False
         # The records of the apps this node serves or keeps state for, as last read.
         self._records: dict[str, AppRecord] = {}
-        # key -> (mod_revision, decoded) of the records read by name (see _decode).
+        # key -> (mod_revision, decoded) of the records read by name (see _decode), and
+        # the apps of the assignment index at its mod_revision (see _indexed).
         self._decoded: dict[str, tuple[int, object]] = {}
+        self._index_apps: tuple[int, dict[str, str] | None] | None = None
         self._placed: dict[str, PlacementRecord] = {}
         self._unknown: set[str] = set()
         # The mod revision of this node's record as the last pass left it.
@@ -448,7 +450,7 @@ class Reconciler(Actor):
             token = 0 if index is None else index.mod_revision
             own_revision = 0 if own is None else own.mod_revision
             summary.token = token
-            indexed = _indexed_apps(None if index is None else self._decode(index))
+            indexed = self._indexed(index)
             generation = await self._processes.ask(ProcessGeneration(), self._ask_timeout)
             now = trio.current_time()
             # The index lists what the coordinator assigns this node: only an index that
@@ -544,6 +546,17 @@ class Reconciler(Actor):
             for i, name in enumerate(chunk):
                 self._update_cached(name, result.responses[2 * i], result.responses[2 * i + 1])
 
+    def _indexed(self, index: KeyValue | None) -> dict[str, str] | None:
+        """:func:`_indexed_apps` of the index read, once per version (every pass reads it,
+        and it moves only when the coordinator changes what the node is assigned); the
+        pass reads it, never alters it."""
+        if index is None:
+            return {}
+        known = self._index_apps
+        if known is None or known[0] != index.mod_revision:
+            known = self._index_apps = (index.mod_revision, _indexed_apps(self._decode(index)))
+        return known[1]
+
     def _decode(self, kv: KeyValue) -> object:
         """``kv`` decoded, once per version: the periodic refresh reads every app that
         concerns the node again, and most of them have not moved (decoding was about a
@@ -630,7 +643,8 @@ class Reconciler(Actor):
             summary.actions.append(outcome)
 
         self._draining -= stopping  # stopped now: no longer in the serving set
-        rows = await self._processes.ask(ListProcesses(), self._ask_timeout)
+        if summary.actions or stopping:  # the table as the actions left it
+            rows = await self._processes.ask(ListProcesses(), self._ask_timeout)
         serving = serving_set(rows, self._failed.values())
         summary.serving = len(serving)
         summary.published = await self._publish(serving, summary, own)
@@ -873,7 +887,7 @@ class Reconciler(Actor):
                     "later pass"
                 )
                 return False
-            record = decode_record(current.key, current.value)
+            record = self._decode(current)
             if not isinstance(record, NodeRecord):
                 summary.errors.append(f"node record {key} cannot be decoded; not publishing")
                 return False
