@@ -45,6 +45,10 @@ __all__ = ["ViewStore"]
 
 #: Changes kept while no snapshot is loaded (the watch runs ahead of the first read).
 BACKLOG = 100_000
+#: Deleted keys remembered (each with the revision of its deletion) before the store
+#: asks for a fresh snapshot, which needs none: a coordinator that outlives many
+#: deleted apps keeps a bounded mirror.
+TOMBSTONES = 10_000
 
 _Entry = tuple[int, Record | Undecodable | None]  # (revision, record; None: deleted)
 
@@ -56,8 +60,10 @@ class ViewStore:
         backlog: changes kept while no snapshot is loaded.
     """
 
-    def __init__(self, *, backlog: int = BACKLOG) -> None:
+    def __init__(self, *, backlog: int = BACKLOG, tombstones: int = TOMBSTONES) -> None:
         self._entries: dict[str, _Entry] = {}
+        self._tombstones = 0
+        self._max_tombstones = tombstones
         self._pending: dict[str, _Entry] = {}  # changed since the last view
         self._backlog: deque[tuple[str, KeyValue | None, int]] = deque(maxlen=backlog)
         self._dropped_above = 0  # the newest revision the backlog lost
@@ -102,6 +108,7 @@ class ViewStore:
             if known[1] is not None and key not in entries:
                 pending[key] = (revision, None)
         self._entries = entries
+        self._tombstones = 0
         self._pending.update(pending)
         self.loaded = True
         self.revision = revision
@@ -141,7 +148,7 @@ class ViewStore:
             return False
         if kv is None:
             if known is None or known[1] is None:
-                self._entries[key] = (revision, None)  # a tombstone: older puts are old news
+                self._bury(key, revision)  # older puts are old news now
                 return False
             self._set(key, (revision, None))
             return True
@@ -149,8 +156,23 @@ class ViewStore:
         return True
 
     def _set(self, key: str, entry: _Entry) -> None:
-        self._entries[key] = entry
+        known = self._entries.get(key)
+        if entry[1] is None:
+            self._bury(key, entry[0])
+        else:
+            if known is not None and known[1] is None:
+                self._tombstones -= 1
+            self._entries[key] = entry
         self._pending[key] = entry
+
+    def _bury(self, key: str, revision: int) -> None:
+        """Remember ``key`` deleted at ``revision``."""
+        known = self._entries.get(key)
+        if known is None or known[1] is not None:
+            self._tombstones += 1
+        self._entries[key] = (revision, None)
+        if self._tombstones > self._max_tombstones:
+            self.invalidate()  # the next pass reads a snapshot: it needs no tombstone
 
     def view(self) -> RegistryView:
         """The records as they stand: a section that nothing touched since the last view

@@ -219,3 +219,22 @@ def test_an_overflowing_backlog_that_lost_newer_changes_asks_for_a_new_read() ->
     assert not store.loaded
     store.load(list(registry.kvs.values()), registry.revision)
     assert set(store.view().apps) == set(APPS)
+
+
+def test_many_deleted_keys_ask_for_a_new_read_rather_than_piling_up() -> None:
+    registry = Registry()
+    for app in APPS:
+        registry.put(app_key(app), AppRecord(app).encode())
+    store = ViewStore(tombstones=3)
+    store.load(list(registry.kvs.values()), registry.revision)
+    for app in APPS[:3]:
+        deletion = registry.delete(app_key(app))
+        assert deletion is not None
+        assert store.apply(*deletion)
+    assert store.loaded
+    deletion = registry.delete(app_key(APPS[3]))
+    assert deletion is not None
+    store.apply(*deletion)
+    assert not store.loaded  # a fresh snapshot remembers no deletion
+    store.load(list(registry.kvs.values()), registry.revision)
+    assert dict(store.view().apps) == {}
