@@ -709,9 +709,12 @@ class Cluster:
         return intervals
 
     async def aclose(self) -> None:
-        """Stop every running node cleanly (in reverse id order)."""
-        for node_id in sorted(self.nodes, reverse=True):
-            await self.stop(node_id)
+        """Stop every running node cleanly, all at once (one by one, each stop handed the
+        lease to the next node and moved the work of the one that left: a thousand
+        nodes ran a thousand placement passes on their way out)."""
+        async with trio.open_nursery() as nursery:
+            for node_id in sorted(self.nodes, reverse=True):
+                nursery.start_soon(self.stop, node_id)
 
 
 @asynccontextmanager
