@@ -78,8 +78,11 @@ class Remote(Protocol):
     async def ask(self, address: str, node: str, message: object, timeout: float) -> Any:  # noqa: ASYNC109
         """Send ``message`` as an ask and return the reply (or raise its error)."""
 
-    async def reply(self, peer: str, correlation_id: int, result: outcome.Outcome[Any]) -> None:
-        """Answer the ask ``correlation_id`` that came from ``peer``, now."""
+    async def reply(self, peer: str, correlation_id: int, value: object) -> None:
+        """Answer the ask ``correlation_id`` that came from ``peer`` with ``value``, now."""
+
+    async def reply_error(self, peer: str, correlation_id: int, error: BaseException) -> None:
+        """Answer it with ``error`` (the asker gets a typed error or RemoteError), now."""
 
     def queue_reply(self, peer: str, correlation_id: int, result: outcome.Outcome[Any]) -> None:
         """Answer it without waiting (queued behind earlier frames to ``peer``)."""

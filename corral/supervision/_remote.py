@@ -2,7 +2,7 @@
 
 Refs to remote actors and asks that came from other nodes reach the bridge only
 through the small :class:`~corral.supervision._ref.Remote` protocol: ``tell``,
-``tell_nowait``, ``ask``, ``reply`` and ``queue_reply``. Outgoing messages are
+``tell_nowait``, ``ask``, ``reply``, ``reply_error`` and ``queue_reply``. Outgoing messages are
 encoded into envelopes and handed to the transport. Arriving frames are routed
 by the pure :func:`~corral.supervision._route.route` and the bridge carries the
 decision out: a message goes into the target's mailbox, a reply resolves the
@@ -128,7 +128,10 @@ class Unreachable:
     async def ask(self, address: str, node: str, message: object, timeout: float) -> Any:  # noqa: ASYNC109
         raise self._error(node)
 
-    async def reply(self, peer: str, correlation_id: int, result: outcome.Outcome[Any]) -> None:
+    async def reply(self, peer: str, correlation_id: int, value: object) -> None:
+        await trio.lowlevel.checkpoint()
+
+    async def reply_error(self, peer: str, correlation_id: int, error: BaseException) -> None:
         await trio.lowlevel.checkpoint()
 
     def queue_reply(self, peer: str, correlation_id: int, result: outcome.Outcome[Any]) -> None:
@@ -309,29 +312,31 @@ class RemoteBridge:
                     )
                 )
 
-    def _reply_frame(self, peer: str, correlation_id: int, result: outcome.Outcome[Any]) -> bytes:
-        """Encode the reply (or error) envelope for an ask from ``peer``."""
-        ident = next(self._ids)
-        to = f"{peer}/"
-        if type(result) is outcome.Value:  # not isinstance: Outcome is an ABC, slow to test
-            value = result.value
-            kind = message_kind(value)
-            try:
-                if kind is not None:
-                    body = [kind, encode_message(value)[1]]
-                else:
-                    body = [None, encode_value(value)]
-                return encode_envelope(
-                    Envelope(ident, to, self._address, "reply", body, correlation_id), self.limits
-                )
-            except FrameTooLarge as exc:
-                code, text = ErrorCode.FRAME_TOO_LARGE, f"the reply is too large: {exc}"
-            except (FrameError, TypeError, ValueError) as exc:
-                code, text = ErrorCode.REPLY_NOT_ENCODABLE, f"the reply cannot be sent: {exc}"
-        else:
-            assert isinstance(result, outcome.Error)
-            code, text = _error_code(result.error)
+    def _reply_frame(self, peer: str, correlation_id: int, value: object) -> bytes:
+        """Encode the reply envelope answering the ask ``correlation_id`` from ``peer``
+        with ``value``, or an error envelope saying why ``value`` cannot be sent."""
+        kind = message_kind(value)
+        try:
+            if kind is not None:
+                body = [kind, encode_message(value)[1]]
+            else:
+                body = [None, encode_value(value)]
+            return encode_envelope(
+                Envelope(next(self._ids), f"{peer}/", self._address, "reply", body, correlation_id),
+                self.limits,
+            )
+        except FrameTooLarge as exc:
+            code, text = ErrorCode.FRAME_TOO_LARGE, f"the reply is too large: {exc}"
+        except (FrameError, TypeError, ValueError) as exc:
+            code, text = ErrorCode.REPLY_NOT_ENCODABLE, f"the reply cannot be sent: {exc}"
         return self._error_frame(peer, correlation_id, code, text)
+
+    def _outcome_frame(self, peer: str, correlation_id: int, result: outcome.Outcome[Any]) -> bytes:
+        """The reply or error envelope carrying ``result``."""
+        if type(result) is outcome.Value:  # not isinstance: Outcome is an ABC, slow to test
+            return self._reply_frame(peer, correlation_id, result.value)
+        assert isinstance(result, outcome.Error)
+        return self._error_frame(peer, correlation_id, *_error_code(result.error))
 
     def _error_frame(self, peer: str, correlation_id: int, code: str, text: str) -> bytes:
         """An ``"error"`` envelope; the message is shortened until the frame fits the limit."""
@@ -354,13 +359,25 @@ class RemoteBridge:
             f"even an empty error reply exceeds {self.limits.max_frame_bytes} bytes"
         )
 
-    async def reply(self, peer: str, correlation_id: int, result: outcome.Outcome[Any]) -> None:
-        """Answer the ask ``correlation_id`` from ``peer`` now, from the caller's task."""
+    async def reply(self, peer: str, correlation_id: int, value: object) -> None:
+        """Answer the ask ``correlation_id`` from ``peer`` with ``value``, now, from this task."""
         try:
-            data = self._reply_frame(peer, correlation_id, result)
+            data = self._reply_frame(peer, correlation_id, value)
         except FrameError as exc:
             logger.warning("%s: cannot answer %s: %s", self.node_id, peer, exc)
             return
+        await self._send_reply(peer, data)
+
+    async def reply_error(self, peer: str, correlation_id: int, error: BaseException) -> None:
+        """Answer the ask ``correlation_id`` from ``peer`` with ``error`` now."""
+        try:
+            data = self._error_frame(peer, correlation_id, *_error_code(error))
+        except FrameError as exc:
+            logger.warning("%s: cannot answer %s: %s", self.node_id, peer, exc)
+            return
+        await self._send_reply(peer, data)
+
+    async def _send_reply(self, peer: str, data: bytes) -> None:
         try:
             if self._queued.get(peer):
                 await self._send_frame(peer, data)
@@ -373,7 +390,7 @@ class RemoteBridge:
     def queue_reply(self, peer: str, correlation_id: int, result: outcome.Outcome[Any]) -> None:
         """Answer the ask ``correlation_id`` from ``peer`` through the outbox (never waits)."""
         try:
-            self._queue_frame(peer, self._reply_frame(peer, correlation_id, result))
+            self._queue_frame(peer, self._outcome_frame(peer, correlation_id, result))
         except FrameError as exc:
             logger.warning("%s: cannot answer %s: %s", self.node_id, peer, exc)
 
