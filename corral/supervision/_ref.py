@@ -117,7 +117,7 @@ class ActorRef:
     messages are passed as Python objects, remote ones are encoded.
     """
 
-    __slots__ = ("_cell", "_directory", "_is_remote", "_link", "node_id", "path")
+    __slots__ = ("_address", "_cell", "_directory", "_is_remote", "_link", "node_id", "path")
 
     def __init__(
         self,
@@ -134,11 +134,12 @@ class ActorRef:
         self.path = path
         self._cell = cell
         self._is_remote = remote
+        self._address = f"{node_id}{path}"  # built once: every remote message carries it
 
     @property
     def address(self) -> str:
         """``"<node>/<path>"``, e.g. ``"node-b/coordinator"``."""
-        return f"{self.node_id}{self.path}"
+        return self._address
 
     @property
     def is_remote(self) -> bool:
@@ -186,7 +187,7 @@ class ActorRef:
             ActorNotFound, ActorStopped, UnhandledMessage: as for :meth:`tell`.
         """
         if self._is_remote:
-            self._link.tell_nowait(self.address, self.node_id, message)
+            self._link.tell_nowait(self._address, self.node_id, message)
             return
         for _ in range(2):
             cell = self._resolve()
@@ -207,7 +208,7 @@ class ActorRef:
 
     async def _tell_slow(self, message: object) -> None:
         if self._is_remote:
-            await self._link.tell(self.address, self.node_id, message)
+            await self._link.tell(self._address, self.node_id, message)
             return
         for _ in range(2):
             self._cell = None
@@ -255,7 +256,7 @@ class ActorRef:
             PeerUnavailable, PeerBusy, SchemaError, FrameError: remote only, sending side.
         """
         if self._is_remote:
-            return await self._link.ask(self.address, self.node_id, message, timeout)
+            return await self._link.ask(self._address, self.node_id, message, timeout)
         cell = self._cell
         if cell is None or cell.closed:
             cell = self._resolve()

@@ -91,7 +91,10 @@ class _PendingAsk(Ask):
     __slots__ = ("deadline", "peer", "target", "timeout")
 
     def __init__(self, message: object, peer: str, target: str, timeout: float | None) -> None:
-        super().__init__(message)
+        # Ask.__init__'s three fields set here, without the call: one per remote ask
+        self.message = message
+        self._task = None
+        self._result = None
         self.peer = peer
         self.target = target
         self.timeout = timeout
@@ -366,7 +369,13 @@ class RemoteBridge:
         except FrameError as exc:
             logger.warning("%s: cannot answer %s: %s", self.node_id, peer, exc)
             return
-        await self._send_reply(peer, data)
+        try:  # _send_reply, inlined: this is every remote ask's reply
+            if self._queued.get(peer):
+                await self._send_frame(peer, data)
+            else:  # _send_frame's common case, inlined
+                await self.transport.send(peer, data)
+        except (TransportError, *_CLOSED) as exc:
+            self._reply_lost(peer, exc)
 
     async def reply_error(self, peer: str, correlation_id: int, error: BaseException) -> None:
         """Answer the ask ``correlation_id`` from ``peer`` with ``error`` now."""
@@ -379,13 +388,13 @@ class RemoteBridge:
 
     async def _send_reply(self, peer: str, data: bytes) -> None:
         try:
-            if self._queued.get(peer):
-                await self._send_frame(peer, data)
-            else:  # _send_frame's common case, inlined
-                await self.transport.send(peer, data)
+            await self._send_frame(peer, data)
         except (TransportError, *_CLOSED) as exc:
-            logger.info("%s: reply to %s lost: %s", self.node_id, peer, describe_error(exc))
-            self._emit("transport.reply-lost", "/", peer=peer, error=describe_error(exc))
+            self._reply_lost(peer, exc)
+
+    def _reply_lost(self, peer: str, exc: BaseException) -> None:
+        logger.info("%s: reply to %s lost: %s", self.node_id, peer, describe_error(exc))
+        self._emit("transport.reply-lost", "/", peer=peer, error=describe_error(exc))
 
     def queue_reply(self, peer: str, correlation_id: int, result: outcome.Outcome[Any]) -> None:
         """Answer the ask ``correlation_id`` from ``peer`` through the outbox (never waits)."""
@@ -450,12 +459,22 @@ class RemoteBridge:
         self._heard_from.add(frame.sender)
         try:
             decision = route(frame, self.node_id, self._directory.cells, self.limits)
-            if isinstance(decision, Deliver):
-                await self._deliver(decision)
-            elif isinstance(decision, Reject):
-                self._reject(decision.peer, decision.ask_id, decision.code, decision.reason)
-            else:
+            if type(decision) is Deliver:
+                peer, target, path, _, message, ask_id = decision
+                item = message if ask_id is None else RemoteAsk(self, message, peer, ask_id)
+                send = target.mailbox_send
+                assert send is not None  # route delivers only to targets that take messages
+                try:  # the common case first: room in the mailbox, nothing to wait for
+                    send.send_nowait(item)
+                except trio.WouldBlock:
+                    await self._deliver_when_room(decision, send, item)
+                except _CLOSED:
+                    self._reject(peer, ask_id, ErrorCode.ACTOR_STOPPED, f"actor {path} has stopped")
+            elif type(decision) is Reply:
                 self._on_reply(decision)
+            else:
+                assert type(decision) is Reject
+                self._reject(decision.peer, decision.ask_id, decision.code, decision.reason)
         except Exception as exc:  # never let one frame stop the loop
             logger.exception("%s: internal error on a frame from %s", self.node_id, frame.sender)
             self._reject(frame.sender, None, ErrorCode.MALFORMED_FRAME, describe_error(exc))
@@ -468,21 +487,12 @@ class RemoteBridge:
             return
         slot.resolve(reply.result)
 
-    async def _deliver(self, decision: Deliver[Any]) -> None:
-        peer, ask_id, path = decision.peer, decision.ask_id, decision.path
-        send = decision.target.mailbox_send
-        item: object = decision.message
-        if ask_id is not None:
-            item = RemoteAsk(self, decision.message, peer, ask_id)
-        try:
-            send.send_nowait(item)
-            return
-        except trio.WouldBlock:
-            pass
-        except _CLOSED:
-            self._reject(peer, ask_id, ErrorCode.ACTOR_STOPPED, f"actor {path} has stopped")
-            return
-        # Full mailbox: wait a little (backpressure on the link), then refuse.
+    async def _deliver_when_room(
+        self, decision: Deliver[Any], send: trio.MemorySendChannel[Any], item: object
+    ) -> None:
+        """Put ``item`` in a full mailbox: wait a little for room, then refuse it."""
+        peer, _, path, kind, _, ask_id = decision
+        # Backpressure on the link while it waits.
         with trio.move_on_after(self._delivery_wait):
             try:
                 await send.send(item)
@@ -494,7 +504,7 @@ class RemoteBridge:
             ask_id,
             ErrorCode.MAILBOX_FULL,
             f"the mailbox of {path} on {self.node_id!r} stayed full; "
-            f"a {decision.kind} message was refused",
+            f"a {kind} message was refused",
         )
 
     def on_peer_lost(self, event: PeerLost) -> None:

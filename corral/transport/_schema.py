@@ -46,6 +46,9 @@ _Encoder = Callable[[Any], Any]
 
 _KIND_ATTR = "__corral_kind__"
 _registry: dict[str, type] = {}
+# class -> kind of every class registered with @message: message_kind's answer in
+# one lookup (reading a class's own __dict__ builds a mapping proxy each time)
+_kinds: dict[type, str] = {}
 _validators: dict[type, _Validator] = {}
 _encoders: dict[type, _Encoder] = {}
 # The hot paths of encode_message and decode_message: one dict lookup each
@@ -87,6 +90,7 @@ def message(kind: str) -> Callable[[type[_T]], type[_T]]:
             )
         setattr(cls, _KIND_ATTR, kind)
         _registry[kind] = cls
+        _kinds[cls] = kind
         _validators.pop(cls, None)
         _encoders.pop(cls, None)
         _message_encoders.pop(cls, None)
@@ -103,6 +107,9 @@ def _qualified(cls: type) -> str:
 def message_kind(obj: object) -> str | None:
     """The kind of a registered message instance or class, or None."""
     cls = obj if isinstance(obj, type) else type(obj)
+    kind = _kinds.get(cls)
+    if kind is not None:
+        return kind
     kind = cls.__dict__.get(_KIND_ATTR)
     return kind if isinstance(kind, str) else None
 
