@@ -146,6 +146,75 @@ def test_missing_required_field_is_a_schema_error() -> None:
         decode_message("test.codec.rich", body)
 
 
+@message("test.codec.keywords")
+@dataclass(frozen=True)
+class Keywords:
+    first: int
+    rest: list[int] = field(default_factory=list, kw_only=True)
+    label: str = field(default="", kw_only=True)
+
+
+class PlainMap(dict[str, Any]):
+    """A message's map the compiled straight path of its validator leaves to the
+    general check (a subclass of dict: only a dict itself takes the straight path)."""
+
+
+def decoded_or_refusal(kind: str, body: Any) -> object:
+    try:
+        return decode_message(kind, body)
+    except Exception as exc:
+        return (type(exc), str(exc))
+
+
+cbor_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False)
+    | st.text(max_size=3)
+    | st.binary(max_size=3)
+    | st.sampled_from(["red", "blue", "a", "c"]),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3)
+    ),
+    max_leaves=6,
+)
+
+
+@given(
+    kind=st.sampled_from(["test.codec.rich", "test.codec.keywords", "test.codec.empty"]),
+    drop=st.sets(st.sampled_from([*Rich.__dataclass_fields__, "first", "rest"]), max_size=3),
+    change=st.dictionaries(
+        st.sampled_from([*Rich.__dataclass_fields__, "first", "rest", "label", "public", "odd"]),
+        cbor_values,
+        max_size=3,
+    ),
+)
+@settings(max_examples=300)
+def test_the_compiled_validators_answer_as_the_general_check_does(
+    kind: str, drop: set[str], change: dict[str, Any]
+) -> None:
+    # A map that fits goes the compiled straight path; a map of another type always
+    # takes the general check: both must build the same message or refuse alike.
+    valid = {
+        "test.codec.rich": encode_message(rich())[1],
+        "test.codec.keywords": encode_message(Keywords(1, rest=[2], label="x"))[1],
+        "test.codec.empty": {},
+    }[kind]
+    body = {k: v for k, v in valid.items() if k not in drop} | change
+    straight = decoded_or_refusal(kind, body)
+    assert straight == decoded_or_refusal(kind, PlainMap(body))
+    if body == valid:
+        assert straight == decode_message(kind, valid)
+
+
+def test_keyword_only_fields_are_built_by_name() -> None:
+    assert decode_message("test.codec.keywords", {"first": 1, "rest": [2], "label": "x"}) == (
+        Keywords(1, rest=[2], label="x")
+    )
+    assert decode_message("test.codec.keywords", {"first": 1}) == Keywords(1)
+
+
 def test_unknown_kind_and_unregistered_message() -> None:
     with pytest.raises(UnknownKind, match=r"test\.codec\.nope"):
         decode_message("test.codec.nope", {})
