@@ -264,6 +264,9 @@ def _forget_decoder(max_depth: int) -> None:
 
 
 _CONTAINERS = (list, tuple, dict)
+# Types whose values are never containers: one set lookup rules them out, where
+# isinstance against the three container types takes three tests.
+_SCALARS = frozenset({str, int, float, bool, bytes, type(None)})
 
 
 def _depth_exceeds(value: Any, limit: int) -> bool:
@@ -274,9 +277,11 @@ def _depth_exceeds(value: Any, limit: int) -> bool:
         # The common bodies, a map of scalars or [kind, map of scalars], in one pass
         # without the stack: each container inside may hold no container itself.
         for child in value.values() if isinstance(value, dict) else value:
+            if type(child) in _SCALARS:
+                continue
             if isinstance(child, _CONTAINERS):
                 for grandchild in child.values() if isinstance(child, dict) else child:
-                    if isinstance(grandchild, _CONTAINERS):
+                    if type(grandchild) not in _SCALARS and isinstance(grandchild, _CONTAINERS):
                         break
                 else:
                     continue
