@@ -57,6 +57,7 @@ from corral.supervision._ref import Ask, Directory
 from corral.supervision._route import Deliver, Reject, Reply, route
 from corral.supervision._runtime import RemoteAsk, describe_error
 from corral.transport import (
+    PROTOCOL_VERSION,
     CodecLimits,
     Envelope,
     ErrorCode,
@@ -79,6 +80,9 @@ __all__ = ["RemoteBridge", "Unreachable"]
 logger = logging.getLogger("corral.supervision")
 
 _CLOSED = (trio.ClosedResourceError, trio.BrokenResourceError)
+# Envelope(...) without its Python-level __new__ (a named tuple's), for the two
+# envelopes of every remote ask: all eight fields given, in order.
+_new_envelope = tuple.__new__
 OUTBOX_SIZE = 256
 # The deadline heap drops entries of answered asks lazily; it is rebuilt from the
 # pending asks when it holds this many more than twice their number.
@@ -207,9 +211,8 @@ class RemoteBridge:
 
     def _encode(self, address: str, message: object, ident: int, ask: bool) -> bytes:
         kind, body = encode_message(message)
-        return encode_envelope(
-            Envelope(ident, address, self._address, kind, body, None, ask), self.limits
-        )
+        fields = (ident, address, self._address, kind, body, None, ask, PROTOCOL_VERSION)
+        return encode_envelope(_new_envelope(Envelope, fields), self.limits)
 
     async def tell(self, address: str, node: str, message: object) -> None:
         """Send ``message`` to the actor at ``address`` on ``node``."""
@@ -324,10 +327,9 @@ class RemoteBridge:
                 body = [kind, encode_message(value)[1]]
             else:
                 body = [None, encode_value(value)]
-            return encode_envelope(
-                Envelope(next(self._ids), f"{peer}/", self._address, "reply", body, correlation_id),
-                self.limits,
-            )
+            ident, to, sender = next(self._ids), f"{peer}/", self._address
+            fields = (ident, to, sender, "reply", body, correlation_id, False, PROTOCOL_VERSION)
+            return encode_envelope(_new_envelope(Envelope, fields), self.limits)
         except FrameTooLarge as exc:
             code, text = ErrorCode.FRAME_TOO_LARGE, f"the reply is too large: {exc}"
         except (FrameError, TypeError, ValueError) as exc:
@@ -503,8 +505,7 @@ class RemoteBridge:
             peer,
             ask_id,
             ErrorCode.MAILBOX_FULL,
-            f"the mailbox of {path} on {self.node_id!r} stayed full; "
-            f"a {kind} message was refused",
+            f"the mailbox of {path} on {self.node_id!r} stayed full; a {kind} message was refused",
         )
 
     def on_peer_lost(self, event: PeerLost) -> None:
