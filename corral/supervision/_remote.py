@@ -241,7 +241,9 @@ class RemoteBridge:
         elif not timeout >= 0:
             raise ValueError(f"an ask's timeout must be >= 0 seconds, not {timeout!r}")
         ident = next(self._ids)
-        data = self._encode(address, message, ident, True)
+        kind, body = encode_message(message)  # _encode, inlined: every ask's path
+        fields = (ident, address, self._address, kind, body, None, True, PROTOCOL_VERSION)
+        data = encode_envelope(_new_envelope(Envelope, fields), self.limits)
         slot = _PendingAsk(message, node, address, timeout)
         timer = self._timer
         if timer is None:  # not attached, or shut down: no timer task to rely on

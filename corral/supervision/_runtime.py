@@ -157,6 +157,7 @@ class Cell:
         "stop_requested",
         "supervisor",
         "system",
+        "takes_messages",
         "task",
     )
 
@@ -185,6 +186,8 @@ class Cell:
             self.mailbox_send, self.mailbox_receive = trio.open_memory_channel[Any](mailbox_size)
         else:
             self.mailbox_send = self.mailbox_receive = None
+        #: whether messages can be put in this cell (an actor's), for the frame router
+        self.takes_messages = self.mailbox_send is not None
         self.state = "starting"
         self.handled = 0
         self.restarts = 0
@@ -197,11 +200,6 @@ class Cell:
         self.self_stop = False
         self.supervisor: SupervisorRun | None = None
         self.ref = ActorRef(directory, link, system.node_id, path, self, False)
-
-    @property
-    def takes_messages(self) -> bool:
-        """Whether messages can be put in this cell (an actor's), for the frame router."""
-        return self.mailbox_send is not None
 
     # ------------------------------------------------------------------ stopping
 
