@@ -2,15 +2,16 @@
 
 Refs to remote actors and asks that came from other nodes reach the bridge only
 through the small :class:`~corral.supervision._ref.Remote` protocol: ``tell``,
-``tell_nowait``, ``ask``, ``reply``, ``reply_error`` and ``queue_reply``. Outgoing messages are
-encoded into envelopes and handed to the transport. Arriving frames are routed
-by the pure :func:`~corral.supervision._route.route` and the bridge carries the
-decision out: a message goes into the target's mailbox, a reply resolves the
-ask waiting for it, a refusal is logged (within :attr:`RemoteBridge.rejection_log`'s
-budget per peer), recorded as a ``transport.rejected`` event and, for an ask,
-answered with an ``"error"`` envelope. The transport's own receiving task does
-this when it can (:meth:`~corral.transport.Transport.deliver_frames_to`: one
-task switch less per frame); otherwise a receive loop of the bridge does.
+``tell_nowait``, ``ask``, ``reply``, ``reply_error`` and ``queue_reply``. Outgoing
+messages are encoded into envelopes and handed to the transport. Arriving frames
+are routed by the pure :func:`~corral.supervision._route.route` and the bridge
+carries the decision out: a message goes into the target's mailbox, a reply
+resolves the ask waiting for it, a refusal is logged (within
+:attr:`RemoteBridge.rejection_log`'s budget per peer), recorded as a
+``transport.rejected`` event and, for an ask, answered with an ``"error"`` envelope.
+The transport's own receiving task does this when it can
+(:meth:`~corral.transport.Transport.deliver_frames_to`: one task switch less per
+frame); otherwise a receive loop of the bridge does.
 
 An ask waiting for a remote reply fails with ``PeerUnavailable`` as soon as the
 transport reports that peer lost (:meth:`~corral.transport.Transport.on_peer_lost`),

@@ -231,12 +231,6 @@ class _WriteLock:
     def locked(self) -> bool:
         return self.held
 
-    def acquire_nowait(self) -> None:
-        """Take the lock, which the caller knows to be free."""
-        if self.held:
-            raise trio.WouldBlock
-        self.held = True
-
     def release(self) -> None:
         self.held = False
         if self._parked:
@@ -385,7 +379,8 @@ class WebSocketTransport(Transport):
         self._refusal_log = LogBudget(burst=5, interval=60.0)
         self._handler: FrameHandler | None = None
         self._backlog_delivered = trio.Event()  # frames queued before the handler are out
-        self._handler_ready = False  # the same, read on every frame without a call
+        # set with _backlog_delivered; a plain flag, read on every frame without a call
+        self._handler_ready = False
         for peer, address in peers.items():
             self.add_peer(peer, address)
 
