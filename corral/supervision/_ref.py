@@ -78,8 +78,11 @@ class Remote(Protocol):
     async def ask(self, address: str, node: str, message: object, timeout: float) -> Any:  # noqa: ASYNC109
         """Send ``message`` as an ask and return the reply (or raise its error)."""
 
-    async def reply(self, peer: str, correlation_id: int, result: outcome.Outcome[Any]) -> None:
-        """Answer the ask ``correlation_id`` that came from ``peer``, now."""
+    async def reply(self, peer: str, correlation_id: int, value: object) -> None:
+        """Answer the ask ``correlation_id`` that came from ``peer`` with ``value``, now."""
+
+    async def reply_error(self, peer: str, correlation_id: int, error: BaseException) -> None:
+        """Answer it with ``error`` (the asker gets a typed error or RemoteError), now."""
 
     def queue_reply(self, peer: str, correlation_id: int, result: outcome.Outcome[Any]) -> None:
         """Answer it without waiting (queued behind earlier frames to ``peer``)."""
@@ -114,7 +117,7 @@ class ActorRef:
     messages are passed as Python objects, remote ones are encoded.
     """
 
-    __slots__ = ("_cell", "_directory", "_is_remote", "_link", "node_id", "path")
+    __slots__ = ("_address", "_cell", "_directory", "_is_remote", "_link", "node_id", "path")
 
     def __init__(
         self,
@@ -131,11 +134,12 @@ class ActorRef:
         self.path = path
         self._cell = cell
         self._is_remote = remote
+        self._address = f"{node_id}{path}"  # built once: every remote message carries it
 
     @property
     def address(self) -> str:
         """``"<node>/<path>"``, e.g. ``"node-b/coordinator"``."""
-        return f"{self.node_id}{self.path}"
+        return self._address
 
     @property
     def is_remote(self) -> bool:
@@ -183,7 +187,7 @@ class ActorRef:
             ActorNotFound, ActorStopped, UnhandledMessage: as for :meth:`tell`.
         """
         if self._is_remote:
-            self._link.tell_nowait(self.address, self.node_id, message)
+            self._link.tell_nowait(self._address, self.node_id, message)
             return
         for _ in range(2):
             cell = self._resolve()
@@ -204,7 +208,7 @@ class ActorRef:
 
     async def _tell_slow(self, message: object) -> None:
         if self._is_remote:
-            await self._link.tell(self.address, self.node_id, message)
+            await self._link.tell(self._address, self.node_id, message)
             return
         for _ in range(2):
             self._cell = None
@@ -252,7 +256,7 @@ class ActorRef:
             PeerUnavailable, PeerBusy, SchemaError, FrameError: remote only, sending side.
         """
         if self._is_remote:
-            return await self._link.ask(self.address, self.node_id, message, timeout)
+            return await self._link.ask(self._address, self.node_id, message, timeout)
         cell = self._cell
         if cell is None or cell.closed:
             cell = self._resolve()

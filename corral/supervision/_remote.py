@@ -2,15 +2,16 @@
 
 Refs to remote actors and asks that came from other nodes reach the bridge only
 through the small :class:`~corral.supervision._ref.Remote` protocol: ``tell``,
-``tell_nowait``, ``ask``, ``reply`` and ``queue_reply``. Outgoing messages are
-encoded into envelopes and handed to the transport. Arriving frames are routed
-by the pure :func:`~corral.supervision._route.route` and the bridge carries the
-decision out: a message goes into the target's mailbox, a reply resolves the
-ask waiting for it, a refusal is logged (within :attr:`RemoteBridge.rejection_log`'s
-budget per peer), recorded as a ``transport.rejected`` event and, for an ask,
-answered with an ``"error"`` envelope. The transport's own receiving task does
-this when it can (:meth:`~corral.transport.Transport.deliver_frames_to`: one
-task switch less per frame); otherwise a receive loop of the bridge does.
+``tell_nowait``, ``ask``, ``reply``, ``reply_error`` and ``queue_reply``. Outgoing
+messages are encoded into envelopes and handed to the transport. Arriving frames
+are routed by the pure :func:`~corral.supervision._route.route` and the bridge
+carries the decision out: a message goes into the target's mailbox, a reply
+resolves the ask waiting for it, a refusal is logged (within
+:attr:`RemoteBridge.rejection_log`'s budget per peer), recorded as a
+``transport.rejected`` event and, for an ask, answered with an ``"error"`` envelope.
+The transport's own receiving task does this when it can
+(:meth:`~corral.transport.Transport.deliver_frames_to`: one task switch less per
+frame); otherwise a receive loop of the bridge does.
 
 An ask waiting for a remote reply fails with ``PeerUnavailable`` as soon as the
 transport reports that peer lost (:meth:`~corral.transport.Transport.on_peer_lost`),
@@ -57,6 +58,7 @@ from corral.supervision._ref import Ask, Directory
 from corral.supervision._route import Deliver, Reject, Reply, route
 from corral.supervision._runtime import RemoteAsk, describe_error
 from corral.transport import (
+    PROTOCOL_VERSION,
     CodecLimits,
     Envelope,
     ErrorCode,
@@ -79,6 +81,9 @@ __all__ = ["RemoteBridge", "Unreachable"]
 logger = logging.getLogger("corral.supervision")
 
 _CLOSED = (trio.ClosedResourceError, trio.BrokenResourceError)
+# Envelope(...) without its Python-level __new__ (a named tuple's), for the two
+# envelopes of every remote ask: all eight fields given, in order.
+_new_envelope = tuple.__new__
 OUTBOX_SIZE = 256
 # The deadline heap drops entries of answered asks lazily; it is rebuilt from the
 # pending asks when it holds this many more than twice their number.
@@ -91,7 +96,10 @@ class _PendingAsk(Ask):
     __slots__ = ("deadline", "peer", "target", "timeout")
 
     def __init__(self, message: object, peer: str, target: str, timeout: float | None) -> None:
-        super().__init__(message)
+        # Ask.__init__'s three fields set here, without the call: one per remote ask
+        self.message = message
+        self._task = None
+        self._result = None
         self.peer = peer
         self.target = target
         self.timeout = timeout
@@ -128,7 +136,10 @@ class Unreachable:
     async def ask(self, address: str, node: str, message: object, timeout: float) -> Any:  # noqa: ASYNC109
         raise self._error(node)
 
-    async def reply(self, peer: str, correlation_id: int, result: outcome.Outcome[Any]) -> None:
+    async def reply(self, peer: str, correlation_id: int, value: object) -> None:
+        await trio.lowlevel.checkpoint()
+
+    async def reply_error(self, peer: str, correlation_id: int, error: BaseException) -> None:
         await trio.lowlevel.checkpoint()
 
     def queue_reply(self, peer: str, correlation_id: int, result: outcome.Outcome[Any]) -> None:
@@ -201,9 +212,8 @@ class RemoteBridge:
 
     def _encode(self, address: str, message: object, ident: int, ask: bool) -> bytes:
         kind, body = encode_message(message)
-        return encode_envelope(
-            Envelope(ident, address, self._address, kind, body, None, ask), self.limits
-        )
+        fields = (ident, address, self._address, kind, body, None, ask, PROTOCOL_VERSION)
+        return encode_envelope(_new_envelope(Envelope, fields), self.limits)
 
     async def tell(self, address: str, node: str, message: object) -> None:
         """Send ``message`` to the actor at ``address`` on ``node``."""
@@ -232,7 +242,9 @@ class RemoteBridge:
         elif not timeout >= 0:
             raise ValueError(f"an ask's timeout must be >= 0 seconds, not {timeout!r}")
         ident = next(self._ids)
-        data = self._encode(address, message, ident, True)
+        kind, body = encode_message(message)  # _encode, inlined: every ask's path
+        fields = (ident, address, self._address, kind, body, None, True, PROTOCOL_VERSION)
+        data = encode_envelope(_new_envelope(Envelope, fields), self.limits)
         slot = _PendingAsk(message, node, address, timeout)
         timer = self._timer
         if timer is None:  # not attached, or shut down: no timer task to rely on
@@ -309,29 +321,30 @@ class RemoteBridge:
                     )
                 )
 
-    def _reply_frame(self, peer: str, correlation_id: int, result: outcome.Outcome[Any]) -> bytes:
-        """Encode the reply (or error) envelope for an ask from ``peer``."""
-        ident = next(self._ids)
-        to = f"{peer}/"
-        if type(result) is outcome.Value:  # not isinstance: Outcome is an ABC, slow to test
-            value = result.value
-            kind = message_kind(value)
-            try:
-                if kind is not None:
-                    body = [kind, encode_message(value)[1]]
-                else:
-                    body = [None, encode_value(value)]
-                return encode_envelope(
-                    Envelope(ident, to, self._address, "reply", body, correlation_id), self.limits
-                )
-            except FrameTooLarge as exc:
-                code, text = ErrorCode.FRAME_TOO_LARGE, f"the reply is too large: {exc}"
-            except (FrameError, TypeError, ValueError) as exc:
-                code, text = ErrorCode.REPLY_NOT_ENCODABLE, f"the reply cannot be sent: {exc}"
-        else:
-            assert isinstance(result, outcome.Error)
-            code, text = _error_code(result.error)
+    def _reply_frame(self, peer: str, correlation_id: int, value: object) -> bytes:
+        """Encode the reply envelope answering the ask ``correlation_id`` from ``peer``
+        with ``value``, or an error envelope saying why ``value`` cannot be sent."""
+        kind = message_kind(value)
+        try:
+            if kind is not None:
+                body = [kind, encode_message(value)[1]]
+            else:
+                body = [None, encode_value(value)]
+            ident, to, sender = next(self._ids), f"{peer}/", self._address
+            fields = (ident, to, sender, "reply", body, correlation_id, False, PROTOCOL_VERSION)
+            return encode_envelope(_new_envelope(Envelope, fields), self.limits)
+        except FrameTooLarge as exc:
+            code, text = ErrorCode.FRAME_TOO_LARGE, f"the reply is too large: {exc}"
+        except (FrameError, TypeError, ValueError) as exc:
+            code, text = ErrorCode.REPLY_NOT_ENCODABLE, f"the reply cannot be sent: {exc}"
         return self._error_frame(peer, correlation_id, code, text)
+
+    def _outcome_frame(self, peer: str, correlation_id: int, result: outcome.Outcome[Any]) -> bytes:
+        """The reply or error envelope carrying ``result``."""
+        if type(result) is outcome.Value:  # not isinstance: Outcome is an ABC, slow to test
+            return self._reply_frame(peer, correlation_id, result.value)
+        assert isinstance(result, outcome.Error)
+        return self._error_frame(peer, correlation_id, *_error_code(result.error))
 
     def _error_frame(self, peer: str, correlation_id: int, code: str, text: str) -> bytes:
         """An ``"error"`` envelope; the message is shortened until the frame fits the limit."""
@@ -354,26 +367,44 @@ class RemoteBridge:
             f"even an empty error reply exceeds {self.limits.max_frame_bytes} bytes"
         )
 
-    async def reply(self, peer: str, correlation_id: int, result: outcome.Outcome[Any]) -> None:
-        """Answer the ask ``correlation_id`` from ``peer`` now, from the caller's task."""
+    async def reply(self, peer: str, correlation_id: int, value: object) -> None:
+        """Answer the ask ``correlation_id`` from ``peer`` with ``value``, now, from this task."""
         try:
-            data = self._reply_frame(peer, correlation_id, result)
+            data = self._reply_frame(peer, correlation_id, value)
         except FrameError as exc:
             logger.warning("%s: cannot answer %s: %s", self.node_id, peer, exc)
             return
-        try:
+        try:  # _send_reply, inlined: this is every remote ask's reply
             if self._queued.get(peer):
                 await self._send_frame(peer, data)
             else:  # _send_frame's common case, inlined
                 await self.transport.send(peer, data)
         except (TransportError, *_CLOSED) as exc:
-            logger.info("%s: reply to %s lost: %s", self.node_id, peer, describe_error(exc))
-            self._emit("transport.reply-lost", "/", peer=peer, error=describe_error(exc))
+            self._reply_lost(peer, exc)
+
+    async def reply_error(self, peer: str, correlation_id: int, error: BaseException) -> None:
+        """Answer the ask ``correlation_id`` from ``peer`` with ``error`` now."""
+        try:
+            data = self._error_frame(peer, correlation_id, *_error_code(error))
+        except FrameError as exc:
+            logger.warning("%s: cannot answer %s: %s", self.node_id, peer, exc)
+            return
+        await self._send_reply(peer, data)
+
+    async def _send_reply(self, peer: str, data: bytes) -> None:
+        try:
+            await self._send_frame(peer, data)
+        except (TransportError, *_CLOSED) as exc:
+            self._reply_lost(peer, exc)
+
+    def _reply_lost(self, peer: str, exc: BaseException) -> None:
+        logger.info("%s: reply to %s lost: %s", self.node_id, peer, describe_error(exc))
+        self._emit("transport.reply-lost", "/", peer=peer, error=describe_error(exc))
 
     def queue_reply(self, peer: str, correlation_id: int, result: outcome.Outcome[Any]) -> None:
         """Answer the ask ``correlation_id`` from ``peer`` through the outbox (never waits)."""
         try:
-            self._queue_frame(peer, self._reply_frame(peer, correlation_id, result))
+            self._queue_frame(peer, self._outcome_frame(peer, correlation_id, result))
         except FrameError as exc:
             logger.warning("%s: cannot answer %s: %s", self.node_id, peer, exc)
 
@@ -433,12 +464,22 @@ class RemoteBridge:
         self._heard_from.add(frame.sender)
         try:
             decision = route(frame, self.node_id, self._directory.cells, self.limits)
-            if isinstance(decision, Deliver):
-                await self._deliver(decision)
-            elif isinstance(decision, Reject):
-                self._reject(decision.peer, decision.ask_id, decision.code, decision.reason)
-            else:
+            if type(decision) is Deliver:
+                peer, target, path, _, message, ask_id = decision
+                item = message if ask_id is None else RemoteAsk(self, message, peer, ask_id)
+                send = target.mailbox_send
+                assert send is not None  # route delivers only to targets that take messages
+                try:  # the common case first: room in the mailbox, nothing to wait for
+                    send.send_nowait(item)
+                except trio.WouldBlock:
+                    await self._deliver_when_room(decision, send, item)
+                except _CLOSED:
+                    self._reject(peer, ask_id, ErrorCode.ACTOR_STOPPED, f"actor {path} has stopped")
+            elif type(decision) is Reply:
                 self._on_reply(decision)
+            else:
+                assert type(decision) is Reject
+                self._reject(decision.peer, decision.ask_id, decision.code, decision.reason)
         except Exception as exc:  # never let one frame stop the loop
             logger.exception("%s: internal error on a frame from %s", self.node_id, frame.sender)
             self._reject(frame.sender, None, ErrorCode.MALFORMED_FRAME, describe_error(exc))
@@ -451,21 +492,12 @@ class RemoteBridge:
             return
         slot.resolve(reply.result)
 
-    async def _deliver(self, decision: Deliver[Any]) -> None:
-        peer, ask_id, path = decision.peer, decision.ask_id, decision.path
-        send = decision.target.mailbox_send
-        item: object = decision.message
-        if ask_id is not None:
-            item = RemoteAsk(self, decision.message, peer, ask_id)
-        try:
-            send.send_nowait(item)
-            return
-        except trio.WouldBlock:
-            pass
-        except _CLOSED:
-            self._reject(peer, ask_id, ErrorCode.ACTOR_STOPPED, f"actor {path} has stopped")
-            return
-        # Full mailbox: wait a little (backpressure on the link), then refuse.
+    async def _deliver_when_room(
+        self, decision: Deliver[Any], send: trio.MemorySendChannel[Any], item: object
+    ) -> None:
+        """Put ``item`` in a full mailbox: wait a little for room, then refuse it."""
+        peer, _, path, kind, _, ask_id = decision
+        # Backpressure on the link while it waits.
         with trio.move_on_after(self._delivery_wait):
             try:
                 await send.send(item)
@@ -476,8 +508,7 @@ class RemoteBridge:
             peer,
             ask_id,
             ErrorCode.MAILBOX_FULL,
-            f"the mailbox of {path} on {self.node_id!r} stayed full; "
-            f"a {decision.kind} message was refused",
+            f"the mailbox of {path} on {self.node_id!r} stayed full; a {kind} message was refused",
         )
 
     def on_peer_lost(self, event: PeerLost) -> None:

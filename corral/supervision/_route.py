@@ -123,7 +123,7 @@ def route(
         return Reject(peer, ask_id, code, str(exc))
     ident, to, _, kind, body, correlation_id, expects_reply, _ = envelope
     if kind == "reply" or kind == "error":
-        return Reply(peer, correlation_id, reply_outcome(peer, envelope))
+        return _new_decision(Reply, (peer, correlation_id, reply_outcome(peer, envelope)))
     ask_id = ident if expects_reply else None
     try:
         message = decode_message(kind, body)
@@ -147,7 +147,12 @@ def route(
         return Reject(
             peer, ask_id, ErrorCode.UNHANDLED, f"{path} is a supervisor; it takes no messages"
         )
-    return Deliver(peer, target, path, kind, message, ask_id)
+    return _new_decision(Deliver, (peer, target, path, kind, message, ask_id))
+
+
+# Reply(...) and Deliver(...) without their Python-level __new__ (a named tuple's):
+# one of them is built for every frame, from fields already checked.
+_new_decision = tuple.__new__
 
 
 def reply_outcome(peer: str, envelope: Envelope) -> outcome.Outcome[Any]:

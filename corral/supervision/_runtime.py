@@ -127,10 +127,6 @@ class RemoteAsk:
         self.peer = peer
         self.correlation_id = correlation_id
 
-    async def reply(self, result: outcome.Outcome[Any]) -> None:
-        """Send the reply now, from the actor's task (keeps it ordered before later tells)."""
-        await self.link.reply(self.peer, self.correlation_id, result)
-
     def resolve(self, result: outcome.Outcome[Any]) -> None:
         """Queue the reply (used where the caller cannot wait)."""
         self.link.queue_reply(self.peer, self.correlation_id, result)
@@ -161,6 +157,7 @@ class Cell:
         "stop_requested",
         "supervisor",
         "system",
+        "takes_messages",
         "task",
     )
 
@@ -189,6 +186,8 @@ class Cell:
             self.mailbox_send, self.mailbox_receive = trio.open_memory_channel[Any](mailbox_size)
         else:
             self.mailbox_send = self.mailbox_receive = None
+        #: whether messages can be put in this cell (an actor's), for the frame router
+        self.takes_messages = self.mailbox_send is not None
         self.state = "starting"
         self.handled = 0
         self.restarts = 0
@@ -201,11 +200,6 @@ class Cell:
         self.self_stop = False
         self.supervisor: SupervisorRun | None = None
         self.ref = ActorRef(directory, link, system.node_id, path, self, False)
-
-    @property
-    def takes_messages(self) -> bool:
-        """Whether messages can be put in this cell (an actor's), for the frame router."""
-        return self.mailbox_send is not None
 
     # ------------------------------------------------------------------ stopping
 
@@ -377,15 +371,17 @@ async def _message_loop(cell: Cell, actor: Actor) -> None:
             try:
                 result = await handle(item.message)
             except UnhandledMessage as exc:
-                await item.reply(outcome.Error(exc))
+                await item.link.reply_error(item.peer, item.correlation_id, exc)
             except Exception as exc:
                 item.resolve(outcome.Error(_crash_error(cell, item.message, exc)))
                 raise
             except BaseException:
                 item.resolve(outcome.Error(_stopped_error(cell)))
                 raise
-            else:  # RemoteAsk.reply, without its coroutine: this is the remote ask's hot path
-                await item.link.reply(item.peer, item.correlation_id, outcome.Value(result))
+            else:
+                # Sent now, from the actor's task, so the reply goes out before any
+                # tell the actor sends later; the value as it is, no outcome around it.
+                await item.link.reply(item.peer, item.correlation_id, result)
         else:
             try:
                 await handle(item)

@@ -10,6 +10,7 @@ from corral.transport._base import (
     Transport,
 )
 from corral.transport._codec import (
+    PROTOCOL_VERSION,
     CodecLimits,
     Envelope,
     ErrorCode,
@@ -52,6 +53,7 @@ from corral.transport._ws_rules import ReconnectPolicy
 
 __all__ = [
     "DEFAULT_PORT",
+    "PROTOCOL_VERSION",
     "CodecLimits",
     "Envelope",
     "ErrorCode",

@@ -180,12 +180,14 @@ def decode_envelope(data: bytes, limits: CodecLimits = DEFAULT_LIMITS) -> Envelo
         )
     if not data:
         raise MalformedFrame("empty frame")
-    stream = io.BytesIO(data)
     try:
-        decoder = _local.decoders[limits.max_depth]
+        decoder, stream = _local.decoders[limits.max_depth]
     except (AttributeError, KeyError):
-        decoder = _decoder(limits.max_depth)
-    decoder.fp = stream
+        decoder, stream = _decoder(limits.max_depth)
+    stream.seek(0)  # the thread's stream, refilled with this frame alone
+    stream.truncate()
+    stream.write(data)
+    stream.seek(0)
     try:
         decoded = decoder.decode()
     except Exception as exc:
@@ -234,36 +236,49 @@ def _malformed_header(decoded: list[Any]) -> MalformedFrame:
 
 
 # Building a decoder with these options costs several times the decoding of a small
-# frame, so each thread keeps one per depth limit and points it at each new frame.
-# Every tag is refused, so no decode leaves shared values or string references
-# behind for the next one; a decoder that raised is thrown away.
+# frame, and pointing one at a new stream (its fp setter asks the stream three
+# questions) a quarter of it; so each thread keeps one decoder per depth limit,
+# reading one stream of its own, which each frame refills. A decode that returned
+# leaves no unread byte in the decoder (what it read past the item it gives back to
+# the stream, which the trailing-bytes check relies on too), so the next frame starts
+# clean. Every tag is refused, so no decode leaves shared values or string references
+# behind for the next one; a decoder that raised is thrown away with its stream.
 _local = threading.local()
 
 
-def _decoder(max_depth: int) -> cbor2.CBORDecoder:
-    decoders: dict[int, cbor2.CBORDecoder] | None = getattr(_local, "decoders", None)
+def _decoder(max_depth: int) -> tuple[cbor2.CBORDecoder, io.BytesIO]:
+    decoders: dict[int, tuple[cbor2.CBORDecoder, io.BytesIO]] | None = getattr(
+        _local, "decoders", None
+    )
     if decoders is None:
         decoders = _local.decoders = {}
-    decoder = decoders.get(max_depth)
-    if decoder is None:
-        decoder = decoders[max_depth] = cbor2.CBORDecoder(
-            io.BytesIO(b""),
+    entry = decoders.get(max_depth)
+    if entry is None:
+        stream = io.BytesIO()
+        decoder = cbor2.CBORDecoder(
+            stream,
             max_depth=max_depth,
             semantic_decoders=_NO_TAGS,
             tag_hook=_refuse_tag,
             strict_hashable_types=True,
             allow_duplicate_keys=False,
         )
-    return decoder
+        entry = decoders[max_depth] = (decoder, stream)
+    return entry
 
 
 def _forget_decoder(max_depth: int) -> None:
-    decoders: dict[int, cbor2.CBORDecoder] | None = getattr(_local, "decoders", None)
+    decoders: dict[int, tuple[cbor2.CBORDecoder, io.BytesIO]] | None = getattr(
+        _local, "decoders", None
+    )
     if decoders is not None:
         decoders.pop(max_depth, None)
 
 
 _CONTAINERS = (list, tuple, dict)
+# Types whose values are never containers: one set lookup rules them out, where
+# isinstance against the three container types takes three tests.
+_SCALARS = frozenset({str, int, float, bool, bytes, type(None)})
 
 
 def _depth_exceeds(value: Any, limit: int) -> bool:
@@ -274,9 +289,11 @@ def _depth_exceeds(value: Any, limit: int) -> bool:
         # The common bodies, a map of scalars or [kind, map of scalars], in one pass
         # without the stack: each container inside may hold no container itself.
         for child in value.values() if isinstance(value, dict) else value:
+            if type(child) in _SCALARS:
+                continue
             if isinstance(child, _CONTAINERS):
                 for grandchild in child.values() if isinstance(child, dict) else child:
-                    if isinstance(grandchild, _CONTAINERS):
+                    if type(grandchild) not in _SCALARS and isinstance(grandchild, _CONTAINERS):
                         break
                 else:
                     continue

@@ -46,6 +46,9 @@ _Encoder = Callable[[Any], Any]
 
 _KIND_ATTR = "__corral_kind__"
 _registry: dict[str, type] = {}
+# class -> kind of every class registered with @message: message_kind's answer in
+# one lookup (reading a class's own __dict__ builds a mapping proxy each time)
+_kinds: dict[type, str] = {}
 _validators: dict[type, _Validator] = {}
 _encoders: dict[type, _Encoder] = {}
 # The hot paths of encode_message and decode_message: one dict lookup each
@@ -87,6 +90,7 @@ def message(kind: str) -> Callable[[type[_T]], type[_T]]:
             )
         setattr(cls, _KIND_ATTR, kind)
         _registry[kind] = cls
+        _kinds[cls] = kind
         _validators.pop(cls, None)
         _encoders.pop(cls, None)
         _message_encoders.pop(cls, None)
@@ -103,6 +107,9 @@ def _qualified(cls: type) -> str:
 def message_kind(obj: object) -> str | None:
     """The kind of a registered message instance or class, or None."""
     cls = obj if isinstance(obj, type) else type(obj)
+    kind = _kinds.get(cls)
+    if kind is not None:
+        return kind
     kind = cls.__dict__.get(_KIND_ATTR)
     return kind if isinstance(kind, str) else None
 
@@ -249,9 +256,64 @@ def _compile_dataclass_validator(cls: type) -> _Validator:
                 raise SchemaError(f"{where}: {name} is missing {', '.join(sorted(missing))}")
         return cls(**kwargs)
 
-    holder.append(validate)
-    _validators[cls] = validate
-    return validate
+    fast = _fast_validator(cls, fields, hints, checks, validate)
+    holder.append(fast)
+    _validators[cls] = fast
+    return fast
+
+
+_MISSING = object()
+_EXACT = (bool, int, str, bytes)
+
+
+def _fast_validator(
+    cls: type,
+    fields: list[dataclasses.Field[Any]],
+    hints: dict[str, Any],
+    checks: dict[str, _Validator],
+    validate: _Validator,
+) -> _Validator:
+    """``validate`` with a straight path, compiled from the fields, for a map that has
+    exactly the fields of ``cls`` and fits: each field read by name, types of exactly
+    bool, int, str or bytes compared inline, the others checked by their validators,
+    and ``cls`` built with positional arguments. Anything else (a field missing or
+    extra, a value that does not fit) goes to ``validate``, which decides and words
+    the refusal, so both give the same answer for every input. See :func:`_compiled`.
+    """
+    namespace: dict[str, Any] = {"cls": cls, "validate": validate, "MISSING": _MISSING}
+    reads, fits, checked, args = [], [], [], []
+    for i, f in enumerate(fields):
+        reads.append(f"        v{i} = value.get({f.name!r}, MISSING)")
+        hint = hints[f.name]
+        if hint in _EXACT:
+            namespace[f"t{i}"] = hint
+            fits.append(f"type(v{i}) is t{i}")
+        else:
+            namespace[f"check{i}"] = checks[f.name]
+            fits.append(f"v{i} is not MISSING")
+            checked.append(f"                v{i} = check{i}(v{i}, where + {'.' + f.name!r})")
+        args.append(f"{f.name}=v{i}" if f.kw_only else f"v{i}")
+    build = f"cls({', '.join(args)})"
+    lines = [
+        "def fast(value, where):",
+        f"    if type(value) is dict and len(value) == {len(fields)}:",
+        *reads,
+        f"        if {' and '.join(fits) or 'True'}:",
+    ]
+    if checked:
+        lines += [
+            "            try:",
+            *checked,
+            "            except Exception:",
+            "                pass  # validate words the refusal",
+            "            else:",
+            f"                return {build}",
+        ]
+    else:
+        lines.append(f"            return {build}")
+    lines.append("    return validate(value, where)")
+    fast: _Validator = _compiled(lines, namespace)
+    return fast
 
 
 def _compile_dataclass_encoder(cls: type) -> _Encoder:
@@ -262,27 +324,36 @@ def _compile_dataclass_encoder(cls: type) -> _Encoder:
 
     _encoders[cls] = lazy
     hints = _hints(cls)
-    parts = [(f.name, _encoder_of(hints[f.name])) for f in dataclasses.fields(cls) if f.init]
-    if all(enc is None for _, enc in parts):
-        names = [n for n, _ in parts]
-
-        def encode_flat(obj: Any) -> Any:
-            return {n: getattr(obj, n) for n in names}
-
-        holder.append(encode_flat)
-        _encoders[cls] = encode_flat
-        return encode_flat
-
-    def encode(obj: Any) -> Any:
-        out = {}
-        for n, enc in parts:
-            v = getattr(obj, n)
-            out[n] = v if enc is None else enc(v)
-        return out
-
+    # One map display with a slot per field: the field's value as it is, or what its
+    # type's encoder makes of it.
+    namespace: dict[str, Any] = {}
+    items = []
+    for i, f in enumerate(f for f in dataclasses.fields(cls) if f.init):
+        encoder = _encoder_of(hints[f.name])
+        if encoder is None:
+            items.append(f"{f.name!r}: obj.{f.name}")
+        else:
+            namespace[f"encode{i}"] = encoder
+            items.append(f"{f.name!r}: encode{i}(obj.{f.name})")
+    encode: _Encoder = _compiled(
+        ["def encode(obj):", f"    return {{{', '.join(items)}}}"], namespace
+    )
     holder.append(encode)
     _encoders[cls] = encode
     return encode
+
+
+def _compiled(lines: list[str], namespace: dict[str, Any]) -> Any:
+    """The one function the source ``lines`` define, its globals ``namespace``.
+
+    How the validators and encoders of message classes are compiled, like the
+    ``__init__`` :mod:`dataclasses` writes: the source spells only field names
+    (identifiers, as dataclasses guarantees), string literals made with ``repr``,
+    counts and names of our own; every object it uses is passed in ``namespace``.
+    """
+    exec("\n".join(lines), namespace)
+    name = lines[0].removeprefix("def ").partition("(")[0]
+    return namespace[name]
 
 
 def _is_any(tp: Any) -> bool:

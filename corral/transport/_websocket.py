@@ -81,7 +81,7 @@ from corral.transport._ws_rules import (
     parse_peer_address,
     reconnect_delay,
 )
-from corral.transport._ws_wire import MalformedPacket, pack, pack_into_messages, unpack
+from corral.transport._ws_wire import MalformedPacket, pack_into_messages, pack_one, unpack
 
 log = logging.getLogger("corral.transport.websocket")
 
@@ -94,6 +94,9 @@ _BATCH_BYTES = 256 * 1024
 # Larger frames always go through the queue: a small one almost never finds the
 # socket buffer too full to take it whole, so writing it through never waits.
 _WRITE_THROUGH_BYTES = 16 * 1024
+# Frame(...) without its Python-level __new__ (a named tuple's): every arriving
+# frame is built here, and its two fields are what they must be.
+_new_frame = tuple.__new__
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,35 +220,35 @@ class _WriteLock:
     interleaving their messages.
     """
 
-    __slots__ = ("_held", "_waiting")
+    __slots__ = ("_parked", "_waiting", "held")
 
     def __init__(self) -> None:
-        self._held = False
+        #: a writer holds it (read it to see whether a write-through may take it)
+        self.held = False
         self._waiting = trio.lowlevel.ParkingLot()
+        self._parked = 0  # writers waiting in _waiting (counted here: no call to ask it)
 
     def locked(self) -> bool:
-        return self._held
-
-    def acquire_nowait(self) -> None:
-        """Take the lock, which the caller knows to be free."""
-        if self._held:
-            raise trio.WouldBlock
-        self._held = True
+        return self.held
 
     def release(self) -> None:
-        self._held = False
-        if self._waiting:
+        self.held = False
+        if self._parked:
             self._waiting.unpark()
 
     async def __aenter__(self) -> None:
         await trio.lowlevel.checkpoint_if_cancelled()
-        if not self._held:
-            self._held = True  # taken before the schedule point, as trio.Lock does
+        if not self.held:
+            self.held = True  # taken before the schedule point, as trio.Lock does
             await trio.lowlevel.cancel_shielded_checkpoint()
             return
-        while self.locked():  # woken, another writer may have taken it first
-            await self._waiting.park()
-        self._held = True
+        self._parked += 1
+        try:
+            while self.locked():  # woken, another writer may have taken it first
+                await self._waiting.park()
+        finally:
+            self._parked -= 1
+        self.held = True
 
     async def __aexit__(self, *_exc: object) -> None:
         self.release()
@@ -376,6 +379,8 @@ class WebSocketTransport(Transport):
         self._refusal_log = LogBudget(burst=5, interval=60.0)
         self._handler: FrameHandler | None = None
         self._backlog_delivered = trio.Event()  # frames queued before the handler are out
+        # set with _backlog_delivered; a plain flag, read on every frame without a call
+        self._handler_ready = False
         for peer, address in peers.items():
             self.add_peer(peer, address)
 
@@ -471,8 +476,8 @@ class WebSocketTransport(Transport):
         link = self._links.get(peer)
         if link is None:
             link = self._link_for_send(peer)
-        conn = link.live()
-        if conn is None:
+        conn = link.conn
+        if conn is None or conn.lost.is_set():  # link.live(), inlined: every frame's path
             conn = await self._wait_for_connection(link)
         limit = conn.info.max_frame
         if len(data) > limit:
@@ -486,12 +491,31 @@ class WebSocketTransport(Transport):
             and not link.unwritten
             and len(data) <= _WRITE_THROUGH_BYTES
             and conn.ready.is_set()
-            and not conn.write_lock.locked()
+            and not conn.write_lock.held
         ):
-            # Nothing is ahead of this frame: write it from this task, now. Frames
-            # that follow without an answer in between go through the queue and
-            # are written many per message by the writer task.
-            await self._write_through(link, conn, data)
+            # Nothing is ahead of this frame: write it from this task, now, as a
+            # packet of one. Frames that follow without an answer in between go
+            # through the queue and are written many per message by the writer task.
+            # Not shielded (a cancel scope per frame costs more than the rest of the
+            # write): if the caller is cancelled while the message is being written,
+            # part of it may be on the wire, so the connection is torn down without a
+            # closing handshake (nothing may follow half a message) and redialed; the
+            # frame is lost, as a queued one would be when a connection drops.
+            await trio.lowlevel.checkpoint_if_cancelled()  # cancelled already: nothing written
+            lock = conn.write_lock
+            lock.held = True  # free: checked above, nothing yielded since
+            try:
+                await conn.ws.send_message(pack_one(data))
+            except trio_websocket.ConnectionClosed as exc:
+                link.frames_dropped += 1
+                self._drop(conn, CloseCode.NORMAL, f"closed: {_close_text(exc.reason)}")
+            except trio.Cancelled:
+                link.frames_dropped += 1
+                conn.torn = True
+                self._drop(conn, CloseCode.PROTOCOL_ERROR, "a write was cancelled part way")
+                raise
+            finally:
+                lock.release()
             link.frames_sent += 1
             return
         try:
@@ -504,30 +528,6 @@ class WebSocketTransport(Transport):
         link.unwritten += 1
         link.frames_sent += 1
         await trio.lowlevel.cancel_shielded_checkpoint()
-
-    async def _write_through(self, link: _Link, conn: _Connection, data: bytes) -> None:
-        """Write ``data`` to ``conn`` from the sending task, as a packet of one.
-
-        Not shielded (a cancel scope per frame costs more than the rest of the
-        write): if the caller is cancelled while the message is being written,
-        part of it may be on the wire, so the connection is torn down without a
-        closing handshake (nothing may follow half a message) and redialed; the
-        frame is lost, as a queued one would be when a connection drops.
-        """
-        await trio.lowlevel.checkpoint_if_cancelled()  # cancelled already: nothing written
-        conn.write_lock.acquire_nowait()  # free: checked by the caller, nothing yielded since
-        try:
-            await conn.ws.send_message(pack((data,)))
-        except trio_websocket.ConnectionClosed as exc:
-            link.frames_dropped += 1
-            self._drop(conn, CloseCode.NORMAL, f"closed: {_close_text(exc.reason)}")
-        except trio.Cancelled:
-            link.frames_dropped += 1
-            conn.torn = True
-            self._drop(conn, CloseCode.PROTOCOL_ERROR, "a write was cancelled part way")
-            raise
-        finally:
-            conn.write_lock.release()
 
     def on_peer_lost(self, handler: PeerLostHandler) -> Callable[[], None]:
         """Call ``handler`` when a peer's connection closes or misses its heartbeat, or a
@@ -554,6 +554,7 @@ class WebSocketTransport(Transport):
             self._nursery.start_soon(self._deliver_backlog, handler)
         else:
             self._backlog_delivered.set()
+            self._handler_ready = True
         return True
 
     async def _deliver_backlog(self, handler: FrameHandler) -> None:
@@ -567,6 +568,7 @@ class WebSocketTransport(Transport):
             pass
         finally:
             self._backlog_delivered.set()
+            self._handler_ready = True
 
     async def _deliver(self, handler: FrameHandler, frame: Frame) -> None:
         try:
@@ -981,36 +983,59 @@ class WebSocketTransport(Transport):
             conn_nursery.cancel_scope.cancel()
 
     async def _read_loop(self, conn: _Connection) -> None:
-        """Take a connection's messages until it closes, and deliver their frames."""
+        """Take a connection's messages until it closes, and deliver their frames.
+
+        A binary message is a packet of frames (:mod:`corral.transport._ws_wire`);
+        a text message is a control notice from the peer.
+        """
+        link = conn.link
+        get_message = conn.ws.get_message
+        max_frame = self._config.max_frame_size
         try:
             while True:
-                await self._on_message(conn, await conn.ws.get_message())
+                message = await get_message()
+                if isinstance(message, str):
+                    self._on_control_message(link, message)
+                    continue
+                try:
+                    frames = unpack(message)
+                except MalformedPacket as exc:
+                    link.frames_refused_from_peer += 1
+                    self._warn_within_budget(
+                        f"from:{link.peer}",
+                        f"refused a malformed message from {link.peer!r}: {exc}",
+                        f"refusals of frames from {link.peer!r}",
+                    )
+                    continue
+                for data in frames:
+                    handler = self._handler
+                    if (
+                        handler is None
+                        or not self._handler_ready
+                        or self._closed
+                        or len(data) > max_frame
+                        or link.conn is not conn
+                    ):
+                        await self._on_frame(conn, link, data)
+                        continue
+                    # _on_frame's common case, inlined: every frame's path
+                    link.answered = True
+                    link.frames_received += 1
+                    try:
+                        await handler(_new_frame(Frame, (link.peer, data)))
+                    except Exception:
+                        log.exception(
+                            "%s: the frame handler failed on a frame from %r",
+                            self._node_id,
+                            link.peer,
+                        )
         except trio_websocket.ConnectionClosed as exc:
             self._on_closed(conn, exc.reason)
         except (trio.ClosedResourceError, trio.BrokenResourceError):
             self._drop(conn, CloseCode.GOING_AWAY, "node shutting down")
 
-    async def _on_message(self, conn: _Connection, message: bytes | str) -> None:
-        """One message from an authenticated peer: a packet of frames, or a control notice.
-
-        Raises:
-            trio.ClosedResourceError: this transport is closing.
-        """
-        link = conn.link
-        if isinstance(message, bytes):
-            try:
-                frames = unpack(message)
-            except MalformedPacket as exc:
-                link.frames_refused_from_peer += 1
-                self._warn_within_budget(
-                    f"from:{link.peer}",
-                    f"refused a malformed message from {link.peer!r}: {exc}",
-                    f"refusals of frames from {link.peer!r}",
-                )
-                return
-            for data in frames:
-                await self._on_frame(conn, link, data)
-            return
+    def _on_control_message(self, link: _Link, message: str) -> None:
+        """A text message from an authenticated peer: it refused a frame of ours."""
         refusal = parse_control_message(message)
         if refusal is None:
             log.debug("%s: ignored a control message from %r", self._node_id, link.peer)
@@ -1024,6 +1049,11 @@ class WebSocketTransport(Transport):
         )
 
     async def _on_frame(self, conn: _Connection, link: _Link, data: bytes) -> None:
+        """One frame from ``link``'s peer: refuse it, or hand it on.
+
+        Raises:
+            trio.ClosedResourceError: this transport is closing.
+        """
         limit = self._config.max_frame_size
         if len(data) > limit:
             link.frames_refused_from_peer += 1
@@ -1041,7 +1071,7 @@ class WebSocketTransport(Transport):
             return  # superseded; frames on the losing connection are dropped
         link.answered = True
         link.frames_received += 1
-        frame = Frame(link.peer, data)
+        frame = _new_frame(Frame, (link.peer, data))
         handler = self._handler
         if handler is not None and not self._closed:
             if not self._backlog_delivered.is_set():

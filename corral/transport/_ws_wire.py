@@ -12,15 +12,20 @@ Protocol version 2 of the peer handshake means "binary messages are packets";
 version 1 (one frame per message) is no longer spoken, so a node of an older
 release is refused at the handshake with close code 4002, not misread.
 
-No trio, no I/O: :func:`pack`, :func:`pack_into_messages` and :func:`unpack`
-are functions of their arguments.
+No trio, no I/O: :func:`pack`, :func:`pack_one`, :func:`pack_into_messages` and
+:func:`unpack` are functions of their arguments.
 """
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Sequence
 
 HEADER_BYTES = 4
+# The length before each frame (unsigned, big-endian): one C call to write or read.
+_HEADER = struct.Struct(">I")
+_write_header = _HEADER.pack
+_read_header = _HEADER.unpack_from
 #: a packet carrying more frames than this is refused (a sender batches far fewer)
 MAX_FRAMES_PER_PACKET = 4096
 
@@ -32,13 +37,17 @@ class MalformedPacket(ValueError):
 def pack(frames: Sequence[bytes]) -> bytes:
     """One packet holding ``frames`` in order."""
     if len(frames) == 1:
-        frame = frames[0]
-        return len(frame).to_bytes(HEADER_BYTES, "big") + frame
+        return pack_one(frames[0])
     parts: list[bytes] = []
     for frame in frames:
-        parts.append(len(frame).to_bytes(HEADER_BYTES, "big"))
+        parts.append(_write_header(len(frame)))
         parts.append(frame)
     return b"".join(parts)
+
+
+def pack_one(frame: bytes) -> bytes:
+    """The packet of one frame (what a request or a reply written through is)."""
+    return _write_header(len(frame)) + frame
 
 
 def pack_into_messages(frames: Sequence[bytes], budget: int) -> list[bytes]:
@@ -71,10 +80,8 @@ def unpack(packet: bytes) -> list[bytes]:
             a malformed packet is returned.
     """
     end = len(packet)
-    if end >= HEADER_BYTES:
-        size = int.from_bytes(packet[:HEADER_BYTES], "big")
-        if size + HEADER_BYTES == end:  # the common case: a packet of one
-            return [packet[HEADER_BYTES:]]
+    if end >= HEADER_BYTES and _read_header(packet)[0] + HEADER_BYTES == end:
+        return [packet[HEADER_BYTES:]]  # the common case: a packet of one
     frames: list[bytes] = []
     at = 0
     while at < end:
@@ -87,7 +94,7 @@ def unpack(packet: bytes) -> list[bytes]:
             raise MalformedPacket(
                 f"a frame header is cut short at byte {at} of a {end}-byte message"
             )
-        size = int.from_bytes(packet[at:start], "big")
+        (size,) = _read_header(packet, at)
         at = start + size
         if at > end:
             raise MalformedPacket(

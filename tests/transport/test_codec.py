@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -272,6 +273,101 @@ def test_mutated_envelopes_never_escape_as_other_errors(body: Any, noise: bytes,
             decode_message(envelope.kind, envelope.body)
         except (SchemaError, UnknownKind):
             pass
+
+
+def decoded(data: bytes) -> object:
+    try:
+        return decode_envelope(data)
+    except FrameError as exc:
+        return (type(exc), str(exc))
+
+
+def decoded_in_a_new_thread(data: bytes) -> object:
+    """What decode_envelope makes of ``data`` with a decoder never used before (each
+    thread keeps its own)."""
+    result: list[object] = []
+    thread = threading.Thread(target=lambda: result.append(decoded(data)))
+    thread.start()
+    thread.join()
+    return result[0]
+
+
+@settings(max_examples=60)
+@given(
+    st.lists(
+        st.tuples(_cbor_values, st.sampled_from(["whole", "trailing", "cut", "large"])),
+        min_size=2,
+        max_size=6,
+    )
+)
+def test_the_decoder_a_thread_reuses_answers_as_a_fresh_one(
+    frames: list[tuple[Any, str]],
+) -> None:
+    # One thread decodes frame after frame, refused ones among them (trailing bytes,
+    # cut short) and ones larger than a read: each answer is what a fresh decoder gives.
+    for body, how in frames:
+        if how == "large":
+            body = ["x" * 5000, body]
+        data = encode_envelope(Envelope(3, "b/x", "a/", "test.codec.rich", body, None, True))
+        if how == "trailing":
+            data += b"\x01"
+        elif how == "cut":
+            data = data[:-2]
+        assert decoded(data) == decoded_in_a_new_thread(data)
+
+
+@message("test.codec.keywords")
+@dataclass(frozen=True)
+class Keywords:
+    first: int
+    rest: list[int] = field(default_factory=list, kw_only=True)
+    label: str = field(default="", kw_only=True)
+
+
+class PlainMap(dict[str, Any]):
+    """A message's map the compiled straight path of its validator leaves to the
+    general check (a subclass of dict: only a dict itself takes the straight path)."""
+
+
+def decoded_or_refusal(kind: str, body: Any) -> object:
+    try:
+        return decode_message(kind, body)
+    except Exception as exc:
+        return (type(exc), str(exc))
+
+
+@given(
+    kind=st.sampled_from(["test.codec.rich", "test.codec.keywords", "test.codec.empty"]),
+    drop=st.sets(st.sampled_from([*Rich.__dataclass_fields__, "first", "rest"]), max_size=3),
+    change=st.dictionaries(
+        st.sampled_from([*Rich.__dataclass_fields__, "first", "rest", "label", "public", "odd"]),
+        _cbor_values,
+        max_size=3,
+    ),
+)
+@settings(max_examples=300)
+def test_the_compiled_validators_answer_as_the_general_check_does(
+    kind: str, drop: set[str], change: dict[str, Any]
+) -> None:
+    # A map that fits goes the compiled straight path; a map of another type always
+    # takes the general check: both must build the same message or refuse alike.
+    valid = {
+        "test.codec.rich": encode_message(rich())[1],
+        "test.codec.keywords": encode_message(Keywords(1, rest=[2], label="x"))[1],
+        "test.codec.empty": {},
+    }[kind]
+    body = {k: v for k, v in valid.items() if k not in drop} | change
+    straight = decoded_or_refusal(kind, body)
+    assert straight == decoded_or_refusal(kind, PlainMap(body))
+    if body == valid:
+        assert straight == decode_message(kind, valid)
+
+
+def test_keyword_only_fields_are_built_by_name() -> None:
+    assert decode_message("test.codec.keywords", {"first": 1, "rest": [2], "label": "x"}) == (
+        Keywords(1, rest=[2], label="x")
+    )
+    assert decode_message("test.codec.keywords", {"first": 1}) == Keywords(1)
 
 
 @settings(max_examples=100)

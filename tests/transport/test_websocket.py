@@ -11,7 +11,6 @@ import logging
 import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
 
 import cbor2
 import pytest
@@ -29,6 +28,7 @@ from corral.transport import (
     WebSocketTransport,
     open_websocket_transport,
 )
+from corral.transport import _websocket as websocket_module
 from corral.transport._handshake import (
     NONCE_SIZE,
     ClientHandshake,
@@ -40,7 +40,7 @@ from corral.transport._handshake import (
 )
 from corral.transport._websocket import RESOURCE
 from corral.transport._ws_rules import frame_refusal_message, parse_peer_address
-from corral.transport._ws_wire import pack
+from corral.transport._ws_wire import pack, pack_one
 
 LOGGER = "corral.transport.websocket"
 SECRET = b"test-cluster-secret"
@@ -571,15 +571,12 @@ async def test_written_through_and_queued_frames_keep_their_order(
     # frames through (an answer came since a's last frame) and queueing them
     # (something of a's is still waiting to be written): the order must hold.
     through = {"node-a": 0, "node-b": 0}
-    real_write_through = WebSocketTransport._write_through
 
-    async def counting_write_through(
-        self: WebSocketTransport, link: Any, conn: Any, data: bytes
-    ) -> None:
-        through[data[:6].decode()] += 1
-        await real_write_through(self, link, conn, data)
+    def counting_pack_one(frame: bytes) -> bytes:  # a frame written through: a packet of one
+        through[frame[:6].decode()] += 1
+        return pack_one(frame)
 
-    monkeypatch.setattr(WebSocketTransport, "_write_through", counting_write_through)
+    monkeypatch.setattr(websocket_module, "pack_one", counting_pack_one)
     count = 2000
     with trio.fail_after(30):
         async with two_nodes() as (a, b):
