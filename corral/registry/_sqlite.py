@@ -233,7 +233,7 @@ class _Reuse:
 class _Tx:
     """One write transaction: the revision as it stands inside it."""
 
-    conn: sqlite3.Connection
+    cur: sqlite3.Cursor
     now: float
     revision: int
     compacted: int
@@ -290,6 +290,12 @@ class SQLiteRegistry(Registry):
         identity: tuple[int, int] | None = None,
     ) -> None:
         self._conn = conn
+        # Every statement on a connection goes through one cursor, made once:
+        # Connection.execute makes (and drops) a cursor per statement, which costs
+        # as much as a small statement itself. Safe because every statement here
+        # runs to its end before the next one starts (one-row reads, fetchall,
+        # writes), so none leaves a read snapshot open.
+        self._cursor = conn.cursor()
         self._path = path
         self._identity = identity if identity is not None else _file_identity(path)
         self._lost: bool | None = None  # once the file is gone: True deleted, False replaced
@@ -301,6 +307,7 @@ class SQLiteRegistry(Registry):
         self._busy_timeout = busy_timeout
         self._checkpoint_every = checkpoint_every
         self._write_conn = write_conn  # set when commits sync: writes go to a thread
+        self._write_cursor = None if write_conn is None else write_conn.cursor()
         self._queue: list[_Slot[Any]] = []
         self._write_lock = trio.Lock()
         self._changed = trio.lowlevel.ParkingLot()
@@ -430,15 +437,15 @@ class SQLiteRegistry(Registry):
             await trio.lowlevel.checkpoint()
         if self._clock() < self._direct_until:
             try:  # the fast path: no lease can be due, read directly
-                row = self._conn.execute(_GET, (key,)).fetchone()
+                row = self._cursor.execute(_GET, (key,)).fetchone()
             except sqlite3.Error:
                 pass  # the slow path below retries and reports
             else:
                 return None if row is None else self._reuse.kv(row)
         return await self._read(functools.partial(self._get_row, key=key), checkpointed=True)
 
-    def _get_row(self, conn: sqlite3.Connection, key: str) -> KeyValue | None:
-        row = conn.execute(_GET, (key,)).fetchone()
+    def _get_row(self, cur: sqlite3.Cursor, key: str) -> KeyValue | None:
+        row = cur.execute(_GET, (key,)).fetchone()
         return None if row is None else self._reuse.kv(row)
 
     async def range(self, prefix: str) -> list[KeyValue]:
@@ -456,8 +463,8 @@ class SQLiteRegistry(Registry):
 
         def job(tx: _Tx) -> int:
             if lease is not None:
-                _check_lease(tx.conn, lease)
-            _put(tx.conn, tx.revision + 1, 0, key, value, lease)
+                _check_lease(tx.cur, lease)
+            _put(tx.cur, tx.revision + 1, 0, key, value, lease)
             tx.revision += 1
             return tx.revision
 
@@ -487,7 +494,7 @@ class SQLiteRegistry(Registry):
         success, failure = tuple(on_success), tuple(on_failure)
 
         def job(tx: _Tx) -> TxnResult:
-            execute = tx.conn.execute
+            execute = tx.cur.execute
             known: dict[str, KeyValue | None] = {}
             succeeded = True
             for compare in compares:  # every key is read: a Put reuses what was read
@@ -511,7 +518,7 @@ class SQLiteRegistry(Registry):
         ttl = max(float(ttl), PROBE_WINDOW)
 
         def job(tx: _Tx) -> Lease:
-            cursor = tx.conn.execute(
+            cursor = tx.cur.execute(
                 "INSERT INTO leases (ttl, expires) VALUES (?, ?)", (ttl, tx.now + ttl)
             )
             assert cursor.lastrowid is not None
@@ -521,11 +528,11 @@ class SQLiteRegistry(Registry):
 
     async def keepalive(self, lease_id: int) -> float:
         def job(tx: _Tx) -> float:
-            row = tx.conn.execute("SELECT ttl FROM leases WHERE id = ?", (lease_id,)).fetchone()
+            row = tx.cur.execute("SELECT ttl FROM leases WHERE id = ?", (lease_id,)).fetchone()
             if row is None:
                 raise LeaseNotFound(lease_id)
             ttl: float = row[0]
-            tx.conn.execute("UPDATE leases SET expires = ? WHERE id = ?", (tx.now + ttl, lease_id))
+            tx.cur.execute("UPDATE leases SET expires = ? WHERE id = ?", (tx.now + ttl, lease_id))
             return ttl
 
         return await self._write(job)
@@ -655,9 +662,7 @@ class SQLiteRegistry(Registry):
         else:
             await trio.lowlevel.checkpoint()
 
-    async def _read(
-        self, read: Callable[[sqlite3.Connection], T], *, checkpointed: bool = False
-    ) -> T:
+    async def _read(self, read: Callable[[sqlite3.Cursor], T], *, checkpointed: bool = False) -> T:
         """Run a read on the loop (WAL readers never wait for the disk), first
         expiring leases whose time has come.
 
@@ -676,12 +681,12 @@ class SQLiteRegistry(Registry):
                 now = self._clock()
                 if now >= self._probe_valid_until or now >= self._earliest_expiry:
                     self._check_file()
-                    earliest = self._conn.execute(_EARLIEST_EXPIRY).fetchone()[0]
+                    earliest = self._cursor.execute(_EARLIEST_EXPIRY).fetchone()[0]
                     self._earliest_expiry = math.inf if earliest is None else float(earliest)
                     self._probe_valid_until = now + PROBE_WINDOW
                     self._direct_until = min(self._probe_valid_until, self._earliest_expiry)
                 if now < self._earliest_expiry:
-                    return read(self._conn)
+                    return read(self._cursor)
             except sqlite3.Error as exc:
                 # WAL readers wait only while another process recovers the WAL
                 # index or (a fresh file) switches it to WAL.
@@ -707,7 +712,7 @@ class SQLiteRegistry(Registry):
                 await self._checkpoint_done.wait()
             if not self._closed and self._lost is None:
                 try:  # _on_loop's first attempt, without its coroutine
-                    value = _run_one(self._conn, job, self._when())
+                    value = _run_one(self._cursor, job, self._when())
                 except sqlite3.Error:
                     pass  # busy or failing: _on_loop retries, waits, and reports
                 else:
@@ -802,10 +807,8 @@ class SQLiteRegistry(Registry):
             await slot.finished.wait()
         return slot.result()
 
-    async def _on_loop(
-        self, transaction: Callable[[sqlite3.Connection, W, _When], T], work: W
-    ) -> T:
-        """Run ``transaction(conn, work, when)`` on the loop's connection,
+    async def _on_loop(self, transaction: Callable[[sqlite3.Cursor, W, _When], T], work: W) -> T:
+        """Run ``transaction(cursor, work, when)`` on the loop's connection,
         retrying while another process holds the write lock (up to busy_timeout).
         Once it has committed, nothing here is a cancel point: a write that
         raises Cancelled did not happen."""
@@ -813,7 +816,7 @@ class SQLiteRegistry(Registry):
         while True:
             self._check_open()
             try:
-                value = transaction(self._conn, work, self._when())
+                value = transaction(self._cursor, work, self._when())
                 break
             except sqlite3.Error as exc:
                 patience = patience or _Patience(self._busy_timeout)
@@ -840,14 +843,14 @@ class SQLiteRegistry(Registry):
         while another process holds the write lock. Every slot is finished however
         this ends; a batch holding other tasks' writes is seen through even if this
         task is cancelled (a lone write may be cancelled before it starts)."""
-        conn = self._write_conn
-        assert conn is not None
+        cur = self._write_cursor
+        assert cur is not None
         patience = _Patience(self._busy_timeout, started=trio.current_time())
         try:
             with trio.CancelScope(shield=len(batch) > 1):
                 while True:
                     try:
-                        await trio.to_thread.run_sync(_run_batch, conn, batch, self._when())
+                        await trio.to_thread.run_sync(_run_batch, cur, batch, self._when())
                         break
                     except sqlite3.Error as exc:
                         # SQLite's busy handler waited already; this catches what it
@@ -956,52 +959,52 @@ def _unavailable(path: str, exc: sqlite3.Error) -> RegistryUnavailable:
     )
 
 
-def _meta(conn: sqlite3.Connection) -> tuple[int, int]:
-    revision, compacted = conn.execute(_META).fetchone()
+def _meta(cur: sqlite3.Cursor) -> tuple[int, int]:
+    revision, compacted = cur.execute(_META).fetchone()
     return revision, compacted
 
 
-def _get(conn: sqlite3.Connection, key: str) -> KeyValue | None:
-    row = conn.execute(_GET, (key,)).fetchone()
+def _get(cur: sqlite3.Cursor, key: str) -> KeyValue | None:
+    row = cur.execute(_GET, (key,)).fetchone()
     return None if row is None else KeyValue(*row)
 
 
-def _range(conn: sqlite3.Connection, prefix: str) -> list[KeyValue]:
+def _range(cur: sqlite3.Cursor, prefix: str) -> list[KeyValue]:
     low, high = _prefix_bounds(prefix)
     if high is None:
-        rows = conn.execute(
+        rows = cur.execute(
             f"SELECT {_KV_COLUMNS} FROM kv WHERE key >= ? ORDER BY key", (low,)
         ).fetchall()
     else:
-        rows = conn.execute(
+        rows = cur.execute(
             f"SELECT {_KV_COLUMNS} FROM kv WHERE key >= ? AND key < ? ORDER BY key", (low, high)
         ).fetchall()
     return [_kv(row) for row in rows]
 
 
 def _changes_since(
-    conn: sqlite3.Connection, *, prefix: str, next_revision: int
+    cur: sqlite3.Cursor, *, prefix: str, next_revision: int
 ) -> tuple[list[WatchEvent], int]:
     """Events under ``prefix`` from ``next_revision`` on, and the revision to ask
     for next. One read transaction, so another process's compaction cannot remove
     rows between reading the revision and reading the rows."""
-    conn.execute("BEGIN")
+    cur.execute("BEGIN")
     try:
-        return _changes_in_snapshot(conn, prefix=prefix, next_revision=next_revision)
+        return _changes_in_snapshot(cur, prefix=prefix, next_revision=next_revision)
     finally:
-        conn.execute("COMMIT")
+        cur.execute("COMMIT")
 
 
 def _changes_in_snapshot(
-    conn: sqlite3.Connection, *, prefix: str, next_revision: int
+    cur: sqlite3.Cursor, *, prefix: str, next_revision: int
 ) -> tuple[list[WatchEvent], int]:
-    revision, compacted = _meta(conn)
+    revision, compacted = _meta(cur)
     if next_revision <= compacted:
         raise RevisionCompacted(next_revision, compacted)
     if revision < next_revision:
         return [], next_revision
     low, high = _prefix_bounds(prefix)
-    rows = conn.execute(
+    rows = cur.execute(
         "SELECT revision, deleted, key, value, create_revision, version, lease FROM changes "
         "WHERE revision >= ? AND revision <= ? AND key >= ? AND (? IS NULL OR key < ?) "
         "ORDER BY revision, seq",
@@ -1028,19 +1031,19 @@ def _rebase_leases(conn: sqlite3.Connection, epoch: str, now: float) -> None:
     conn.execute("INSERT OR REPLACE INTO info (name, value) VALUES ('lease_epoch', ?)", (epoch,))
 
 
-def _begin(conn: sqlite3.Connection, when: _When) -> _Tx:
+def _begin(cur: sqlite3.Cursor, when: _When) -> _Tx:
     """Open a write transaction and expire the leases whose time has come (none
     when ``when.none_due``: the caller knows no lease is due yet)."""
     now = when.now
-    conn.execute("BEGIN IMMEDIATE")
+    cur.execute("BEGIN IMMEDIATE")
     if when.none_due:
-        revision, compacted = conn.execute(_META).fetchone()
+        revision, compacted = cur.execute(_META).fetchone()
         earliest = None
     else:
-        revision, compacted, earliest = conn.execute(_META_PROBED).fetchone()
-    tx = _Tx(conn, now, revision, compacted, revision)
+        revision, compacted, earliest = cur.execute(_META_PROBED).fetchone()
+    tx = _Tx(cur, now, revision, compacted, revision)
     if earliest is not None and earliest <= now:
-        for (lease_id,) in conn.execute(
+        for (lease_id,) in cur.execute(
             "SELECT id FROM leases WHERE expires <= ? ORDER BY expires, id", (now,)
         ).fetchall():
             _end_lease(tx, lease_id)
@@ -1049,59 +1052,59 @@ def _begin(conn: sqlite3.Connection, when: _When) -> _Tx:
 
 def _finish(tx: _Tx, history: int) -> None:
     """Record the new revision, compact old history now and then, and commit."""
-    conn = tx.conn
+    cur = tx.cur
     if tx.revision != tx.start_revision:
         floor = tx.revision - history
         if floor > tx.compacted and (floor - tx.compacted >= max(1, history // 10)):
-            conn.execute("DELETE FROM changes WHERE revision <= ?", (floor,))
+            cur.execute("DELETE FROM changes WHERE revision <= ?", (floor,))
             tx.compacted = floor
-        conn.execute("UPDATE meta SET revision = ?, compacted = ?", (tx.revision, tx.compacted))
-    conn.execute("COMMIT")
+        cur.execute("UPDATE meta SET revision = ?, compacted = ?", (tx.revision, tx.compacted))
+    cur.execute("COMMIT")
 
 
-def _run_one(conn: sqlite3.Connection, job: Callable[[_Tx], T], when: _When) -> T:
+def _run_one(cur: sqlite3.Cursor, job: Callable[[_Tx], T], when: _When) -> T:
     """One write in one transaction; if it raises, nothing of it stays."""
-    tx = _begin(conn, when)
+    tx = _begin(cur, when)
     try:
         value = job(tx)
         _finish(tx, when.history)
     except BaseException:
-        if conn.in_transaction:
-            conn.execute("ROLLBACK")
+        if cur.connection.in_transaction:
+            cur.execute("ROLLBACK")
         raise
     return value
 
 
-def _run_batch(conn: sqlite3.Connection, batch: list[_Slot[Any]], when: _When) -> None:
+def _run_batch(cur: sqlite3.Cursor, batch: list[_Slot[Any]], when: _When) -> None:
     """A group commit: each write in its own savepoint (one that raises leaves no
     trace and fails alone), all in one transaction."""
-    tx = _begin(conn, when)
+    tx = _begin(cur, when)
     try:
         for slot in batch:
-            conn.execute("SAVEPOINT job")
+            cur.execute("SAVEPOINT job")
             before = tx.revision
             slot.error = None  # a retried batch starts afresh
             try:
                 slot.value = slot.job(tx)
             except (RegistryError, ValueError, TypeError) as exc:
-                conn.execute("ROLLBACK TO job")
+                cur.execute("ROLLBACK TO job")
                 tx.revision = before
                 slot.error = exc
-            conn.execute("RELEASE job")
+            cur.execute("RELEASE job")
         _finish(tx, when.history)
     except BaseException:
-        if conn.in_transaction:
-            conn.execute("ROLLBACK")
+        if cur.connection.in_transaction:
+            cur.execute("ROLLBACK")
         raise
 
 
 def _end_lease(tx: _Tx, lease_id: int) -> None:
-    conn = tx.conn
-    if conn.execute("DELETE FROM leases WHERE id = ?", (lease_id,)).rowcount == 0:
+    cur = tx.cur
+    if cur.execute("DELETE FROM leases WHERE id = ?", (lease_id,)).rowcount == 0:
         return
     keys = [
         row[0]
-        for row in conn.execute("SELECT key FROM kv WHERE lease = ? ORDER BY key", (lease_id,))
+        for row in cur.execute("SELECT key FROM kv WHERE lease = ? ORDER BY key", (lease_id,))
     ]
     if keys:
         _apply(tx, [Delete(key) for key in keys])
@@ -1116,26 +1119,26 @@ def _apply(
     reading the key again (a branch writes each key at most once, so they are
     still current when the Put runs). An op that raises (a lease that does not
     exist) raises out of the transaction, which the caller rolls back whole."""
-    conn = tx.conn
+    cur = tx.cur
     revision = tx.revision + 1
     seq = 0
     responses: list[list[KeyValue] | int | None] = []
     for op in ops:
         if isinstance(op, Put):
             if op.lease is not None:
-                _check_lease(conn, op.lease)
+                _check_lease(cur, op.lease)
             previous = known.get(op.key, _UNKNOWN) if known else _UNKNOWN
-            _put(conn, revision, seq, op.key, bytes(op.value), op.lease, previous)
+            _put(cur, revision, seq, op.key, bytes(op.value), op.lease, previous)
             seq += 1
             responses.append(None)
         elif isinstance(op, Get):
-            responses.append(_range(conn, op.key) if op.prefix else _listed(_get(conn, op.key)))
+            responses.append(_range(cur, op.key) if op.prefix else _listed(_get(cur, op.key)))
         else:
-            matching = _range(conn, op.key) if op.prefix else _listed(_get(conn, op.key))
+            matching = _range(cur, op.key) if op.prefix else _listed(_get(cur, op.key))
             gone = [kv.key for kv in matching]
             for key in gone:
-                conn.execute("DELETE FROM kv WHERE key = ?", (key,))
-                conn.execute(
+                cur.execute("DELETE FROM kv WHERE key = ?", (key,))
+                cur.execute(
                     "INSERT INTO changes (revision, seq, deleted, key, value, create_revision, "
                     "version, lease) VALUES (?, ?, 1, ?, x'', 0, 0, NULL)",
                     (revision, seq, key),
@@ -1147,8 +1150,8 @@ def _apply(
     return responses
 
 
-def _check_lease(conn: sqlite3.Connection, lease_id: int) -> None:
-    if conn.execute("SELECT 1 FROM leases WHERE id = ?", (lease_id,)).fetchone() is None:
+def _check_lease(cur: sqlite3.Cursor, lease_id: int) -> None:
+    if cur.execute("SELECT 1 FROM leases WHERE id = ?", (lease_id,)).fetchone() is None:
         raise LeaseNotFound(lease_id)
 
 
@@ -1160,7 +1163,7 @@ _UNKNOWN: Final = _Unknown()
 
 
 def _put(
-    conn: sqlite3.Connection,
+    cur: sqlite3.Cursor,
     revision: int,
     seq: int,
     key: str,
@@ -1169,7 +1172,7 @@ def _put(
     previous: KeyValue | _Unknown | None = _UNKNOWN,
 ) -> None:
     if isinstance(previous, _Unknown):
-        row = conn.execute(
+        row = cur.execute(
             "SELECT create_revision, version FROM kv WHERE key = ?", (key,)
         ).fetchone()
     else:
@@ -1178,17 +1181,17 @@ def _put(
     # common lease-less write spells NULL out (SQLite then skips the lease index).
     if row is None:
         create, version = revision, 1
-        conn.execute(_INSERT_KV, (key, value, create, revision, version, lease))
+        cur.execute(_INSERT_KV, (key, value, create, revision, version, lease))
     else:
         create, version = row[0], row[1] + 1
         if lease is None:
-            conn.execute(_UPDATE_KV_NO_LEASE, (value, revision, version, key))
+            cur.execute(_UPDATE_KV_NO_LEASE, (value, revision, version, key))
         else:
-            conn.execute(_UPDATE_KV, (value, revision, version, lease, key))
+            cur.execute(_UPDATE_KV, (value, revision, version, lease, key))
     if lease is None:
-        conn.execute(_INSERT_CHANGE_NO_LEASE, (revision, seq, key, value, create, version))
+        cur.execute(_INSERT_CHANGE_NO_LEASE, (revision, seq, key, value, create, version))
     else:
-        conn.execute(_INSERT_CHANGE, (revision, seq, key, value, create, version, lease))
+        cur.execute(_INSERT_CHANGE, (revision, seq, key, value, create, version, lease))
 
 
 _INSERT_KV: Final = (

@@ -30,12 +30,12 @@ def _busy(code: int = sqlite3.SQLITE_BUSY_RECOVERY) -> sqlite3.OperationalError:
     return exc
 
 
-class BusyConnection:
-    """Stands in for the loop's connection: its next ``times`` statements fail the
-    way SQLite fails them while another process holds a lock."""
+class BusyCursor:
+    """Stands in for the cursor of the loop's connection: its next ``times``
+    statements fail the way SQLite fails them while another process holds a lock."""
 
-    def __init__(self, conn: sqlite3.Connection, times: int) -> None:
-        self.conn = conn
+    def __init__(self, cursor: sqlite3.Cursor, times: int) -> None:
+        self.cursor = cursor
         self.times = times
         self.refused = 0
 
@@ -44,10 +44,10 @@ class BusyConnection:
             self.times -= 1
             self.refused += 1
             raise _busy()
-        return self.conn.execute(*args)
+        return self.cursor.execute(*args)
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self.conn, name)
+        return getattr(self.cursor, name)
 
 
 @pytest.mark.parametrize("operation", ["get", "range", "revision", "put", "txn", "grant"])
@@ -57,8 +57,8 @@ async def test_every_operation_waits_out_a_busy_database(
     registry = await SQLiteRegistry.open(tmp_path / "busy.db")
     try:
         await registry.put("apps/a", b"1")
-        busy = BusyConnection(registry._conn, times=6)
-        registry._conn = busy  # type: ignore[assignment]
+        busy = BusyCursor(registry._cursor, times=6)
+        registry._cursor = busy  # type: ignore[assignment]
         calls = {
             "get": lambda: registry.get("apps/a"),
             "range": lambda: registry.range("apps/"),
@@ -78,7 +78,7 @@ async def test_a_database_busy_past_busy_timeout_is_reported(
 ) -> None:
     registry = await SQLiteRegistry.open(tmp_path / "stuck.db", busy_timeout=3.0)
     try:
-        registry._conn = BusyConnection(registry._conn, times=10**9)  # type: ignore[assignment]
+        registry._cursor = BusyCursor(registry._cursor, times=10**9)  # type: ignore[assignment]
         for call in (lambda: registry.range("apps/"), lambda: registry.put("apps/a", b"1")):
             start = trio.current_time()
             with pytest.raises(RegistryUnavailable, match="database is locked"):
@@ -164,11 +164,11 @@ async def test_open_and_write_wait_for_another_process_to_commit(
 
 
 class CompactedMidPoll:
-    """Stands in for the loop's connection: just before a watch poll reads the
-    change rows, another process compacts away every one of them."""
+    """Stands in for the cursor of the loop's connection: just before a watch poll
+    reads the change rows, another process compacts away every one of them."""
 
-    def __init__(self, conn: sqlite3.Connection, other: sqlite3.Connection) -> None:
-        self.conn = conn
+    def __init__(self, cursor: sqlite3.Cursor, other: sqlite3.Connection) -> None:
+        self.cursor = cursor
         self.other = other
         self.compactions = 0
 
@@ -177,10 +177,10 @@ class CompactedMidPoll:
             self.compactions += 1
             self.other.execute("DELETE FROM changes")
             self.other.execute("UPDATE meta SET compacted = revision")
-        return self.conn.execute(sql, *args)
+        return self.cursor.execute(sql, *args)
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self.conn, name)
+        return getattr(self.cursor, name)
 
 
 async def test_a_watch_poll_reads_one_snapshot(
@@ -192,8 +192,8 @@ async def test_a_watch_poll_reads_one_snapshot(
     try:
         first = await registry.put("apps/a", b"1")
         await registry.put("apps/a", b"2")
-        proxy = CompactedMidPoll(registry._conn, other)
-        registry._conn = proxy  # type: ignore[assignment]
+        proxy = CompactedMidPoll(registry._cursor, other)
+        registry._cursor = proxy  # type: ignore[assignment]
         async with registry.watch("apps/", first) as events:
             got = await take_events(events, 2)
         assert proxy.compactions == 1
