@@ -43,19 +43,33 @@ def compare_holds(compare: Compare, kv: KeyValue | None) -> bool:
         if not isinstance(compare.value, bytes | bytearray):
             raise TypeError(f"a VALUE compare needs bytes, got {type(compare.value).__name__}")
         return _apply_op(compare.op, kv.value, bytes(compare.value))
-    if isinstance(compare.value, bool) or not isinstance(compare.value, int):
-        raise TypeError(
-            f"a {compare.target.name} compare needs an int, got {type(compare.value).__name__}"
-        )
     if kv is None:
-        actual = 0
-    elif compare.target is CompareTarget.VERSION:
-        actual = kv.version
-    elif compare.target is CompareTarget.CREATE_REVISION:
-        actual = kv.create_revision
+        return stamp_compare_holds(compare, None)
+    return stamp_compare_holds(compare, (kv.create_revision, kv.mod_revision, kv.version))
+
+
+def stamp_compare_holds(compare: Compare, stamps: tuple[int, int, int] | None) -> bool:
+    """Evaluate a VERSION, CREATE_REVISION or MOD_REVISION guard from the key's
+    ``(create_revision, mod_revision, version)`` (``None`` = absent), as
+    :func:`compare_holds` does: a backend can read those three without the value.
+    """
+    target = compare.target
+    if target is CompareTarget.MOD_REVISION:
+        stamp = 1
+    elif target is CompareTarget.VERSION:
+        stamp = 2
+    elif target is CompareTarget.CREATE_REVISION:
+        stamp = 0
     else:
-        actual = kv.mod_revision
-    return _apply_op(compare.op, actual, compare.value)
+        raise ValueError(f"a {target.name} compare is not evaluated from stamps")
+    value = compare.value
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"a {target.name} compare needs an int, got {type(value).__name__}")
+    actual = 0 if stamps is None else stamps[stamp]
+    op = compare.op
+    if op is CompareOp.EQUAL:  # the common guard, without a call
+        return actual == value
+    return _apply_op(op, actual, value)
 
 
 def _apply_op(op: CompareOp, actual: int | bytes, expected: int | bytes) -> bool:

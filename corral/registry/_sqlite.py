@@ -67,6 +67,7 @@ import trio
 
 from corral.registry._base import (
     Compare,
+    CompareTarget,
     Delete,
     EventType,
     Get,
@@ -85,7 +86,12 @@ from corral.registry._errors import (
     RegistryUnavailable,
     RevisionCompacted,
 )
-from corral.registry._logic import KeyCheck, check_txn_branch, compare_holds
+from corral.registry._logic import (
+    KeyCheck,
+    check_txn_branch,
+    compare_holds,
+    stamp_compare_holds,
+)
 from corral.registry._memory import DEFAULT_HISTORY
 from corral.registry._records import parse_key
 
@@ -142,6 +148,7 @@ _KV_COLUMNS: Final = "key, value, create_revision, mod_revision, version, lease"
 _META: Final = "SELECT revision, compacted FROM meta"
 _META_PROBED: Final = "SELECT revision, compacted, (SELECT min(expires) FROM leases) FROM meta"
 _GET: Final = "SELECT * FROM kv WHERE key = ?"  # the columns are _KV_COLUMNS, in order
+_STAMPS: Final = "SELECT create_revision, mod_revision, version FROM kv WHERE key = ?"
 _EARLIEST_EXPIRY: Final = "SELECT min(expires) FROM leases"
 _SCHEDULE_EVERY: Final = 16
 _cancel_point: Final = trio.lowlevel.checkpoint_if_cancelled
@@ -495,14 +502,20 @@ class SQLiteRegistry(Registry):
 
         def job(tx: _Tx) -> TxnResult:
             execute = tx.cur.execute
-            known: dict[str, KeyValue | None] = {}
+            known: dict[str, tuple[int, int, int] | None] = {}
             succeeded = True
             for compare in compares:  # every key is read: a Put reuses what was read
-                # Not through _Reuse: a guarded write changes the row it compared, so
-                # remembering it would only churn the cache.
-                row = execute(_GET, (compare.key,)).fetchone()
-                kv = known[compare.key] = None if row is None else KeyValue(*row)
-                succeeded = succeeded and compare_holds(compare, kv)
+                if compare.target is CompareTarget.VALUE:
+                    # Not through _Reuse: a guarded write changes the row it
+                    # compared, so remembering it would only churn the cache.
+                    row = execute(_GET, (compare.key,)).fetchone()
+                    known[compare.key] = None if row is None else (row[2], row[3], row[4])
+                    succeeded = succeeded and compare_holds(
+                        compare, None if row is None else KeyValue(*row)
+                    )
+                else:  # a guard on revisions or version reads neither key nor value
+                    stamps = known[compare.key] = execute(_STAMPS, (compare.key,)).fetchone()
+                    succeeded = succeeded and stamp_compare_holds(compare, stamps)
             responses = _apply(tx, success if succeeded else failure, known)
             return TxnResult(succeeded, tx.revision, tuple(responses))
 
@@ -1111,11 +1124,12 @@ def _end_lease(tx: _Tx, lease_id: int) -> None:
 
 
 def _apply(
-    tx: _Tx, ops: Sequence[TxnOp], known: dict[str, KeyValue | None] | None = None
+    tx: _Tx, ops: Sequence[TxnOp], known: dict[str, tuple[int, int, int] | None] | None = None
 ) -> list[list[KeyValue] | int | None]:
     """Run ``ops`` as one revision (bumped only when something changed).
 
-    ``known`` holds keys read by the txn's compares; a Put reuses them instead of
+    ``known`` holds the stamps (create revision, mod revision, version) of the
+    keys read by the txn's compares; a Put reuses them instead of
     reading the key again (a branch writes each key at most once, so they are
     still current when the Put runs). An op that raises (a lease that does not
     exist) raises out of the transaction, which the caller rolls back whole."""
@@ -1169,14 +1183,14 @@ def _put(
     key: str,
     value: bytes,
     lease: int | None,
-    previous: KeyValue | _Unknown | None = _UNKNOWN,
+    previous: tuple[int, int, int] | _Unknown | None = _UNKNOWN,
 ) -> None:
     if isinstance(previous, _Unknown):
         row = cur.execute(
             "SELECT create_revision, version FROM kv WHERE key = ?", (key,)
         ).fetchone()
     else:
-        row = None if previous is None else (previous.create_revision, previous.version)
+        row = None if previous is None else (previous[0], previous[2])
     # The key's state is known here, so an UPDATE or a plain INSERT does, and the
     # common lease-less write spells NULL out (SQLite then skips the lease index).
     if row is None:
