@@ -136,6 +136,9 @@ _MAX_DELTA: Final = 32
 _EMPTY_SET: Final[frozenset[str]] = frozenset()
 _FLOOR: Final = "10% of the disk, at most 10 GiB"
 _COOLDOWN: Final = "cooldown"
+#: Test hook: False makes every pass take the straightforward path where a shortcut
+#: provably decides the same, so that tests can check it does.
+_SHORTCUTS = True
 
 Selector = tuple[tuple[str, str], ...]
 Signature = tuple[object, ...]
@@ -205,7 +208,7 @@ def _matches(selector: Selector, labels: Mapping[str, str]) -> bool:
 class _View:
     """The nodes whose labels carry a selector (any state), and what is derived from them."""
 
-    __slots__ = ("_groups", "_measured", "_plain", "ids", "ids_b", "selector")
+    __slots__ = ("_groups", "_measured", "_measured_set", "_plain", "ids", "ids_b", "selector")
 
     def __init__(self, selector: Selector, ids: list[str], ids_b: list[bytes]) -> None:
         self.selector = selector
@@ -214,12 +217,20 @@ class _View:
         self._plain: list[str] | None = None
         self._groups: dict[Group, int] | None = None
         self._measured: list[str] | None = None
+        self._measured_set: frozenset[str] | None = None
 
     def measured(self, avail: Mapping[str, int]) -> list[str]:
         """Nodes of the view that are alive and report capacity with a readable disk."""
         if self._measured is None:
             self._measured = [i for i in self.ids if i in avail]
         return self._measured
+
+    def measured_outside(self, avail: Mapping[str, int], hosts: Iterable[str]) -> int:
+        """How many nodes of :meth:`measured` are not in ``hosts`` (distinct ids)."""
+        if self._measured_set is None:
+            self._measured_set = frozenset(self.measured(avail))
+        inside = self._measured_set
+        return len(inside) - sum(1 for h in hosts if h in inside)
 
     def plain(self, nodes: Mapping[str, _Node]) -> list[str]:
         """Nodes of the view that take an app declaring no resources, sorted."""
@@ -751,17 +762,19 @@ class _Pass:
     # ------------------------------------------------------------------ ranking
 
     def full_ranking(self, name_b: bytes, view: _View) -> Ranked:
-        sha = _sha256
-        digests = [sha(name_b + b).digest() for b in view.ids_b]
-        return sorted(zip(digests, view.ids, strict=True), reverse=True)
+        keyed = _keyed_scores(name_b, view.ids_b)
+        keyed.sort(reverse=True)
+        return [(key[:32], key[32:].decode()) for key in keyed]
 
     def prefix_ranking(self, name_b: bytes, view: _View, want: int) -> tuple[Ranked, bool]:
         size = want + _PREFIX_MARGIN
-        sha = _sha256
-        digests = [sha(name_b + b).digest() for b in view.ids_b]
-        if len(digests) <= size:
-            return sorted(zip(digests, view.ids, strict=True), reverse=True), True
-        return heapq.nlargest(size, zip(digests, view.ids, strict=True)), False
+        keyed = _keyed_scores(name_b, view.ids_b)
+        complete = len(keyed) <= size
+        if complete:
+            keyed.sort(reverse=True)
+        else:
+            keyed = heapq.nlargest(size, keyed)
+        return [(key[:32], key[32:].decode()) for key in keyed], complete
 
     def ranked_select(
         self,
@@ -1076,8 +1089,7 @@ class _Pass:
                 # missing, nor than the nodes of the selector that could take one.
                 gone = lost + excluded
                 view = self.view(selector)
-                hosts_set = set(hosts)
-                candidates = sum(1 for n in view.measured(self.avail_mem) if n not in hosts_set)
+                candidates = view.measured_outside(self.avail_mem, set(hosts))
                 most = min(len(gone), want - min(len(keepable), want), candidates)
                 granted = max(budget_left, 0)
                 certain = [h for i, h in enumerate(gone) if i >= most or i < granted]
@@ -1136,6 +1148,22 @@ class _Pass:
         ranked.sort()
         return [node_id for _, _, node_id in ranked]
 
+    def first_fitting(
+        self, app: AppSpec, view: _View, hosts: set[str], most: int | None = None
+    ) -> list[str]:
+        """The nodes :meth:`best_fit_order` lists, in node id order (not best fit first):
+        all of them, or the first ``most``."""
+        found: list[str] = []
+        mem, disk10 = app.memory_mb, 10 * app.disk_mb
+        avail_mem, avail_disk10 = self.avail_mem, self.avail_disk10
+        for node_id in view.measured(avail_mem):
+            if avail_mem[node_id] >= mem and avail_disk10[node_id] >= disk10:
+                if node_id not in hosts:
+                    found.append(node_id)
+                    if len(found) == most:
+                        break
+        return found
+
     def plan_resource(
         self, app: AppSpec, placement: Placement | None, hosts: tuple[str, ...]
     ) -> _Result | None:
@@ -1164,7 +1192,10 @@ class _Pass:
         keepable, lost, excluded = self.classify(hosts, selector)
         hosts_set = set(hosts)
         if app.replicas == "all":
-            adds = sorted(self.best_fit_order(app, view, hosts_set))
+            if _SHORTCUTS:
+                adds = self.first_fitting(app, view, hosts_set)  # view.measured is sorted
+            else:
+                adds = sorted(self.best_fit_order(app, view, hosts_set))
             self.place_all(result, view, adds, keepable, lost, holding)
             self.reserve(app, result.adds)
             self.release(app, result)
@@ -1183,7 +1214,13 @@ class _Pass:
             result.keep = keepable
             lost_and_excluded = lost + excluded
         need = want - len(result.keep) - len(restarted) - len(result.stopped)
-        if need > 0:
+        if need > 0 and self.budget <= 0 and need <= len(lost_and_excluded) and _SHORTCUTS:
+            # The budget is spent, so each node chosen below would replace an instance of
+            # lost_and_excluded and be dropped again, its move deferred (see spend): which
+            # nodes they are does not matter, only how many there are. The walk takes one
+            # per step while any can take the app, so it would choose that many.
+            result.adds = self.first_fitting(app, view, hosts_set, need)
+        elif need > 0:
             order = self.best_fit_order(app, view, hosts_set.union(restarted))
             chosen = spread_select(
                 order,
@@ -1458,6 +1495,25 @@ def allocatable(cap: NodeCapacity, reserved_mem: int, reserved_disk: int) -> tup
 
 def _score(app: str, node: str) -> bytes:
     return _sha256(f"{app}\n{node}".encode()).digest()
+
+
+def _keyed_scores(name_b: bytes, ids_b: Sequence[bytes]) -> list[bytes]:
+    """Per node of ``ids_b``, its score of the app ``name_b`` (``b"<name>\\n"``) followed
+    by its id: every digest is 32 bytes long, so these order as the pairs (score, id) do.
+
+    Hashing the app's part once and copying that state per node, and ordering bytes
+    rather than tuples (none of which the cyclic collector then tracks), is the cheapest
+    way found to score every node: the first pass of a new coordinator scores every app
+    on every node of its selector.
+    """
+    copy = _sha256(name_b).copy
+    keyed: list[bytes] = []
+    append = keyed.append
+    for node_b in ids_b:
+        state = copy()
+        state.update(node_b)
+        append(state.digest() + node_b)
+    return keyed
 
 
 def _insert_ranked(ranking: Ranked, digest: bytes, node: str) -> None:

@@ -8,6 +8,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
+import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
@@ -25,6 +26,7 @@ from corral.actors.planner import (
     plan,
     rendezvous_score,
 )
+from corral.actors.planner import _planner as planner_module
 
 NOW = 100_000.0
 NODE_IDS = [f"n{i:02d}" for i in range(12)]
@@ -418,3 +420,101 @@ def test_the_memo_never_changes_a_result(
         assert with_memo == without
         if isinstance(without, Decisions):
             placements = next_placements(placements, without, now)
+
+
+# ------------------------------------------------------------------ shortcuts
+
+
+def straightforward(
+    apps: Sequence[AppSpec],
+    nodes: Sequence[NodeInfo],
+    placements: Mapping[str, Placement],
+    policy: Policy,
+    now: float = NOW,
+) -> Decisions | str:
+    """The pass with no memo and none of the planner's shortcuts: the reference."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(planner_module, "_SHORTCUTS", False)
+        return attempt(apps, nodes, placements, policy, now)
+
+
+@FAST
+@given(cluster())
+def test_the_shortcuts_never_change_a_result(
+    data: tuple[list[AppSpec], list[NodeInfo], dict[str, Placement], Policy],
+) -> None:
+    apps, nodes, placements, policy = data
+    assert attempt(apps, nodes, placements, policy) == straightforward(
+        apps, nodes, placements, policy
+    )
+
+
+@st.composite
+def losses(
+    draw: st.DrawFn,
+) -> tuple[list[AppSpec], list[NodeInfo], dict[str, Placement], Policy]:
+    """A cluster of nodes that report capacity, mostly apps declaring resources, placed
+    and then losing some nodes under a small disruption budget: the replacements queue
+    behind the budget for several passes."""
+    ids = draw(st.lists(st.sampled_from(NODE_IDS), min_size=3, max_size=12, unique=True))
+    nodes = [
+        NodeInfo(
+            i,
+            labels=draw(labels),
+            rack=draw(st.sampled_from([None, "r1", "r2", "r3"])),
+            capacity=NodeCapacity(
+                memory_mb=4096,
+                memory_free_mb=draw(st.sampled_from([4096, 2048, 600])),
+                disk_mb=200_000,
+                disk_free_mb=draw(st.sampled_from([200_000, 21_000, 20_000])),
+            ),
+        )
+        for i in ids
+    ]
+    names = draw(st.lists(st.sampled_from(APP_NAMES), min_size=1, max_size=12, unique=True))
+    apps = [
+        AppSpec(
+            n,
+            replicas=draw(st.one_of(st.integers(1, 4), st.just("all"))),
+            selector=draw(st.one_of(st.just({}), labels)),
+            memory_mb=draw(st.sampled_from([0, 64, 512, 1024])),
+            disk_mb=draw(st.sampled_from([0, 0, 1000])),
+        )
+        for n in names
+    ]
+    policy = Policy(
+        grace_period_s=0.0,
+        cooldown_s=draw(st.sampled_from([0.0, 600.0])),
+        disruption_budget=draw(st.integers(0, 3)),
+    )
+    first = plan(apps, nodes, {}, policy, NOW)
+    placements = next_placements({}, first, NOW)
+    if draw(st.booleans()):
+        # An operator's edit: some instances vanish, so some replicas are missing too.
+        placements = {name: replace(p, nodes=p.nodes[1:]) for name, p in placements.items()}
+    lost = draw(st.lists(st.sampled_from(ids), min_size=1, max_size=len(ids) - 1, unique=True))
+    how = draw(st.sampled_from(["down", "left", "absent"]))
+    if how == "absent":
+        nodes = [n for n in nodes if n.id not in lost]
+    else:
+        nodes = [replace(n, state=how, down_since=0.0) if n.id in lost else n for n in nodes]
+    return apps, nodes, placements, policy
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(losses(), st.booleans())
+def test_passes_after_a_loss_decide_as_the_straightforward_planner(
+    data: tuple[list[AppSpec], list[NodeInfo], dict[str, Placement], Policy], memo: bool
+) -> None:
+    apps, nodes, placements, policy = data
+    cache = ScoreCache() if memo else None
+    now = NOW + 1000
+    for _ in range(8):
+        fast = attempt(apps, nodes, placements, policy, now, cache=cache)
+        reference = straightforward(apps, nodes, placements, policy, now)
+        assert fast == reference
+        if not isinstance(reference, Decisions) or not (reference.additions or reference.removals):
+            break
+        placements = next_placements(placements, reference, now)
+        nodes = settle(nodes, apps, reference)
+        now += 700
