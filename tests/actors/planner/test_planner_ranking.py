@@ -5,6 +5,9 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping, Sequence
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from corral.actors.planner import (
     AppSpec,
     Decisions,
@@ -15,6 +18,7 @@ from corral.actors.planner import (
     plan,
     rendezvous_score,
 )
+from corral.actors.planner import _planner as planner_module
 
 NOW = 10_000.0
 
@@ -58,6 +62,34 @@ def test_score_is_sha256_of_name_newline_node_in_utf8() -> None:
         rendezvous_score("caf\u00e9", "n\u00f8")
         == hashlib.sha256("caf\u00e9\nn\u00f8".encode()).digest()
     )
+
+
+node_ids = st.lists(
+    st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), min_size=1, max_size=4),
+    min_size=1,
+    max_size=40,
+    unique=True,
+)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.text(min_size=1, max_size=6), node_ids)
+def test_keyed_scores_order_as_score_then_node_id(app: str, ids: list[str]) -> None:
+    # Ids that are prefixes of one another, or sort differently as UTF-8 and as text,
+    # would show up here: the planner orders digest + UTF-8 id bytes, not (score, id).
+    keyed = planner_module._keyed_scores(f"{app}\n".encode(), [i.encode() for i in ids])
+    keyed.sort(reverse=True)
+    expected = sorted(((rendezvous_score(app, i), i) for i in ids), reverse=True)
+    assert [(k[:32], k[32:].decode()) for k in keyed] == expected
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.text(min_size=1, max_size=6), node_ids, st.integers(1, 5))
+def test_replicas_take_the_top_scores_for_any_node_ids(
+    app: str, ids: list[str], replicas: int
+) -> None:
+    d = run([AppSpec(app, replicas=replicas)], [NodeInfo(i) for i in ids])
+    assert d.placements[app] == tuple(sorted(by_score(app, ids)[:replicas]))
 
 
 def test_apps_without_resources_take_the_highest_scores() -> None:
