@@ -1,24 +1,19 @@
 """What a fleet costs the registry and each node, on virtual time.
 
     python bench/fleet.py                    # 50 nodes x 500 apps, and 5 x 50
-    python bench/fleet.py --nodes 100 --apps 1000   # ~80 s CPU, peak ~200 MiB
-    python bench/fleet.py --nodes 300 --apps 3000   # ~6 min alone, peak ~1.4 GiB
+    python bench/fleet.py --nodes 100 --apps 1000     # ~16 s CPU
+    python bench/fleet.py --nodes 1000 --apps 10000   # ~3 min alone, peak ~1.1 GiB
 
 Measured on this 2-core machine shared with other jobs, so read ``cpu_s`` (this
-process's CPU seconds) beside ``wall_s``: at 100 x 1,000 a run took 147 s wall at a
-load average of 2-4 and 440 s at 17-20, for about the same CPU (~97 s before the
-coordinator's input cache and the collector freeze below, ~77-92 s after: CPU time
-too moves with the load). At 1,000 x 10,000 a run has never finished here: before,
-not within 36 minutes; after, it had not finished its first phase (placing and
-starting the 10,000 apps) when its 50-minute limit came, at a load average of 11-21
-(~11 CPU minutes for the 1,000-node part), its RSS past 10 GB and growing. The
-memory is the burst after the apps land, not what the fleet keeps: at 300 x 3,000
-the first virtual second after the 3,000 puts costs 85 of the first 104 CPU seconds
-and takes the peak from 97 MiB to 1,373 MiB, while what lives on once it settled is
-linear in the fleet (1.6 M objects, 2.8 times 100 x 1,000's, mostly trio tasks: 150
-per node); the planner's share of that burst is 11 MiB, the nodes' event logs a few
-hundred events each. Most of the CPU that remains is the nodes' reconcile passes and
-trio's timers and cancel scopes, not the coordinator.
+process's CPU seconds) beside ``wall_s``. At 1,000 x 10,000 a quiet run took 190 s
+wall for 189 s of CPU, one beside other work 232 s wall for 202 s of CPU; by phase
+(CPU, the beside-other-work run): placing and starting the 10,000 apps 54 s, ten idle
+virtual minutes 57 s (about 85 us per node-second), deploying 100 apps 8 s, losing
+10 nodes 50 s (127 coordinator passes, the first by a new coordinator that scores
+every app on every node afresh), the fault schedule 22 s, and stopping 1,000 nodes
+with their 26,000 processes about 12 s. What remains is spread over the nodes'
+reconcile passes, trio's scheduling and the coordinator's passes over 10,000 apps;
+no one part of it stands out.
 
 N full nodes (registration, coordinator, reconciler, ports, in-memory processes) run
 in this process on one memory registry under trio's MockClock, in 10 racks; apps
@@ -37,8 +32,8 @@ readiness is checked every 60 s (see ``HEALTH``). Scenarios:
   comes as the nodes that took the last five publish them, a watch debounce
   (0.25 s) later. So ``loss_converge_s`` is about ``instances_on_lost_nodes`` / 5
   x 0.25 s, less the ~5 s between the grace lapsing and the measurement starting:
-  9 s for 301 instances at 100 nodes, ~40 s for ~900 at 300, ~150 s for ~3,000 at
-  1,000. It is the budget doing its job (Kubernetes rate-limits evictions off failed
+  9 s for 301 instances at 100 nodes, 29 s for 553 at 1,000 (10 nodes lost either
+  way). It is the budget doing its job (Kubernetes rate-limits evictions off failed
   nodes too), not a stall;
 * a randomized fault schedule (seeded): invariant violations.
 
