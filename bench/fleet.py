@@ -5,13 +5,14 @@
     python bench/fleet.py --nodes 1000 --apps 10000   # ~3 min alone, peak ~1.1 GiB
 
 Measured on this 2-core machine shared with other jobs, so read ``cpu_s`` (this
-process's CPU seconds) beside ``wall_s``. At 1,000 x 10,000 a quiet run took 190 s
-wall for 189 s of CPU, one beside other work 232 s wall for 202 s of CPU; by phase
-(CPU, the beside-other-work run): placing and starting the 10,000 apps 54 s, ten idle
-virtual minutes 57 s (about 85 us per node-second), deploying 100 apps 8 s, losing
-10 nodes 50 s (127 coordinator passes, the first by a new coordinator that scores
-every app on every node afresh), the fault schedule 22 s, and stopping 1,000 nodes
-with their 26,000 processes about 12 s. What remains is spread over the nodes'
+process's CPU seconds) beside ``wall_s``. At 1,000 x 10,000 quiet runs took 190-208 s
+wall for 189-201 s of CPU (the same code's CPU time moves by about 8 % from run to run
+here), one beside other work 232 s wall for 202 s of CPU; by phase (CPU, the 208 s
+run): placing and starting the 10,000 apps 55 s, ten idle virtual minutes 56 s
+(about 85 us per node-second), deploying 100 apps 7 s, losing 10 nodes 48 s (126
+coordinator passes, the first by a new coordinator that scores every app on every
+node afresh), the fault schedule 22 s, and stopping 1,000 nodes
+with their 26,000 processes about 13 s. What remains is spread over the nodes'
 reconcile passes, trio's scheduling and the coordinator's passes over 10,000 apps;
 no one part of it stands out.
 
