@@ -96,10 +96,7 @@ class _PendingAsk(Ask):
     __slots__ = ("deadline", "peer", "target", "timeout")
 
     def __init__(self, message: object, peer: str, target: str, timeout: float | None) -> None:
-        # Ask.__init__'s three fields set here, without the call: one per remote ask
-        self.message = message
-        self._task = None
-        self._result = None
+        super().__init__(message)
         self.peer = peer
         self.target = target
         self.timeout = timeout
@@ -242,9 +239,7 @@ class RemoteBridge:
         elif not timeout >= 0:
             raise ValueError(f"an ask's timeout must be >= 0 seconds, not {timeout!r}")
         ident = next(self._ids)
-        kind, body = encode_message(message)  # _encode, inlined: every ask's path
-        fields = (ident, address, self._address, kind, body, None, True, PROTOCOL_VERSION)
-        data = encode_envelope(_new_envelope(Envelope, fields), self.limits)
+        data = self._encode(address, message, ident, True)
         slot = _PendingAsk(message, node, address, timeout)
         timer = self._timer
         if timer is None:  # not attached, or shut down: no timer task to rely on

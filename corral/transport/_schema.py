@@ -107,11 +107,7 @@ def _qualified(cls: type) -> str:
 def message_kind(obj: object) -> str | None:
     """The kind of a registered message instance or class, or None."""
     cls = obj if isinstance(obj, type) else type(obj)
-    kind = _kinds.get(cls)
-    if kind is not None:
-        return kind
-    kind = cls.__dict__.get(_KIND_ATTR)
-    return kind if isinstance(kind, str) else None
+    return _kinds.get(cls)
 
 
 def message_class(kind: str) -> type:

@@ -379,8 +379,6 @@ class WebSocketTransport(Transport):
         self._refusal_log = LogBudget(burst=5, interval=60.0)
         self._handler: FrameHandler | None = None
         self._backlog_delivered = trio.Event()  # frames queued before the handler are out
-        # set with _backlog_delivered; a plain flag, read on every frame without a call
-        self._handler_ready = False
         for peer, address in peers.items():
             self.add_peer(peer, address)
 
@@ -554,7 +552,6 @@ class WebSocketTransport(Transport):
             self._nursery.start_soon(self._deliver_backlog, handler)
         else:
             self._backlog_delivered.set()
-            self._handler_ready = True
         return True
 
     async def _deliver_backlog(self, handler: FrameHandler) -> None:
@@ -568,7 +565,6 @@ class WebSocketTransport(Transport):
             pass
         finally:
             self._backlog_delivered.set()
-            self._handler_ready = True
 
     async def _deliver(self, handler: FrameHandler, frame: Frame) -> None:
         try:
@@ -990,7 +986,6 @@ class WebSocketTransport(Transport):
         """
         link = conn.link
         get_message = conn.ws.get_message
-        max_frame = self._config.max_frame_size
         try:
             while True:
                 message = await get_message()
@@ -1008,27 +1003,7 @@ class WebSocketTransport(Transport):
                     )
                     continue
                 for data in frames:
-                    handler = self._handler
-                    if (
-                        handler is None
-                        or not self._handler_ready
-                        or self._closed
-                        or len(data) > max_frame
-                        or link.conn is not conn
-                    ):
-                        await self._on_frame(conn, link, data)
-                        continue
-                    # _on_frame's common case, inlined: every frame's path
-                    link.answered = True
-                    link.frames_received += 1
-                    try:
-                        await handler(_new_frame(Frame, (link.peer, data)))
-                    except Exception:
-                        log.exception(
-                            "%s: the frame handler failed on a frame from %r",
-                            self._node_id,
-                            link.peer,
-                        )
+                    await self._on_frame(conn, link, data)
         except trio_websocket.ConnectionClosed as exc:
             self._on_closed(conn, exc.reason)
         except (trio.ClosedResourceError, trio.BrokenResourceError):

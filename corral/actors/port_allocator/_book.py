@@ -302,9 +302,21 @@ def pair_from_json(app: str, obj: object) -> PortPair:
     return PortPair(public, internal)
 
 
-def internal_candidates(candidates: Sequence[int], public: int) -> list[int]:
+@overload
+def internal_candidates(  # type: ignore[overload-overlap]  # a FreePorts stays one
+    candidates: FreePorts, public: int
+) -> FreePorts: ...
+
+
+@overload
+def internal_candidates(candidates: Sequence[int], public: int) -> list[int]: ...
+
+
+def internal_candidates(candidates: Sequence[int], public: int) -> Sequence[int]:
     """The candidates for the internal port once ``public`` is drawn: neither it nor
-    the port just above it."""
+    the port just above it (a :class:`FreePorts` when ``candidates`` is one)."""
+    if isinstance(candidates, FreePorts):
+        return candidates.without((public, public + 1))
     return [p for p in candidates if p != public and p != public + 1]
 
 

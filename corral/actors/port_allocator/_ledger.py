@@ -26,6 +26,7 @@ from corral.actors.port_allocator._book import (
     PortBook,
     PortPair,
     PortRange,
+    internal_candidates,
     pair_from_json,
     pair_to_json,
     placement_unavailable,
@@ -336,8 +337,7 @@ class PortLedger:
             public = await take(candidates, unfit)
             if public is None:
                 raise self._unavailable(app, now, len(candidates.without(rejected)), rejected)
-            # The internal port is neither the public one nor the one just above it.
-            internal = await take(candidates.without((public, public + 1)), set())
+            internal = await take(internal_candidates(candidates, public), set())
             if internal is not None:
                 return PortPair(public, internal)
             # No internal port fits beside this public one: give it back, try another.
