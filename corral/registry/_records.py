@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal, Self, TypeAlias, TypeVar
 from corral.registry._errors import InvalidKey, InvalidName
 
 if TYPE_CHECKING:
-    from corral.registry._base import Registry
+    from corral.registry._base import KeyValue, Registry
 
 SCHEMA_VERSION: Final = 1
 
@@ -1684,3 +1684,38 @@ async def read_records(
         else:
             records[kv.key] = decoded
     return records, undecodable
+
+
+class DecodedRecords:
+    """Values read from the registry, each decoded once per version.
+
+    A key read again at the mod revision it was decoded at gives back what that
+    decode made (a record, or :class:`Undecodable`): a node reads the same records
+    again on every refresh, they seldom change, and decoding was most of what
+    reading them cost. One entry per key read, until :meth:`forget` or :meth:`clear`.
+    """
+
+    __slots__ = ("_known",)
+
+    #: How a value is decoded (a class attribute: a test counts the decodes made).
+    decode_value = staticmethod(decode_record)
+
+    def __init__(self) -> None:
+        self._known: dict[str, tuple[int, Record | Undecodable]] = {}
+
+    def decode(self, kv: KeyValue) -> Record | Undecodable:
+        """:func:`decode_record` of ``kv``, decoded anew only when its version moved."""
+        known = self._known.get(kv.key)
+        if known is not None and known[0] == kv.mod_revision:
+            return known[1]
+        record = self.decode_value(kv.key, kv.value)
+        self._known[kv.key] = (kv.mod_revision, record)
+        return record
+
+    def forget(self, key: str) -> None:
+        """Drop what is kept of ``key`` (it is gone from the registry)."""
+        self._known.pop(key, None)
+
+    def clear(self) -> None:
+        """Drop everything (the next reads decode anew)."""
+        self._known.clear()

@@ -35,6 +35,7 @@ def test_all_lists_the_public_names() -> None:
         "CompareTarget",
         "CoordinatorLease",
         "CopyAssignment",
+        "DecodedRecords",
         "Delete",
         "Deployment",
         "DomainClaim",

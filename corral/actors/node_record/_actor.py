@@ -36,6 +36,7 @@ from corral.actors.node_record._record import (
 )
 from corral.registry import (
     Compare,
+    DecodedRecords,
     KeyValue,
     LeaseNotFound,
     MeasuredCapacity,
@@ -44,7 +45,6 @@ from corral.registry import (
     Registry,
     RegistryError,
     RegistryUnavailable,
-    decode_record,
     node_key,
 )
 from corral.supervision import Actor, ChildSpec, Restart
@@ -149,8 +149,9 @@ class NodeRegistration(Actor):
         self._key = node_key(identity.node_id)
         self._lease: int | None = None
         self._last: NodeRecord | None = None
-        # The record as last read, decoded: (mod_revision, record).
-        self._decoded: tuple[int, NodeRecord | None] | None = None
+        # The record as last read, decoded once per version (the capacity refresh reads
+        # it every 30 s, and it seldom changed).
+        self._decoded = DecodedRecords()
         self._started_at = 0.0
         self._registrations = 0
         self._lease_losses = 0
@@ -277,18 +278,6 @@ class NodeRegistration(Actor):
             return self._registration(None)
         return capacity_update(self._identity, capacity=self._capacity_probe(), stored=stored)
 
-    def _decode(self, kv: KeyValue | None) -> NodeRecord | None:
-        """The record read, decoded once per version (the capacity refresh reads it
-        every 30 s, and it seldom changed)."""
-        if kv is None:
-            return None
-        known = self._decoded
-        if known is not None and known[0] == kv.mod_revision:
-            return known[1]
-        record = _decode_node(kv)
-        self._decoded = (kv.mod_revision, record)
-        return record
-
     async def _write(
         self,
         decide: Callable[[NodeRecord | None], NodeRecord | None],
@@ -305,7 +294,7 @@ class NodeRegistration(Actor):
         lease = self._lease if lease is None else lease
         for _ in range(_WRITE_ATTEMPTS):
             kv = await self._registry.get(self._key)
-            stored = self._decode(kv)
+            stored = _decode_node(kv, self._decoded)
             held = taken_by(self._identity, stored, replaces=self._replaces)
             if held is not None:
                 raise _RecordTaken(held)
@@ -353,10 +342,10 @@ class NodeRegistration(Actor):
         }
 
 
-def _decode_node(kv: KeyValue | None) -> NodeRecord | None:
+def _decode_node(kv: KeyValue | None, decoded_records: DecodedRecords) -> NodeRecord | None:
     if kv is None:
         return None
-    decoded = decode_record(kv.key, kv.value)
+    decoded = decoded_records.decode(kv)
     # A value this build cannot read is overwritten: the node owns its record.
     return decoded if isinstance(decoded, NodeRecord) else None
 

@@ -51,6 +51,7 @@ from corral.registry import (
     PLACEMENT_PREFIX,
     AppRecord,
     Compare,
+    DecodedRecords,
     Deployment,
     Get,
     InvalidName,
@@ -67,7 +68,6 @@ from corral.registry import (
     Undecodable,
     app_key,
     assign_key,
-    decode_record,
     node_key,
     node_ports_prefix,
     placement_key,
@@ -333,9 +333,10 @@ class Reconciler(Actor):
         self._rescan = False
         # The records of the apps this node serves or keeps state for, as last read.
         self._records: dict[str, AppRecord] = {}
-        # key -> (mod_revision, decoded) of the records read by name (see _decode), and
+        # The records read by name, each decoded once per version (the periodic refresh
+        # reads every app that concerns the node again, and most have not moved), and
         # the apps of the assignment index at its mod_revision (see _indexed).
-        self._decoded: dict[str, tuple[int, object]] = {}
+        self._decoded = DecodedRecords()
         self._index_apps: tuple[int, dict[str, str] | None] | None = None
         self._placed: dict[str, PlacementRecord] = {}
         self._unknown: set[str] = set()
@@ -554,19 +555,9 @@ class Reconciler(Actor):
             return {}
         known = self._index_apps
         if known is None or known[0] != index.mod_revision:
-            known = self._index_apps = (index.mod_revision, _indexed_apps(self._decode(index)))
+            apps = _indexed_apps(self._decoded.decode(index))
+            known = self._index_apps = (index.mod_revision, apps)
         return known[1]
-
-    def _decode(self, kv: KeyValue) -> object:
-        """``kv`` decoded, once per version: the periodic refresh reads every app that
-        concerns the node again, and most of them have not moved (decoding was about a
-        quarter of an idle fleet's CPU)."""
-        known = self._decoded.get(kv.key)
-        if known is not None and known[0] == kv.mod_revision:
-            return known[1]
-        record = decode_record(kv.key, kv.value)
-        self._decoded[kv.key] = (kv.mod_revision, record)
-        return record
 
     def _update_cached(self, name: str, app: object, placement: object) -> None:
         self._unknown.discard(name)
@@ -575,9 +566,9 @@ class Reconciler(Actor):
         for kvs, key in ((app, app_key(name)), (placement, placement_key(name))):
             kv = kvs[0] if isinstance(kvs, list) and kvs else None
             if not isinstance(kv, KeyValue):
-                self._decoded.pop(key, None)  # gone: what is kept stays bounded
+                self._decoded.forget(key)  # gone: what is kept stays bounded
                 continue
-            record = self._decode(kv)
+            record = self._decoded.decode(kv)
             if isinstance(record, AppRecord):
                 self._records[name] = record
             elif isinstance(record, PlacementRecord):
@@ -590,7 +581,7 @@ class Reconciler(Actor):
         version: they seldom change, and are read again every ``full_pass_every``)."""
         claimed = set()
         for kv in await self._registry.range(node_ports_prefix(self._node_id)):
-            claim = self._decode(kv)
+            claim = self._decoded.decode(kv)
             if isinstance(claim, PortClaim) and claim.node == self._node_id:
                 claimed.add(claim.app)
         self._claimed = claimed
@@ -887,7 +878,7 @@ class Reconciler(Actor):
                     "later pass"
                 )
                 return False
-            record = self._decode(current)
+            record = self._decoded.decode(current)
             if not isinstance(record, NodeRecord):
                 summary.errors.append(f"node record {key} cannot be decoded; not publishing")
                 return False

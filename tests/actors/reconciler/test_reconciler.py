@@ -39,6 +39,7 @@ from corral.node._operations import deploy as deploy_app
 from corral.node._requests import DeployRequest
 from corral.registry import (
     AppRecord,
+    DecodedRecords,
     Deployment,
     KeyValue,
     MeasuredCapacity,
@@ -754,7 +755,6 @@ async def test_the_periodic_refresh_decodes_a_port_claim_only_when_it_changed(
 ) -> None:
     # Every node reads its port claims again once a minute; decoding them all each
     # time was about half of an idle node's refresh.
-    from corral.actors.reconciler import _actor
 
     decoded: list[str] = []
 
@@ -763,7 +763,7 @@ async def test_the_periodic_refresh_decodes_a_port_claim_only_when_it_changed(
             decoded.append(key)
         return decode_record(key, value)
 
-    monkeypatch.setattr(_actor, "decode_record", counting)
+    monkeypatch.setattr(DecodedRecords, "decode_value", staticmethod(counting))
     async with running_agent(tmp_path) as agent:
         for app in ("one", "two"):
             await deploy(agent.registry, app)
