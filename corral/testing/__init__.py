@@ -65,6 +65,9 @@ from corral.testing._fleet import (
     open_fleet,
     random_faults,
 )
+from corral.testing._hosts import EtcdMember, Host, HostBed, HostNode, open_hosts
+from corral.testing._hosts_faults import LinkFaults
+from corral.testing._hosts_net import HostBedError, require_netns
 from corral.testing._placements import sync_app_specs, write_placement
 from corral.testing._registry import CountingRegistry, GateMode, RegistryGate
 from corral.testing._traffic import (
@@ -85,11 +88,17 @@ __all__ = [
     "ClusterNode",
     "CoordinatorInterval",
     "CountingRegistry",
+    "EtcdMember",
     "Fault",
     "FaultKind",
     "Fleet",
     "GateMode",
+    "Host",
+    "HostBed",
+    "HostBedError",
+    "HostNode",
     "InvariantChecker",
+    "LinkFaults",
     "ManualClock",
     "NodeContext",
     "PhaseSummary",
@@ -108,9 +117,11 @@ __all__ = [
     "etcd_endpoint_from_env",
     "open_cluster",
     "open_fleet",
+    "open_hosts",
     "open_test_etcd_registry",
     "percentile",
     "random_faults",
+    "require_netns",
     "run_secure_etcd",
     "summarize",
     "sync_app_specs",
