@@ -124,8 +124,10 @@ def render_ruleset(faults: LinkFaults, addresses: Mapping[str, str]) -> str:
         for sender, receiver in sorted(faults.blocked)
     ]
     for host, percent in faults.loss:
+        # numgen's "< N" takes 0..99: a link losing everything drops without it.
+        chance = f"numgen random mod 100 < {percent} " if percent < 100 else ""
         for match in ("saddr", "daddr"):
-            rules.append(f"ip {match} {addresses[host]} numgen random mod 100 < {percent} drop")
+            rules.append(f"ip {match} {addresses[host]} {chance}drop")
     body = "".join(f"\t\t{rule}\n" for rule in rules)
     return (
         "flush ruleset\n"
