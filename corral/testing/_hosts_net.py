@@ -46,7 +46,7 @@ __all__ = [
 ]
 
 #: The only addresses a bed ever uses (and sends to).
-TEST_RANGE = ipaddress.ip_network("10.231.0.0/16")
+TEST_RANGE = ipaddress.IPv4Network("10.231.0.0/16")
 REQUIRE_NETNS_ENV = "CORRAL_REQUIRE_NETNS"
 NETNS_PREFIX = "corral231-"
 LOCK_DIR = Path("/run/corral-hosts")

@@ -14,7 +14,7 @@ from corral.testing._hosts_faults import Direction, render_ruleset
 HOSTS = ["a", "b", "c", "d"]
 ADDRESSES = {name: f"10.231.9.{i}" for i, name in enumerate(HOSTS, start=1)}
 BY_ADDRESS = {address: name for name, address in ADDRESSES.items()}
-directions = st.sampled_from(["both", "out", "in"])
+directions: st.SearchStrategy[Direction] = st.sampled_from(("both", "out", "in"))
 
 
 @st.composite
@@ -117,7 +117,8 @@ def test_a_host_is_not_cut_from_itself_and_unknown_hosts_are_named() -> None:
         LinkFaults().cut("a", ["a", "b"])
     with pytest.raises(ValueError, match=r"not one of 'both', 'out', 'in'"):
         LinkFaults().cut("a", ["b"], "sideways")  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match=r"1 host\(s\) in the faults are not on this switch: \['z'\]"):
+    unknown = r"1 host\(s\) in the faults are not on this switch: \['z'\]"
+    with pytest.raises(ValueError, match=unknown):
         render_ruleset(LinkFaults().cut("a", ["z"]), {"a": "10.231.9.1"})
 
 
