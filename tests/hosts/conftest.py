@@ -19,6 +19,9 @@ from corral.proxy import DEFAULT_HAPROXY
 from corral.testing import HostBed, open_hosts, require_netns
 from corral.testing._etcd import _missing as etcd_missing
 
+#: Long: SWIM, not a record's lapse, must find a frozen or killed node (a lapsed
+#: record drops the node from ``node ls`` instead of showing it down).
+NODE_TTL_MS = 12_000
 #: Short SWIM times: a frozen or killed host is found down within a few seconds.
 SWIM_ENV = {
     "CORRAL_PROBE_INTERVAL_MS": "200",
@@ -56,7 +59,7 @@ def cluster_bed() -> Iterator[HostBed]:
     endpoints, advertising its host's address), all answering."""
     require_netns()
     require_etcd_binary()
-    with open_hosts(3, extra_env=SWIM_ENV) as bed:
+    with open_hosts(3, node_ttl_ms=NODE_TTL_MS, extra_env=SWIM_ENV) as bed:
         bed.start_etcd()
         bed.start_nodes()
         yield bed
