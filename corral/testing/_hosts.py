@@ -253,6 +253,7 @@ class HostBed:
         )
         self.nodes: dict[str, HostNode] = {}  # by host name
         self.proxies: dict[str, LocalProxy] = {}  # by host name
+        self._proxy_hosts: dict[str, str | None] = {}  # their listen_host, for restart
 
     @property
     def registry_url(self) -> str:
@@ -379,8 +380,17 @@ class HostBed:
 
     # ---------------------------------------------------------------- proxies
 
-    def start_proxy(self, name: str, kind: str = "haproxy", port: int = PROXY_PORT) -> LocalProxy:
-        """Start ``corral proxy run`` in host ``name``, serving ``<address>:port``."""
+    def start_proxy(
+        self,
+        name: str,
+        kind: str = "haproxy",
+        port: int = PROXY_PORT,
+        *,
+        listen_host: str | None = None,
+    ) -> LocalProxy:
+        """Start ``corral proxy run`` in host ``name``, serving ``<address>:port``
+        (``listen_host``: another address of the host, e.g. its own 127.0.0.1 for a
+        load generator running inside it)."""
         host = self.host(name)
         data_dir = host.data_dir / kind
         data_dir.mkdir(parents=True, exist_ok=True)
@@ -389,7 +399,7 @@ class HostBed:
             [
                 sys.executable, "-m", "corral", "proxy", "run",
                 "--kind", kind,
-                "--listen", f"{host.address}:{port}",
+                "--listen", f"{listen_host or host.address}:{port}",
                 "--registry", self.registry_url,
                 "--data-dir", str(data_dir),
                 "--id", f"{kind}-{name}-{self.claim.index}",
@@ -399,6 +409,7 @@ class HostBed:
         )  # fmt: skip
         proxy = LocalProxy(kind, port, data_dir, process)
         self.proxies[name] = proxy
+        self._proxy_hosts[name] = listen_host
         return proxy
 
     # ---------------------------------------------------------------- processes
@@ -445,7 +456,9 @@ class HostBed:
             self.cluster.wait_ready(node, timeout)
         proxy = self.proxies.get(name)
         if proxy is not None and not proxy.running():
-            self.start_proxy(name, proxy.kind, proxy.listen)
+            self.start_proxy(
+                name, proxy.kind, proxy.listen, listen_host=self._proxy_hosts.get(name)
+            )
 
     def log_tails(self, lines: int = 15) -> str:
         """The end of every log of the bed, for a failing test's report."""
