@@ -26,6 +26,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -113,8 +114,6 @@ class Host:
 
     def can_connect(self, address: str, port: int, timeout: float = 1.0) -> bool:
         """Whether a TCP connection from this host to ``address:port`` opens in time."""
-        import socket
-
         with self.inside():
             sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         with sock:
@@ -251,6 +250,9 @@ class HostBed:
             node_ttl_ms=node_ttl_ms,
             extra_env=extra_env,
         )
+        #: Keep the data directories (logs) when the bed closes; set it when a test
+        #: failed in a way the bed cannot see (a pytest fixture's test, for one).
+        self.keep = False
         self.nodes: dict[str, HostNode] = {}  # by host name
         self.proxies: dict[str, LocalProxy] = {}  # by host name
         self._proxy_hosts: dict[str, str | None] = {}  # their listen_host, for restart
@@ -562,7 +564,7 @@ def open_hosts(
         else:
             remove_namespaces(claim.prefix)
             claim.release()
-        if failed or keep:
+        if failed or keep or (bed is not None and bed.keep):
             print(f"test bed files kept in {root}", file=sys.stderr)
         else:
             shutil.rmtree(root, ignore_errors=True)

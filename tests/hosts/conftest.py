@@ -45,6 +45,24 @@ def require_haproxy() -> None:
     pytest.skip(reason)
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    outcome = yield
+    report = outcome.get_result()  # type: ignore[attr-defined]
+    if report.when == "call":
+        item.stash[FAILED] = report.failed
+
+
+FAILED = pytest.StashKey[bool]()
+
+
+def keep_logs_on_failure(request: pytest.FixtureRequest, bed: HostBed) -> None:
+    """After a failed test, print the bed's log tails and keep its files."""
+    if request.node.stash.get(FAILED, False):
+        bed.keep = True
+        print(f"test bed logs:\n{bed.log_tails()}")
+
+
 @pytest.fixture
 def network_bed() -> Iterator[HostBed]:
     """Three hosts on a switch, nothing running in them."""
@@ -54,7 +72,7 @@ def network_bed() -> Iterator[HostBed]:
 
 
 @pytest.fixture
-def cluster_bed() -> Iterator[HostBed]:
+def cluster_bed(request: pytest.FixtureRequest) -> Iterator[HostBed]:
     """Three hosts, each with an etcd member and a corral node (given all three
     endpoints, advertising its host's address), all answering."""
     require_netns()
@@ -63,3 +81,4 @@ def cluster_bed() -> Iterator[HostBed]:
         bed.start_etcd()
         bed.start_nodes()
         yield bed
+        keep_logs_on_failure(request, bed)

@@ -31,7 +31,13 @@ from corral.node._errors import ApiError
 from corral.node._local_cluster import wait_for
 from corral.testing import HostBed, TrafficGenerator, open_hosts, require_netns
 
-from .conftest import NODE_TTL_MS, SWIM_ENV, require_etcd_binary, require_haproxy
+from .conftest import (
+    NODE_TTL_MS,
+    SWIM_ENV,
+    keep_logs_on_failure,
+    require_etcd_binary,
+    require_haproxy,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -48,7 +54,7 @@ Instances = dict[tuple[str, str], int | None]
 
 
 @pytest.fixture
-def blip_bed() -> Iterator[HostBed]:
+def blip_bed(request: pytest.FixtureRequest) -> Iterator[HostBed]:
     require_netns()
     require_etcd_binary()
     require_haproxy()
@@ -61,6 +67,7 @@ def blip_bed() -> Iterator[HostBed]:
         bed.start_nodes(HOSTS)
         bed.start_proxy("edge", listen_host="127.0.0.1")
         yield bed
+        keep_logs_on_failure(request, bed)
 
 
 def instances(bed: HostBed, observer: str) -> Instances:
