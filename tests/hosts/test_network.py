@@ -7,6 +7,7 @@ socket without an accept, so a connect that opens means the path works both ways
 
 from __future__ import annotations
 
+import shutil
 import socket
 import subprocess
 import time
@@ -144,8 +145,12 @@ def test_beds_side_by_side_take_their_own_subnets_and_leave_nothing_behind() -> 
             ours = [n for n in existing_netns() if n.startswith(prefixes)]
             assert len(ours) == (2 + 1) + (3 + 1)  # the hosts and a switch each
             indices = (first.claim.index, second.claim.index)
+            roots = (first.root, second.root)
             raise RuntimeError("the test failed")
     assert not [n for n in existing_netns() if n.startswith(prefixes)]
+    for root in roots:  # kept, as after any failure; this one was on purpose
+        assert root.is_dir()
+        shutil.rmtree(root)
     for index in indices:  # both subnets are free again
         with open(LOCK_DIR / f"{index}.lock", "rb") as lock:
             import fcntl
