@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import json
 import signal
+import time
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -120,3 +121,31 @@ def test_kill_a_member_then_the_leader_loses_no_write_and_moves_the_lease_at_mos
     moves = sum(1 for a, b in itertools.pairwise(leases) if a != b)
     print(json.dumps({"leases": leases, "lease_moves": moves, "placed": deployed}))
     assert moves <= 1, leases
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "issue 26 defect 1 (core fix in progress elsewhere): a silent first etcd endpoint "
+        "costs each registry request a 10 s timeout; measured: node ls on h2 took 10.3 s, "
+        "the lease lapsed, the new coordinator listed 1 of 3 nodes"
+    ),
+)
+def test_a_silent_first_endpoint_costs_the_other_hosts_no_stall(cluster_bed: HostBed) -> None:
+    bed = cluster_bed
+    first = next(iter(bed.etcd))  # the first endpoint of every node's --registry
+    assert bed.registry_url.startswith(f"etcd://{bed.etcd[first].endpoint},")
+    before = wait_for("a coordinator", lambda: lease(bed, "h2"), timeout=STEP)
+    others = [name for name in bed.nodes if name != first]
+    bed.cut(first)  # silence, not a refusal: its packets are dropped
+    slowest, leases = 0.0, set()
+    for _ in range(6):
+        for name in others:
+            started = time.monotonic()
+            leases.add(lease(bed, name))
+            slowest = max(slowest, time.monotonic() - started)
+        time.sleep(1)
+    print(json.dumps({"slowest_node_ls_s": round(slowest, 1), "leases": sorted(map(str, leases))}))
+    assert slowest < 3.0
+    if before[0] != bed.node(first).node_id:  # the holder was not cut off: it keeps it
+        assert leases == {before}
