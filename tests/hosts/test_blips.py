@@ -13,11 +13,11 @@ Measured (2026-12-08): 0 relocations, 0 restarts, 0 port changes, 0 failed of ab
 4,500 requests, but about 1,000 of the 3,000 sent during the cut (h1's share) took
 HAProxy's whole 2 s connect timeout before its redispatch answered them: the cut
 host's instance stays in the routing table for the whole cut. With a 2 s client
-timeout those ~1,100 requests fail instead. In 2 of 8 runs (both beside other
-work) the lease moved twice, to h2 during the cut and to the healed h1 after it,
-and h1's first table had 0 domains for 4.4 s: 438 requests answered 404 (the
-issue's first defect; xfail until the coordinator renders only from a complete
-view).
+timeout those ~1,100 requests fail instead. 2 of 8 runs failed (both beside other
+work); in the one whose output was kept the lease moved twice, to h2 during the cut
+and to the healed h1 after it, and h1's first table had 0 domains for 4.4 s: 438
+requests answered 404 (the issue's first defect; xfail until the coordinator renders
+only from a complete view).
 """
 
 from __future__ import annotations
@@ -132,9 +132,9 @@ async def drive(bed: HostBed, traffic: TrafficGenerator, seen: set[tuple[str, st
 @pytest.mark.xfail(
     strict=False,
     reason=(
-        "issue 26 defect 1, core fix in progress elsewhere: in 2 of 8 runs the lease moved "
-        "twice (to h2 during the cut, to h1 after the heal) and the new coordinator published "
-        "0 domains for 4.4 s: 438 requests answered 404 after the heal"
+        "issue 26 defect 1, core fix in progress elsewhere: 2 of 8 runs failed; in the one "
+        "whose output was kept the lease moved twice (to h2 during the cut, to h1 after the "
+        "heal) and the new coordinator published 0 domains for 4.4 s: 438 requests 404"
     ),
 )
 def test_one_host_cut_off_for_30_s_moves_restarts_and_fails_nothing(blip_bed: HostBed) -> None:
