@@ -4,8 +4,8 @@ grace, under traffic through HAProxy in a host of its own.
 Three corral hosts (each an etcd member and a node labelled ``host=<name>``) and an
 ``edge`` host running HAProxy on its own loopback, where the load generator runs too.
 Three single-replica apps (``solo-hN``, wherever the planner puts them) and one on
-every host (``everywhere``, ``replicas all``). The counts are printed (run with ``-s`` to see them) and asserted:
-nothing relocates, restarts or changes port, and the ``replicas all`` app's requests
+every host (``everywhere``, ``replicas all``). The counts are printed (run with
+``-s`` to see them) and asserted: nothing relocates, restarts or changes port, and the ``replicas all`` app's requests
 fail over to the other hosts (0 failed). The issue asks for five hosts at 200 req/s;
 this machine (2 shared cores) runs three at 100 req/s.
 
