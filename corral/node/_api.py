@@ -133,9 +133,7 @@ class _ArtifactCopy(Response):
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         chunks = self._copy.chunks()
         try:
-            await send(
-                {"type": "http.response.start", "status": 200, "headers": self.raw_headers}
-            )
+            await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
             while (chunk := await trio.to_thread.run_sync(next, chunks, None)) is not None:
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
