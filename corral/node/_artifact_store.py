@@ -612,8 +612,10 @@ class ArtifactStore:
             ArtifactNotFound: no copy here, in the registry, or on any reachable node.
         """
         local: bytes | None = await self.run_blocking(self.read_local, digest)
-        if local is not None and digest_of(local) == digest:
-            return local
+        if local is not None:
+            if digest_of(local) == digest:
+                return local
+            await self.run_blocking(self.drop_corrupt, digest)
         kv = await self._registry.get(artifact_key(digest))
         if kv is not None and digest_of(kv.value) == digest:
             try:
@@ -621,8 +623,6 @@ class ArtifactStore:
             except InsufficientStorage as exc:  # the local copy is a cache: go on without
                 log.warning("no local copy kept of the registry's artifact: %s", exc)
             return kv.value
-        if local is not None:
-            await self.run_blocking(self.drop_corrupt, digest)
         path = await self.fetch_copy(digest)
         data: bytes = await self.run_blocking(path.read_bytes)
         if digest_of(data) != digest:
