@@ -9,9 +9,13 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+import httpx
 import pytest
 import trio
+from starlette.types import ASGIApp
 
+from corral.node import pack_directory
+from corral.node._api import ApiServices, build_api
 from corral.node._artifact_store import (
     KEEP_FREE_BYTES,
     ArtifactStore,
@@ -27,7 +31,7 @@ from corral.node._errors import CopyCorrupt, InsufficientStorage
 from corral.registry import MemoryRegistry, artifact_key
 
 from ..conftest import SmallDisk
-from .conftest import packed_app
+from .conftest import b64, make_app_dir, packed_app
 
 MIB = 1024 * 1024
 
@@ -39,6 +43,27 @@ def store_in(data_dir: Path, **kwargs: object) -> ArtifactStore:
         node_id="n1",
         secret="s",
         **kwargs,  # type: ignore[arg-type]
+    )
+
+
+def api_of(store: ArtifactStore, registry: MemoryRegistry, secret: str) -> ASGIApp:
+    """The node's API around ``store`` (token ``t``), with nothing else behind it."""
+
+    async def state() -> dict[str, object]:
+        return {}
+
+    return build_api(
+        ApiServices(
+            token="t",
+            secret=secret,
+            node_id="n1",
+            registry=registry,
+            artifacts=store,
+            state=state,
+            actors=dict,
+            events=list,
+            wall_clock=lambda: 0.0,
+        )
     )
 
 
@@ -77,6 +102,36 @@ async def test_an_artifact_larger_than_the_room_left_is_refused_before_it_is_wri
     small = os.urandom(10 * MIB)
     assert await store.store(small) == digest_of(small)
     assert store.read_local(digest_of(small)) == small
+
+
+async def test_the_api_answers_507_with_the_figures_and_records_nothing(
+    small_tmpfs: Callable[[int], SmallDisk], tmp_path: Path
+) -> None:
+    disk = small_tmpfs(32)
+    registry = MemoryRegistry()
+    store = ArtifactStore(registry, disk.path / "data" / "artifacts", node_id="n1", secret="s")
+    disk.fill(leave=20 * MIB)
+    app = packed_app(tmp_path)
+    big = make_app_dir(tmp_path / "big")
+    (big / "blob.bin").write_bytes(os.urandom(25 * MIB))  # incompressible
+    packed = pack_directory(big)
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=api_of(store, registry, "s")),
+        base_url="http://node",
+        headers={"Authorization": "Bearer t"},
+    ) as client:
+        response = await client.post("/v1/apps/big/deploy", json={"artifact": b64(packed.data)})
+        assert response.status_code == 507
+        error = response.json()["error"]
+        assert f"in the data dir {disk.path / 'data'}:" in error
+        assert f"needs {packed.size + KEEP_FREE_BYTES} bytes" in error
+        assert "its file system has " in error
+        assert (await client.get("/v1/apps")).json()["apps"] == []
+        # A small app still deploys.
+        small = await client.post("/v1/apps/small/deploy", json={"artifact": b64(app.data)})
+        assert small.status_code == 201
+    assert await registry.get(artifact_key(packed.digest)) is None
+    assert hidden(disk.path / "data") == []
 
 
 async def test_a_write_the_disk_fills_under_removes_its_partial_file(

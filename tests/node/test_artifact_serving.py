@@ -12,22 +12,22 @@ from pathlib import Path
 import httpx
 import pytest
 import trio
-from hypercorn.config import Config
 from hypercorn.trio import serve
 
 from corral.node import ArtifactNotFound
-from corral.node._api import ApiServices, build_api
 from corral.node._artifact_store import (
     ArtifactStore,
     Peer,
     artifact_capability,
     download_over_http,
 )
+from corral.node._config import Address
 from corral.node._copy_plan import Site
 from corral.node._local_cluster import free_port
+from corral.node._server import hypercorn_config
 from corral.registry import MemoryRegistry
 
-from .test_artifact_disk import hidden
+from .test_artifact_disk import api_of, hidden
 
 pytestmark = pytest.mark.slow
 
@@ -50,27 +50,9 @@ async def holder(tmp_path: Path) -> AsyncIterator[Holder]:
     )
     dropped: list[str] = []
     store.on_drop(dropped.append)
-
-    async def state() -> dict[str, object]:
-        return {}
-
-    app = build_api(
-        ApiServices(
-            token="t",
-            secret=SECRET,
-            node_id="n1",
-            registry=registry,
-            artifacts=store,
-            state=state,
-            actors=dict,
-            events=list,
-            wall_clock=lambda: 0.0,
-        )
-    )
+    app = api_of(store, registry, SECRET)
     port = free_port()
-    config = Config()
-    config.bind = [f"127.0.0.1:{port}"]
-    config.accesslog = None
+    config = hypercorn_config(Address("127.0.0.1", port))  # as the node serves its API
     shutdown = trio.Event()
     async with trio.open_nursery() as nursery:
         nursery.start_soon(lambda: serve(app, config, shutdown_trigger=shutdown.wait))  # type: ignore[arg-type]
