@@ -31,6 +31,7 @@
 from __future__ import annotations
 
 import errno
+import functools
 import hashlib
 import hmac
 import logging
@@ -278,12 +279,13 @@ class ServedCopy:
             sha.update(chunk)
             following = os.read(self._fd, SERVE_CHUNK)
             if not following and sha.hexdigest() != self._digest:
-                break
+                break  # read whole and it does not match: its last chunk is never given
             yield chunk
             chunk = following
         else:
             if sha.hexdigest() == self._digest:
-                return  # (an empty file never matches: it ends up below)
+                return
+            # An empty file: it matches no artifact.
         actual = sha.hexdigest()
         self._store.drop_corrupt(self._digest, self._identity)
         raise CopyCorrupt(
@@ -461,15 +463,16 @@ class ArtifactStore:
             os.close(fd)
             raise
 
-    def no_room(self, what: str, needed: int) -> InsufficientStorage:
-        """The refusal for ``what``, which needs ``needed`` bytes written (blocking: it
-        measures what is free now)."""
+    def no_room(self, what: str, needed: int, *, at_least: bool = False) -> InsufficientStorage:
+        """The refusal for ``what``, which needs ``needed`` bytes written (``at_least``:
+        or more). Blocking: it measures what is free now."""
         return InsufficientStorage(
             what,
             str(self.data_dir),
             needed + KEEP_FREE_BYTES,
             free_bytes(self._directory),
             kept=KEEP_FREE_BYTES,
+            at_least=at_least,
         )
 
     def check_room(self, what: str, size: int) -> None:
@@ -574,6 +577,7 @@ class ArtifactStore:
         capability = artifact_capability(self._secret, digest)
         base_url = f"http://{peer.api_address}"
         full: OSError | None = None
+        received = 0
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             actual = await self.run_blocking(
@@ -595,13 +599,20 @@ class ArtifactStore:
             if not is_disk_full(exc):
                 return f"{type(exc).__name__}: {exc}"
             full = exc
+            received = await self.run_blocking(_size_of, partial)
         except (httpx.HTTPError, ArtifactError) as exc:
             return f"{type(exc).__name__}: {exc}"
         finally:
             partial.unlink(missing_ok=True)
         # Measured once the partial file is gone: what is free for the next attempt.
         raise await self.run_blocking(
-            self.no_room, f"a copy of artifact {digest} from {peer.node}", 0
+            functools.partial(
+                self.no_room,
+                f"a copy of artifact {digest} from {peer.node} (the disk filled after "
+                f"{received} bytes of it)",
+                received,
+                at_least=True,
+            )
         ) from full
 
     async def fetch(self, digest: str) -> bytes:
@@ -659,6 +670,13 @@ class Materializer:
                     f"cannot unpack {deployment.digest} into {target}: {exc}"
                 ) from exc
         return target
+
+
+def _size_of(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
 
 
 def _identity_of(path: Path) -> tuple[int, int]:

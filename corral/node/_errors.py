@@ -74,10 +74,20 @@ class InsufficientStorage(NodeError):
         free: the bytes free there when it was checked.
     """
 
-    def __init__(self, what: str, data_dir: str, needed: int, free: int, kept: int = 0) -> None:
+    def __init__(
+        self,
+        what: str,
+        data_dir: str,
+        needed: int,
+        free: int,
+        *,
+        kept: int = 0,
+        at_least: bool = False,
+    ) -> None:
         kept_free = f", {kept} of them kept free for the node's own writes," if kept else ""
         super().__init__(
-            f"no room for {what} in the data dir {data_dir}: it needs {needed} bytes "
+            f"no room for {what} in the data dir {data_dir}: it needs "
+            f"{'at least ' if at_least else ''}{needed} bytes "
             f"({needed / 2**20:.1f} MiB) free{kept_free} and its file system has {free} "
             f"bytes ({free / 2**20:.1f} MiB); free some space there, or send less"
         )

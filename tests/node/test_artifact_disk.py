@@ -166,8 +166,12 @@ async def test_a_copy_fetched_onto_a_full_disk_leaves_nothing_and_tries_no_other
     store = store_in(data_dir, download=download)
     peers = [Peer("a", "a:1", Site()), Peer("b", "b:1", Site())]
     # The size unknown: the disk fills while the copy streams in.
-    with pytest.raises(InsufficientStorage, match=r"a copy of artifact [0-9a-f]{64} from a"):
+    with pytest.raises(
+        InsufficientStorage, match=r"a copy of artifact [0-9a-f]{64} from a"
+    ) as full:
         await store.fetch_copy(digest_of(data), peers)
+    assert 15 * MIB < full.value.needed - KEEP_FREE_BYTES <= 16 * MIB  # what it had received
+    assert "it needs at least " in str(full.value)
     assert tried == ["http://a:1"]
     assert hidden(data_dir) == []
     # The size known: refused before anything is asked for.
