@@ -266,10 +266,11 @@ async def test_a_copy_replaced_while_it_was_served_is_kept(tmp_path: Path) -> No
 async def test_a_corrupt_local_copy_is_dropped_and_the_registry_copy_used(
     tmp_path: Path,
 ) -> None:
-    store = store_in(tmp_path)
+    registry = MemoryRegistry()
+    store = ArtifactStore(registry, tmp_path / "artifacts", node_id="n1", secret="s")
     packed = packed_app(tmp_path)
     digest = await store.store(packed.data)
-    assert await store._registry.get(artifact_key(digest)) is not None
+    assert await registry.get(artifact_key(digest)) is not None
     dropped: list[str] = []
     store.on_drop(dropped.append)
     store.local_path(digest).write_bytes(b"rotten")
