@@ -5,7 +5,8 @@ Every route needs ``Authorization: Bearer <token>``: none gives 401, a wrong one
 per-artifact capability peers derive from the cluster secret. Errors are JSON
 ``{"error": "...", "field": "..."}``: 400 names the field, 404 no such app or
 node, 409 refused or raced, 413 the body passed its cap (checked while it streams
-in), 503 the registry is unreachable, and 500 (with an ``id`` the node's log
+in), 503 the registry is unreachable, 507 the data dir has no room (naming it, the
+bytes needed and the bytes free), and 500 (with an ``id`` the node's log
 names next to the traceback) anything no route expected.
 
 Routes::
@@ -53,17 +54,19 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import FileResponse, JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from corral.actors.routing import read_routes_answer
 from corral.node import _operations as ops
-from corral.node._artifact_store import ArtifactStore, artifact_capability
+from corral.node._artifact_store import ArtifactStore, ServedCopy, artifact_capability
 from corral.node._artifacts import MAX_ARTIFACT_BYTES
 from corral.node._errors import (
     ArtifactError,
     Conflict,
+    CopyCorrupt,
+    InsufficientStorage,
     NotFound,
     OperationRefused,
     RequestInvalid,
@@ -111,13 +114,33 @@ METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 JSONDict = dict[str, Any]
 
 
-class _ArtifactFile(FileResponse):
-    """A copy served to a peer, read in 1 MiB chunks (Starlette's 64 KiB chunks cost a
-    worker-thread hop each: a third of the throughput on a 64 MiB artifact)."""
-
-    chunk_size = 1024 * 1024
-
 log = logging.getLogger("corral.node.api")
+
+
+class _ArtifactCopy(Response):
+    """A copy served to a peer, verified while it streams (:class:`ServedCopy`), read
+    in 1 MiB chunks in a worker thread (64 KiB chunks cost a worker-thread hop each: a
+    third of the throughput on a 64 MiB artifact). A copy that turns out corrupt is
+    cut short before its last chunk, so the peer sees an incomplete body."""
+
+    media_type = "application/gzip"
+
+    def __init__(self, copy: ServedCopy) -> None:
+        super().__init__(media_type=self.media_type)
+        self._copy = copy
+        self.headers["content-length"] = str(copy.size)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        chunks = self._copy.chunks()
+        try:
+            await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+            while (chunk := await trio.to_thread.run_sync(next, chunks, None)) is not None:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except CopyCorrupt as exc:
+            log.warning("artifact %s not served: %s", scope.get("path"), exc)
+        finally:
+            self._copy.close()
 
 
 @dataclass(frozen=True)
@@ -566,11 +589,11 @@ def build_api(services: ApiServices) -> ASGIApp:
             validate_digest(digest)
         except ValueError:
             raise RequestInvalid("digest", "is not a sha256 hex digest") from None
-        path = services.artifacts.local_path(digest)
-        if not await trio.to_thread.run_sync(path.is_file):
+        copy = await trio.to_thread.run_sync(services.artifacts.open_copy, digest)
+        if copy is None:
             raise NotFound(f"this node holds no artifact {digest}")
         # Streamed from the file in chunks: a 64 MiB copy is never held in memory whole.
-        return _ArtifactFile(path, media_type="application/gzip")
+        return _ArtifactCopy(copy)
 
     async def metrics(request: Request) -> Response:
         if services.metrics is None:
@@ -592,6 +615,9 @@ def build_api(services: ApiServices) -> ASGIApp:
 
     async def on_artifact(request: Request, exc: Exception) -> Response:
         return _error(502, str(exc))
+
+    async def on_no_room(request: Request, exc: Exception) -> Response:
+        return _error(507, str(exc))
 
     async def on_too_large(request: Request, exc: Exception) -> Response:
         response = _error(413, str(exc), "body")
@@ -638,6 +664,7 @@ def build_api(services: ApiServices) -> ASGIApp:
             Conflict: on_refused,
             RegistryUnavailable: on_unavailable,
             ArtifactError: on_artifact,
+            InsufficientStorage: on_no_room,
             HTTPException: on_http,
             _BodyTooLarge: on_too_large,
             ClientDisconnect: on_disconnect,

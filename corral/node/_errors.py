@@ -9,7 +9,9 @@
         │   └── ArtifactInvalid  an app directory or artifact names no runnable command
         ├── ArtifactError        an artifact cannot be had
         │   ├── ArtifactNotFound no copy of the digest in the registry or on any node
-        │   └── DigestMismatch   the bytes fetched do not hash to the digest asked for
+        │   ├── DigestMismatch   the bytes fetched do not hash to the digest asked for
+        │   └── CopyCorrupt      a copy on this node's disk does not hash to its digest (dropped)
+        ├── InsufficientStorage  the data dir's file system has no room for it (API 507)
         ├── OperationRefused     the request is valid but would do harm (e.g. drain of pinned work)
         ├── Conflict             the record kept changing under a guarded write
         ├── NotFound             no such app or node
@@ -57,6 +59,41 @@ class ArtifactNotFound(ArtifactError):
 
 class DigestMismatch(ArtifactError):
     """Fetched bytes do not hash to the digest they were asked for under."""
+
+
+class CopyCorrupt(ArtifactError):
+    """A copy on this node's disk does not hash to its digest; it has been dropped."""
+
+
+class InsufficientStorage(NodeError):
+    """The data dir's file system has no room for what was asked (API 507).
+
+    Attributes:
+        data_dir: the node's data directory.
+        needed: the bytes that had to be free (what is written plus what stays free).
+        free: the bytes free there when it was checked.
+    """
+
+    def __init__(
+        self,
+        what: str,
+        data_dir: str,
+        needed: int,
+        free: int,
+        *,
+        kept: int = 0,
+        at_least: bool = False,
+    ) -> None:
+        kept_free = f", {kept} of them kept free for the node's own writes," if kept else ""
+        super().__init__(
+            f"no room for {what} in the data dir {data_dir}: it needs "
+            f"{'at least ' if at_least else ''}{needed} bytes "
+            f"({needed / 2**20:.1f} MiB) free{kept_free} and its file system has {free} "
+            f"bytes ({free / 2**20:.1f} MiB); free some space there, or send less"
+        )
+        self.data_dir = data_dir
+        self.needed = needed
+        self.free = free
 
 
 class OperationRefused(NodeError):

@@ -83,7 +83,7 @@ from corral.actors.port_allocator import ListPorts
 from corral.actors.process_supervisor import ListProcesses, enable_subreaper
 from corral.actors.reconciler import AgentSpec, LastPass, Withdraw
 from corral.node._api import ApiServices, build_api, build_metrics_app, record_json
-from corral.node._artifact_store import ArtifactStore, Materializer
+from corral.node._artifact_store import ArtifactStore, Materializer, sweep_partial_files
 from corral.node._artifacts import ArtifactLimits
 from corral.node._config import SETTINGS, NodeConfig, load_config_file, resolve_node_config
 from corral.node._errors import ConfigError
@@ -807,6 +807,16 @@ async def run_node(
         await check_cluster_secret(runtime, registry)
         replaces = await check_node_id_free(runtime, registry)
         persist_node_id(config.data_dir, runtime.node_id)
+        # No other process runs as this node now: what partial files there are, a
+        # killed one left.
+        removed, freed = await trio.to_thread.run_sync(sweep_partial_files, config.data_dir)
+        if removed:
+            log.info(
+                "removed %d partial file(s) of %d bytes an interrupted write left in %s",
+                removed,
+                freed,
+                config.data_dir,
+            )
         services = NodeServices(runtime, registry, events, metrics)
         async with open_websocket_transport(
             runtime.node_id,
