@@ -150,6 +150,30 @@ class CaddyDriver(ProxyDriver):
             f"its log ends with:\n{log_tail(self._dir / 'caddy.log')}"
         )
 
+    async def wait_exit(self) -> int:
+        """Return once caddy exits (reaped), with its exit code."""
+        process = self._process
+        if process is None:
+            await trio.sleep_forever()
+        assert process is not None
+        return await process.wait()
+
+    async def restart(self) -> Applied | None:
+        """Start caddy again serving the last table; None if it is running."""
+        if self._closed:
+            raise ProxyStartFailed("the caddy driver is closed: its process was stopped")
+        assert self._client is not None, "start() first (open_proxy does)"
+        async with self._lock:
+            if self._process is not None and self._process.exit_code is None:
+                return None
+            t0 = trio.current_time()
+            if self._process is not None:
+                await self._process.stop()
+            self._reloads += 1
+            self._process = None
+            await self._start(self._current)
+            return Applied("start", trio.current_time() - t0, why="process exited")
+
     async def aclose(self) -> None:
         """Stop caddy by pid and close the admin client."""
         self._closed = True

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -13,7 +14,7 @@ import trio
 
 from corral.proxy._errors import ProxyNotInstalled
 
-__all__ = ["ProxyProcess", "find_binary", "log_tail"]
+__all__ = ["ProxyProcess", "exit_cause", "find_binary", "log_tail"]
 
 
 def find_binary(kind: str, given: str | None, default: str, package: str) -> str:
@@ -32,6 +33,17 @@ def find_binary(kind: str, given: str | None, default: str, package: str) -> str
         f"{kind} is not installed ({where} not found or not executable); install Debian's "
         f"{package!r} package (apt-get install {package}) or pass the binary's path"
     )
+
+
+def exit_cause(code: int) -> str:
+    """How a process ended, from its exit code (negative: the signal that killed it)."""
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"killed by {name}"
+    return f"exited with code {code}"
 
 
 def log_tail(path: Path, lines: int = 12) -> str:
@@ -86,6 +98,30 @@ class ProxyProcess:
     def exit_code(self) -> int | None:
         """None while it runs."""
         return self._process.poll()
+
+    async def wait(self) -> int:
+        """Return once the process has exited, with its exit code; it is reaped
+        (no zombie is left) and the rest of its group killed (HAProxy's workers
+        whose master died must not keep the listening socket)."""
+        await self._wait_exited_unreaped()
+        # The leader is a zombie until reaped below, so its pid, the group's id,
+        # cannot be taken by another process: this signal reaches only ours.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pid, signal.SIGKILL)
+        return int(await self._process.wait())
+
+    async def _wait_exited_unreaped(self) -> None:
+        if self._process.returncode is not None:
+            return
+        try:
+            pidfd = os.pidfd_open(self.pid)
+        except (AttributeError, OSError):  # already reaped, or no pidfd here
+            return
+        try:
+            # A pidfd turns readable when the process exits; waiting on it reaps nothing.
+            await trio.lowlevel.wait_readable(pidfd)
+        finally:
+            os.close(pidfd)
 
     def send_signal(self, sig: signal.Signals) -> None:
         if self._process.poll() is None:
