@@ -117,7 +117,6 @@ class _ArtifactFile(FileResponse):
 
     chunk_size = 1024 * 1024
 
-
 log = logging.getLogger("corral.node.api")
 
 

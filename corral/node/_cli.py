@@ -110,7 +110,9 @@ def _node_run_options(run: argparse.ArgumentParser) -> None:
     run.add_argument(
         "--indirect-checks", metavar="N", help="SWIM: members asked to probe for us (3)"
     )
-    run.add_argument("--suspicion-mult", metavar="N", help="SWIM: scales the suspicion timeout (4)")
+    run.add_argument(
+        "--suspicion-mult", metavar="N", help="SWIM: scales the suspicion timeout (4)"
+    )
     run.add_argument(
         "--proxy",
         metavar="caddy=URL",
@@ -191,7 +193,9 @@ def _build_parser() -> argparse.ArgumentParser:
 
     proxy = _verb(commands, "proxy", "run a real proxy (HAProxy or Caddy) serving the routes")
     proxy_verbs = proxy.add_subparsers(dest="verb", metavar="VERB", required=True)
-    proxy_run = _verb(proxy_verbs, "run", "start HAProxy or Caddy and feed it every routing table")
+    proxy_run = _verb(
+        proxy_verbs, "run", "start HAProxy or Caddy and feed it every routing table"
+    )
     from corral.node._proxy_command import add_proxy_run_options
 
     add_proxy_run_options(proxy_run)

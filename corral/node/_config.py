@@ -401,7 +401,9 @@ def resolve_node_config(
             f"{given[1] if given else '--log-format'}: {log_format!r} is not a log format; "
             f"give {' or '.join(LOG_FORMATS)}"
         )
-    probe_interval_ms = number("probe-interval-ms", DEFAULT_PROBE_INTERVAL_MS, low=10, high=60_000)
+    probe_interval_ms = number(
+        "probe-interval-ms", DEFAULT_PROBE_INTERVAL_MS, low=10, high=60_000
+    )
     probe_timeout_ms = number("probe-timeout-ms", DEFAULT_PROBE_TIMEOUT_MS, low=5, high=60_000)
     if probe_timeout_ms >= probe_interval_ms:
         raise ConfigError(
@@ -452,7 +454,9 @@ def resolve_node_config(
             "artifact-interval-ms", DEFAULT_ARTIFACT_INTERVAL_MS, low=100, high=3_600_000
         ),
         registry_options=registry_options,
-        grace_period_ms=number("grace-period-ms", DEFAULT_GRACE_PERIOD_MS, low=0, high=604_800_000),
+        grace_period_ms=number(
+            "grace-period-ms", DEFAULT_GRACE_PERIOD_MS, low=0, high=604_800_000
+        ),
         cooldown_ms=number("cooldown-ms", DEFAULT_COOLDOWN_MS, low=0, high=604_800_000),
         disruption_budget=number(
             "disruption-budget", DEFAULT_DISRUPTION_BUDGET, low=0, high=100_000

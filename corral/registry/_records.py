@@ -1082,7 +1082,9 @@ class PlacementRecord:
             decided_at=_float(_field(obj, "decided_at"), "decided_at"),
             fence=_int(_field(obj, "fence"), "fence"),
             placed_at=_float_dict(_field(obj, "placed_at", {}), "placed_at"),
-            rollout=None if rollout is None else RolloutRecord.from_json(_obj(rollout, "rollout")),
+            rollout=None
+            if rollout is None
+            else RolloutRecord.from_json(_obj(rollout, "rollout")),
             spec=_str(_field(obj, "spec", ""), "spec"),
         )
 

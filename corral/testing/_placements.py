@@ -95,4 +95,6 @@ async def sync_app_specs(registry: Registry) -> None:
     so they read the record again (rollouts are left as they are)."""
     current, apps = await _read(registry)
     rollouts = {app: c.record.rollout for app, c in current.items()}
-    await _apply(registry, plan_rollout_writes(rollouts, current, fence=_fence(current), apps=apps))
+    await _apply(
+        registry, plan_rollout_writes(rollouts, current, fence=_fence(current), apps=apps)
+    )

@@ -528,7 +528,9 @@ class Coordinator(Actor):
         # (the txn's revision) is the fence.
         created = result.responses[1] if len(result.responses) > 1 else None
         fence = (
-            created[0].create_revision if isinstance(created, list) and created else result.revision
+            created[0].create_revision
+            if isinstance(created, list) and created
+            else result.revision
         )
         self._holding = _Holding(lease.id, fence, sent_at + self._lease_ttl)
         self._holder, self._holder_fence = self._node_id, fence
@@ -777,9 +779,8 @@ class Coordinator(Actor):
                 if not (app.retired or app.blocked)
             )
             self._counts["applied"] += 1
-            self._record_pass(
-                started, trigger, PlacementUnavailable.code, digest=digest, error=str(exc)
-            )
+            self._record_pass(started, trigger, PlacementUnavailable.code, digest=digest,
+                              error=str(exc))
             self.ctx.emit("placement.unavailable", message=str(exc))
             self._emit_pending(skipped=False)
             return view
@@ -808,11 +809,7 @@ class Coordinator(Actor):
         self._paused = None
         self._counts["applied"] += 1
         self._record_pass(
-            started,
-            trigger,
-            "applied",
-            digest=self._last_digest,
-            decisions=decisions,
+            started, trigger, "applied", digest=self._last_digest, decisions=decisions,
             written=written_plan,
             untouched=untouched,
         )
@@ -1132,12 +1129,7 @@ class Coordinator(Actor):
     # ------------------------------------------------------------------ reporting
 
     def _report(
-        self,
-        kind: str,
-        subject: tuple[str, str],
-        says: str,
-        fields: Mapping[str, Any],
-        *,
+        self, kind: str, subject: tuple[str, str], says: str, fields: Mapping[str, Any], *,
         repeat: bool,
     ) -> None:
         """Emit ``kind`` with ``fields`` about ``subject`` (app, node), as the report log

@@ -36,10 +36,8 @@ class FenceRejected(LeadershipLost):
     """The registry refused a write because the lease key no longer carries this fence."""
 
     def __init__(self, fence: int, holder_fence: int | None) -> None:
-        now = (
-            "no coordinator holds the lease"
-            if holder_fence is None
-            else (f"the lease now carries fence {holder_fence}")
+        now = "no coordinator holds the lease" if holder_fence is None else (
+            f"the lease now carries fence {holder_fence}"
         )
         super().__init__(
             f"write under fence {fence} rejected: {now}; this node stops coordinating "

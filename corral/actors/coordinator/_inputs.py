@@ -209,7 +209,9 @@ class Section(dict[str, _V]):
         return None
 
 
-def classify(key: str, record: Record | Undecodable, mod_revision: int) -> tuple[str, str, object]:
+def classify(
+    key: str, record: Record | Undecodable, mod_revision: int
+) -> tuple[str, str, object]:
     """Where a decoded input record goes in a :class:`RegistryView`: its section's name
     (``apps``, ``nodes``, ``intents``, ``placements``, ``down`` or ``undecodable``), its
     name there, and the value (a placement or down entry with its ``mod_revision``; a
@@ -339,7 +341,9 @@ class InputCache:
         self._apps_out: tuple[AppSpec, ...] = ()
         self._apps_names: tuple[str, ...] = ()
         self._apps_dirty: set[str] | None = None
-        self._placements: _PerKey[CurrentPlacement, Placement] = _PerKey(_placement_of, _record_of)
+        self._placements: _PerKey[CurrentPlacement, Placement] = _PerKey(
+            _placement_of, _record_of
+        )
         self._placements_dirty: set[str] | None = None
         # The digest's canonical text per app and per placement, each with the value
         # it was built for; the joined texts of the last digest (apps, placements).

@@ -105,10 +105,8 @@ class MemberStatus:
             raise ValueError(
                 f"member state must be one of {', '.join(MEMBER_STATES)}, got {self.state!r}"
             )
-        if (
-            isinstance(self.incarnation, bool)
-            or not isinstance(self.incarnation, int)
-            or (self.incarnation < 0)
+        if isinstance(self.incarnation, bool) or not isinstance(self.incarnation, int) or (
+            self.incarnation < 0
         ):
             raise ValueError(f"incarnation must be an integer >= 0, got {self.incarnation!r}")
         if self.since is not None and not math.isfinite(self.since):
@@ -243,7 +241,9 @@ def _another_death(entry: NodeDown | None, death: int | None) -> bool:
     )
 
 
-def _base_state(record: NodeRecord | None, member: MemberStatus | None) -> tuple[NodeState, str]:
+def _base_state(
+    record: NodeRecord | None, member: MemberStatus | None
+) -> tuple[NodeState, str]:
     """The state before intent, and why (the table of the module docstring)."""
     if member is not None and member.state == "dead":
         return "down", "membership declared it dead"
