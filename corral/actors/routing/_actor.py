@@ -80,6 +80,10 @@ _WATCH_RETRY = 1.0
 #: Seconds between two looks, by the lease holder, for proxies no longer reporting.
 DEFAULT_PROXY_CHECK = 5.0
 
+#: What a node last saw of a proxy's record: (applied version, apply error,
+#: restarts, why its process is down (None while it runs)).
+_ProxySeen = tuple[TableVersion | None, str | None, int, str | None]
+
 #: The prefixes (and key) whose changes may change the table.
 WATCHED: tuple[str, ...] = (APPS_PREFIX, PLACEMENT_PREFIX, NODES_PREFIX, ALIAS_PREFIX)
 
@@ -236,14 +240,15 @@ class RoutingRenderer(Actor):
 
     async def _watch_proxies(self) -> None:
         """Tell this node's event log what ``corral proxy run`` processes report:
-        ``proxy.applied`` when one applies a new version, ``proxy.failed`` on a new error."""
-        seen: dict[str, tuple[TableVersion | None, str | None, int]] = {}
+        ``proxy.applied`` when one applies a new version, ``proxy.failed`` on a new error
+        or outage of its process, ``proxy.restarted`` when its process was restarted."""
+        seen: dict[str, _ProxySeen] = {}
         while True:
             try:
                 async with self._registry.watch(PROXIES_PREFIX) as events:
                     async for event in events:
                         if not event.kv.value:
-                            seen.pop(event.kv.key, None)
+                            seen.pop(event.kv.key.removeprefix(PROXIES_PREFIX), None)
                             continue
                         record = decode_record(event.kv.key, event.kv.value)
                         if isinstance(record, ProxyRecord):
@@ -282,7 +287,7 @@ class RoutingRenderer(Actor):
                 )
 
     def _note_proxy(
-        self, record: ProxyRecord, seen: dict[str, tuple[TableVersion | None, str | None, int]]
+        self, record: ProxyRecord, seen: dict[str, _ProxySeen]
     ) -> None:
         applied = (
             None
@@ -290,7 +295,9 @@ class RoutingRenderer(Actor):
             else TableVersion(record.applied_fence, record.applied_revision)
         )
         before = seen.get(record.id)
-        seen[record.id] = (applied, record.error, record.restarts)
+        # An outage: the process died and is not started again yet.
+        down = record.last_error if record.since is None else None
+        seen[record.id] = (applied, record.error, record.restarts, down)
         if applied is not None and (before is None or before[0] != applied):
             self.ctx.emit(
                 "proxy.applied",
@@ -304,6 +311,8 @@ class RoutingRenderer(Actor):
             self.ctx.emit(
                 "proxy.failed", proxy=record.id, proxy_kind=record.kind, error=record.error
             )
+        if down and (before is None or before[3] != down):
+            self.ctx.emit("proxy.failed", proxy=record.id, proxy_kind=record.kind, error=down)
         if before is not None and record.restarts > before[2]:
             self.ctx.emit(
                 "proxy.restarted",

@@ -17,7 +17,9 @@ from corral.registry import (
 from corral.supervision import open_actor_system
 
 
-def record(reported_at: float, restarts: int = 0) -> ProxyRecord:
+def record(
+    reported_at: float, restarts: int = 0, *, down: bool = False, died: bool = False
+) -> ProxyRecord:
     return ProxyRecord(
         "edge",
         "haproxy",
@@ -27,7 +29,8 @@ def record(reported_at: float, restarts: int = 0) -> ProxyRecord:
         reported_at=reported_at,
         report_every=5.0,
         restarts=restarts,
-        last_error="haproxy killed by SIGKILL" if restarts else None,
+        last_error="haproxy killed by SIGKILL" if died else None,
+        since=None if down else 1.0,
     )
 
 
@@ -54,12 +57,20 @@ async def test_a_proxy_that_stops_reporting_is_told_once_by_the_lease_holder_onl
         assert "pid 4242" in str(told[0]["error"])
         assert failed(other) == []  # not the lease holder: says nothing
 
-        # It reports again, then its proxy is restarted: every node tells the restart;
-        # silent again later, the holder tells that again.
+        # It reports again, then its proxy process dies and is restarted: every node
+        # tells the outage and the restart; silent again later, the holder tells that.
         await registry.put(proxy_key("edge"), record(trio.current_time()).encode())
         await trio.sleep(1)
-        await registry.put(proxy_key("edge"), record(trio.current_time(), restarts=1).encode())
+        now = trio.current_time()
+        await registry.put(proxy_key("edge"), record(now, down=True, died=True).encode())
         await trio.sleep(1)
-        assert any(e.kind == "proxy.restarted" for e in other.events())
+        assert [f["error"] for f in failed(other)] == ["haproxy killed by SIGKILL"]
+        now = trio.current_time()
+        await registry.put(proxy_key("edge"), record(now, restarts=1, died=True).encode())
+        await trio.sleep(1)
+        (restarted,) = [e.fields for e in other.events() if e.kind == "proxy.restarted"]
+        assert restarted["restarts"] == 1
+        assert restarted["error"] == "haproxy killed by SIGKILL"
+        assert len(failed(other)) == 1  # the restart itself is no new failure
         await trio.sleep(60)
-        assert len(failed(holder)) == 2
+        assert len(failed(holder)) == 3  # silent, the outage, silent again
