@@ -24,7 +24,7 @@ from corral.actors.routing import RouteTable
 from corral.proxy._caddy_plan import caddy_config_bytes
 from corral.proxy._driver import Applied, ProxyDriver
 from corral.proxy._errors import InvalidProxySetup, ProxyApplyFailed, ProxyStartFailed
-from corral.proxy._process import ProxyProcess, find_binary, log_tail
+from corral.proxy._process import OWNED_FILE, ProxyProcess, end_leftover, find_binary, log_tail
 
 __all__ = ["DEFAULT_CADDY", "CaddyDriver"]
 
@@ -103,6 +103,7 @@ class CaddyDriver(ProxyDriver):
     async def start(self) -> None:
         """Start caddy serving an empty table; returns once its admin API answers."""
         self._dir.mkdir(parents=True, exist_ok=True)
+        await end_leftover("caddy", self._dir)
         if self._client is None:
             self._client = httpx.AsyncClient(base_url=f"http://{self._admin}", timeout=30.0)
         await self._start(RouteTable(0, 0))
@@ -124,6 +125,7 @@ class CaddyDriver(ProxyDriver):
             log_path=self._dir / "caddy.log",
             cwd=self._dir,
             env=env,
+            owned_file=self._dir / OWNED_FILE,
         )
         await self._wait_admin()
         self._current = table

@@ -22,7 +22,7 @@ from corral.proxy._haproxy_plan import (
     render_map,
     tidy_commands,
 )
-from corral.proxy._process import ProxyProcess, find_binary, log_tail
+from corral.proxy._process import OWNED_FILE, ProxyProcess, end_leftover, find_binary, log_tail
 
 __all__ = ["DEFAULT_HAPROXY", "HaproxyDriver", "RuntimeApi"]
 
@@ -153,6 +153,7 @@ class HaproxyDriver(ProxyDriver):
     async def start(self) -> None:
         """Write files for an empty table and start the master; returns once it answers."""
         self._dir.mkdir(parents=True, exist_ok=True)
+        await end_leftover("haproxy", self._dir)
         await self._start(HaproxyState())
 
     async def _start(self, state: HaproxyState) -> None:
@@ -165,6 +166,7 @@ class HaproxyDriver(ProxyDriver):
             log_path=self._dir / "haproxy.log",
             cwd=self._dir,
             env=None,
+            owned_file=self._dir / OWNED_FILE,
         )
         await self._wait_worker(old_pid=None, what="start")
         self._running = state

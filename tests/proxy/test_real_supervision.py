@@ -194,3 +194,36 @@ def test_a_second_run_on_the_same_data_dir_or_id_is_refused_and_the_first_keeps_
             return await registry.get(proxy_key("edge")) is None
 
     assert trio.run(gone)  # stopped on purpose: its own record goes
+
+
+def test_a_run_killed_with_sigkill_is_replaced_and_its_leftover_proxy_ended(
+    data_dir: Path,
+) -> None:
+    """Its record (a dead owner) and data dir do not block the next run, and the proxy
+    it could not stop, still serving its last table on the address, is ended."""
+    require_binary("haproxy")
+    url = f"sqlite:///{data_dir}/registry.db"
+    port = free_port()
+    first = LocalProxy.start(
+        "haproxy", listen=port, registry_url=url, data_dir=data_dir / "p", proxy_id="edge"
+    )
+    second: LocalProxy | None = None
+    try:
+        wait_record(url, "edge", first.process.pid)
+        leftover = first.proxy_pid()
+        assert leftover is not None
+        first.process.kill()
+        first.process.wait(10)
+        os.kill(leftover, 0)  # the proxy outlived its command
+        second = LocalProxy.start(
+            "haproxy", listen=port, registry_url=url, data_dir=data_dir / "p", proxy_id="edge"
+        )
+        record = wait_record(url, "edge", second.process.pid)
+        assert record.listen == f"127.0.0.1:{port}"
+        with pytest.raises(ProcessLookupError):
+            os.kill(leftover, 0)
+        assert second.proxy_pid() not in (None, leftover)
+    finally:
+        first.stop()
+        if second is not None:
+            assert second.stop() == []
