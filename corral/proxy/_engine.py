@@ -508,24 +508,25 @@ async def _serve(
     restart_policy: RestartPolicy,
     task_status: trio.TaskStatus[ProxyEngine],
 ) -> None:
-    writing = trio.Lock()
+    # The record is written by one task, always with the current status: a burst of
+    # changes is one write, an older status never lands after a newer one, and a slow
+    # registry delays no restart and no table.
+    wanted = trio.Event()
+    wanted.set()
 
-    async def report() -> None:
-        # Always the current status, one write at a time: two tasks telling at once
-        # can never leave the older of two statuses as the record.
-        if stamp is not None:
-            async with writing:
+    async def report_periodically() -> None:
+        nonlocal wanted
+        while True:
+            with trio.move_on_after(report_every):
+                await wanted.wait()
+            wanted = trio.Event()
+            if stamp is not None:
                 await record_status(registry, stamp(engine.status))
 
     async def told(status: ProxyStatus) -> None:
-        await report()
+        wanted.set()
         if on_status is not None:
             await on_status(status)
-
-    async def report_periodically() -> None:
-        while True:
-            await report()
-            await trio.sleep(report_every)
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(report_periodically)
