@@ -164,9 +164,10 @@ def claim_refusal(
             create time) still runs; None when it cannot be checked (another host).
 
     Returns:
-        None when the id is free to take (no record, no owner named, or its owner
-        dead, stopped reporting or is this very process's predecessor gone); else
-        the one-line reason naming the running process.
+        None when the id is free to take: no record, a record naming no owner
+        (written by an older version), an owner on this host that no longer
+        runs, or one on another host whose record is no longer refreshed. Else
+        the one-line reason, naming the owner's pid and listen address.
     """
     if record is None or record.pid is None:
         return None
