@@ -482,6 +482,17 @@ def _lag(seconds: object) -> str | None:
     return "0s" if seconds <= 0 else duration(float(seconds))
 
 
+def _proxy_state(proxy: Mapping[str, Any]) -> str:
+    """``serving``, ``down`` (its process died and is not yet started again), or
+    ``not reporting for N s`` (its record is no longer refreshed: nothing it says holds)."""
+    silent = proxy.get("not_reporting_s")
+    if isinstance(silent, int | float) and not isinstance(silent, bool):
+        return f"not reporting for {round(silent)} s"
+    if proxy.get("since") is None and proxy.get("last_error"):
+        return "down"
+    return "serving"
+
+
 def routes_text(answer: Mapping[str, Any]) -> str:
     """``corral routes``: one row per domain and backend, what is held back, the proxies."""
     answer = printable_tree(answer)
@@ -512,7 +523,7 @@ def routes_text(answer: Mapping[str, Any]) -> str:
     if proxies:
         lines.append(
             table(
-                ("PROXY", "KIND", "LISTEN", "APPLIED", "LAG", "ERROR"),
+                ("PROXY", "KIND", "LISTEN", "APPLIED", "LAG", "STATE", "RESTARTS", "ERROR"),
                 [
                     (
                         p["id"],
@@ -522,7 +533,9 @@ def routes_text(answer: Mapping[str, Any]) -> str:
                         if not p.get("applied")
                         else f"{p['applied']['fence']}/{p['applied']['revision']}",
                         _lag(p.get("lag_s")),
-                        p.get("error"),
+                        _proxy_state(p),
+                        p.get("restarts") or 0,
+                        p.get("error") or p.get("last_error"),
                     )
                     for p in proxies
                 ],

@@ -6,8 +6,13 @@ every newer table (never an older one), and records in ``proxies/<id>`` what it
 applied, when, and any error. SIGTERM or SIGINT stops the proxy process (by
 pid) and the command.
 
+A proxy process that dies is started again with the table it served (backing
+off while it keeps dying); the record says each restart. One ``corral proxy
+run`` per data dir and per id: a second is refused, naming the first's pid.
+
 Exit status: 0 stopped by a signal; 1 the proxy or the registry failed (a
-missing binary too); 2 a bad flag (an unknown kind, a bad address or id).
+missing binary too), or the data dir or id is in use by another live ``corral
+proxy run``; 2 a bad flag (an unknown kind, a bad address or id).
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ from corral.proxy._errors import (
     InvalidProxySetup,
     ProxyApplyFailed,
     ProxyError,
+    ProxyInUse,
     ProxyNotInstalled,
     ProxyStartFailed,
 )
@@ -43,6 +44,7 @@ __all__ = [
     "ProxyDriver",
     "ProxyEngine",
     "ProxyError",
+    "ProxyInUse",
     "ProxyNotInstalled",
     "ProxyStartFailed",
     "ProxyStatus",

@@ -256,6 +256,8 @@ def alias_previous_key(domain: str) -> str:
 def domain_key(domain: str) -> str:
     """``domain/<domain>``: the claim that gives a domain to one app."""
     return f"domain/{validate_domain(domain)}"
+
+
 def proxy_key(proxy_id: str) -> str:
     """``proxies/<id>``: what the proxy of that name applied (written by ``corral proxy run``)."""
     return f"{PROXIES_PREFIX}{validate_name('proxy', proxy_id)}"
@@ -1380,6 +1382,10 @@ def _opt_int(value: Any, name: str) -> int | None:
 #: Longest ``ProxyRecord.error`` kept.
 MAX_PROXY_ERROR: Final = 1000
 
+#: Reports a proxy may miss before its record counts as not reporting: one late
+#: write (a slow registry) is not an outage, three in a row are.
+PROXY_MISSED_REPORTS: Final = 3
+
 
 @dataclass(frozen=True, slots=True)
 class ProxyRecord:
@@ -1389,6 +1395,14 @@ class ProxyRecord:
     until one was); ``applied_at`` wall-clock seconds; ``error`` the last apply's
     failure (None once a later apply succeeded); ``seen_*`` the newest version
     offered; ``apply_s`` how long the last apply took; ``reloads`` of the process.
+
+    Supervision: ``restarts`` counts the times the proxy process died and was
+    started again, ``last_error`` says why it last died (or failed to start
+    again), ``since`` is when the running process started serving (None while it
+    is down). Liveness: ``reported_at`` is when the record was last written (it is
+    rewritten every ``report_every`` seconds); ``pid``, ``host`` and
+    ``started_at`` (the process's create time) name the ``corral proxy run`` that
+    owns the id, so a second one can tell a live owner from a dead one.
     """
 
     id: str
@@ -1402,10 +1416,31 @@ class ProxyRecord:
     error: str | None = None
     apply_s: float | None = None
     reloads: int = 0
+    restarts: int = 0
+    last_error: str | None = None
+    since: float | None = None
+    reported_at: float | None = None
+    report_every: float | None = None
+    pid: int | None = None
+    host: str | None = None
+    started_at: float | None = None
 
     @property
     def key(self) -> str:
         return proxy_key(self.id)
+
+    def not_reporting_for(self, now: float) -> float | None:
+        """Seconds since this record was last written, when that is more than
+        :data:`PROXY_MISSED_REPORTS` report intervals ago (its ``corral proxy run``
+        is gone, hung or cut off from the registry); None while it reports, and for
+        a record that does not say when it reports (written by an older version).
+        """
+        if self.reported_at is None or not self.report_every:
+            return None
+        silent = now - self.reported_at
+        if silent <= PROXY_MISSED_REPORTS * self.report_every:
+            return None
+        return round(silent, 1)
 
     def encode(self) -> bytes:
         return _dump(
@@ -1421,6 +1456,16 @@ class ProxyRecord:
                 "error": None if self.error is None else self.error[:MAX_PROXY_ERROR],
                 "apply_s": self.apply_s,
                 "reloads": self.reloads,
+                "restarts": self.restarts,
+                "last_error": None
+                if self.last_error is None
+                else self.last_error[:MAX_PROXY_ERROR],
+                "since": self.since,
+                "reported_at": self.reported_at,
+                "report_every": self.report_every,
+                "pid": self.pid,
+                "host": self.host,
+                "started_at": self.started_at,
             }
         )
 
@@ -1438,6 +1483,14 @@ class ProxyRecord:
             error=_opt_str(_field(obj, "error", None), "error"),
             apply_s=_opt_float(_field(obj, "apply_s", None), "apply_s"),
             reloads=_nonneg(_field(obj, "reloads", 0), "reloads"),
+            restarts=_nonneg(_field(obj, "restarts", 0), "restarts"),
+            last_error=_opt_str(_field(obj, "last_error", None), "last_error"),
+            since=_opt_float(_field(obj, "since", None), "since"),
+            reported_at=_opt_float(_field(obj, "reported_at", None), "reported_at"),
+            report_every=_opt_float(_field(obj, "report_every", None), "report_every"),
+            pid=_opt_int(_field(obj, "pid", None), "pid"),
+            host=_opt_str(_field(obj, "host", None), "host"),
+            started_at=_opt_float(_field(obj, "started_at", None), "started_at"),
         )
 
 

@@ -41,6 +41,7 @@ from corral.testing import (
     NodeContext,
     agent_node_children,
     open_cluster,
+    virtual_wall_clock,
 )
 
 APP = "shop"
@@ -352,12 +353,14 @@ async def test_a_one_instance_app_restarts_in_place_without_waiting_on_a_drain(
         assert cluster.instances()[APP] == [node]
 
 
-@pytest.mark.parametrize("applies", [True, False])
+@pytest.mark.parametrize("proxy_does", ["applies", "nothing", "stops-reporting"])
 async def test_a_node_out_of_the_table_waits_for_every_proxy_or_the_drain(
-    autojump_clock: object, applies: bool
+    autojump_clock: object, proxy_does: str
 ) -> None:
     """A registered proxy that applies each table a second late lets the rollout go
-    on a second after the take-out; one that applies nothing holds it the drain."""
+    on a second after the take-out; one that applies nothing holds it the drain;
+    one whose record is no longer refreshed (its process is gone) is not waited for."""
+    applies = proxy_does == "applies"
     drain = 10.0
     options = RolloutOptions(max_parallel=1, drain_ms=int(drain * 1000))
     async with open_cluster(3, lease_ttl=TTL, children=with_routing) as cluster:
@@ -369,6 +372,11 @@ async def test_a_node_out_of_the_table_waits_for_every_proxy_or_the_drain(
             start = await cluster.registry.revision() + 1
             async with cluster.registry.watch(ROUTING_KEY, start) as events:
                 record = ProxyRecord("p1", "haproxy", "127.0.0.1:1", 0, 0)
+                if proxy_does == "stops-reporting":
+                    silent_since = virtual_wall_clock() - 60
+                    record = dataclasses.replace(
+                        record, reported_at=silent_since, report_every=5.0
+                    )
                 await cluster.registry.put(proxy_key("p1"), record.encode())
                 task_status.started()
                 async for event in events:
@@ -399,6 +407,8 @@ async def test_a_node_out_of_the_table_waits_for_every_proxy_or_the_drain(
         draining = next(since for step, since in steps if step == "draining")
         if applies:
             assert 1.0 <= draining - out < 2.0  # the proxy's second, and a pass's debounce
+        elif proxy_does == "stops-reporting":
+            assert draining - out < 1.0  # no live proxy to wait for
         else:
             assert draining - out == drain
 

@@ -833,7 +833,7 @@ class Coordinator(Actor):
             for app in candidates
             if (current := view.placements.get(app)) is not None
         )
-        routed = self._routed_urls(await self._read_routing()) if rolling else None
+        routed = self._routed_urls(await self._read_routing(), now) if rolling else None
         plans: dict[str, RolloutPlan] = {}
         for app in sorted(candidates):
             current = view.placements.get(app)
@@ -921,10 +921,12 @@ class Coordinator(Actor):
                 if not apps:
                     del self._rest_on[node]
 
-    def _routed_urls(self, kvs: Iterable[KeyValue]) -> frozenset[str] | None:
+    def _routed_urls(self, kvs: Iterable[KeyValue], now: float) -> frozenset[str] | None:
         """Every backend URL of the routing table as read, when every registered proxy
         has applied that table (or a newer one); None when one has not yet (or the
-        table does not decode)."""
+        table does not decode). A proxy whose record is no longer refreshed (its
+        ``corral proxy run`` is gone: :meth:`ProxyRecord.not_reporting_for`) is not
+        waited for: it would only hold every node a drain longer."""
         # Imported here: the routing package imports this one.
         from corral.actors.routing import TableVersion, decode_table_json
 
@@ -938,7 +940,7 @@ class Coordinator(Actor):
                     return None
                 continue
             record = decode_record(kv.key, kv.value)
-            if isinstance(record, ProxyRecord):
+            if isinstance(record, ProxyRecord) and record.not_reporting_for(now) is None:
                 fence, revision = record.applied_fence, record.applied_revision
                 applied.append(
                     None if fence is None or revision is None else TableVersion(fence, revision)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -35,6 +36,7 @@ from corral.actors.routing._render import (
     TableVersion,
     decode_table_json,
 )
+from corral.actors.routing._view import newly_silent
 from corral.registry import (
     ALIAS_PREFIX,
     APPS_PREFIX,
@@ -51,6 +53,7 @@ from corral.registry import (
     RegistryError,
     RevisionCompacted,
     decode_record,
+    read_records,
 )
 from corral.supervision import Actor, ChildSpec, Restart
 from corral.transport import SchemaError, message
@@ -74,6 +77,12 @@ DEFAULT_RESYNC = 10.0
 #: Seconds one push may take.
 DEFAULT_PUSH_TIMEOUT = 10.0
 _WATCH_RETRY = 1.0
+#: Seconds between two looks, by the lease holder, for proxies no longer reporting.
+DEFAULT_PROXY_CHECK = 5.0
+
+#: What a node last saw of a proxy's record: (applied version, apply error,
+#: restarts, why its process is down (None while it runs)).
+_ProxySeen = tuple[TableVersion | None, str | None, int, str | None]
 
 #: The prefixes (and key) whose changes may change the table.
 WATCHED: tuple[str, ...] = (APPS_PREFIX, PLACEMENT_PREFIX, NODES_PREFIX, ALIAS_PREFIX)
@@ -130,6 +139,9 @@ class RoutingRenderer(Actor):
         debounce: shortest time between the starts of two renders.
         resync: seconds between renders when nothing changed.
         push_timeout: seconds one push may take.
+        proxy_check: seconds between two looks for proxies whose record is no
+            longer refreshed (told once each as ``proxy.failed`` by the lease holder).
+        wall_clock: wall time, to judge how old a proxy's record is.
     """
 
     mailbox_size = 16
@@ -143,8 +155,12 @@ class RoutingRenderer(Actor):
         debounce: float = DEFAULT_DEBOUNCE,
         resync: float = DEFAULT_RESYNC,
         push_timeout: float = DEFAULT_PUSH_TIMEOUT,
+        proxy_check: float = DEFAULT_PROXY_CHECK,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         super().__init__()
+        self._proxy_check = proxy_check
+        self._wall = wall_clock
         self._node_id = node_id
         self._registry = registry
         self._pushers = dict(pushers or {})
@@ -166,6 +182,7 @@ class RoutingRenderer(Actor):
         self.ctx.start_task(self._watch_lease)
         self.ctx.start_task(self._render_loop)
         self.ctx.start_task(self._watch_proxies)
+        self.ctx.start_task(self._look_for_silent_proxies)
         if self._pushers:
             self.ctx.start_task(self._push_loop)
 
@@ -223,14 +240,15 @@ class RoutingRenderer(Actor):
 
     async def _watch_proxies(self) -> None:
         """Tell this node's event log what ``corral proxy run`` processes report:
-        ``proxy.applied`` when one applies a new version, ``proxy.failed`` on a new error."""
-        seen: dict[str, tuple[TableVersion | None, str | None]] = {}
+        ``proxy.applied`` when one applies a new version, ``proxy.failed`` on a new error
+        or outage of its process, ``proxy.restarted`` when its process was restarted."""
+        seen: dict[str, _ProxySeen] = {}
         while True:
             try:
                 async with self._registry.watch(PROXIES_PREFIX) as events:
                     async for event in events:
                         if not event.kv.value:
-                            seen.pop(event.kv.key, None)
+                            seen.pop(event.kv.key.removeprefix(PROXIES_PREFIX), None)
                             continue
                         record = decode_record(event.kv.key, event.kv.value)
                         if isinstance(record, ProxyRecord):
@@ -241,8 +259,35 @@ class RoutingRenderer(Actor):
                 return
             await trio.sleep(_WATCH_RETRY)
 
+    async def _look_for_silent_proxies(self) -> None:
+        """While this node holds the lease, tell each proxy whose record stopped being
+        refreshed (its ``corral proxy run`` died, hangs or lost the registry) as one
+        ``proxy.failed``; nothing else would: such a proxy writes no more events."""
+        told: frozenset[str] = frozenset()
+        while True:
+            await trio.sleep(self._proxy_check)
+            try:
+                if await self._fence() is None:
+                    told = frozenset()
+                    continue
+                records, _ = await read_records(self._registry, PROXIES_PREFIX)
+            except RegistryError as exc:
+                log.debug("could not read the proxies (%s); looking again later", exc)
+                continue
+            proxies = [r for r in records.values() if isinstance(r, ProxyRecord)]
+            silent, told = newly_silent(proxies, now=self._wall(), flagged=told)
+            for record, seconds in silent:
+                self.ctx.emit(
+                    "proxy.failed",
+                    proxy=record.id,
+                    proxy_kind=record.kind,
+                    error=f"not reporting for {seconds:.0f} s (pid {record.pid} on "
+                    f"{record.host}): check its corral proxy run; its state is unknown",
+                    not_reporting_s=seconds,
+                )
+
     def _note_proxy(
-        self, record: ProxyRecord, seen: dict[str, tuple[TableVersion | None, str | None]]
+        self, record: ProxyRecord, seen: dict[str, _ProxySeen]
     ) -> None:
         applied = (
             None
@@ -250,7 +295,9 @@ class RoutingRenderer(Actor):
             else TableVersion(record.applied_fence, record.applied_revision)
         )
         before = seen.get(record.id)
-        seen[record.id] = (applied, record.error)
+        # An outage: the process died and is not started again yet.
+        down = record.last_error if record.since is None else None
+        seen[record.id] = (applied, record.error, record.restarts, down)
         if applied is not None and (before is None or before[0] != applied):
             self.ctx.emit(
                 "proxy.applied",
@@ -263,6 +310,16 @@ class RoutingRenderer(Actor):
         if record.error and (before is None or before[1] != record.error):
             self.ctx.emit(
                 "proxy.failed", proxy=record.id, proxy_kind=record.kind, error=record.error
+            )
+        if down and (before is None or before[3] != down):
+            self.ctx.emit("proxy.failed", proxy=record.id, proxy_kind=record.kind, error=down)
+        if before is not None and record.restarts > before[2]:
+            self.ctx.emit(
+                "proxy.restarted",
+                proxy=record.id,
+                proxy_kind=record.kind,
+                restarts=record.restarts,
+                error=record.last_error,
             )
 
     async def _render_loop(self) -> None:
@@ -410,12 +467,20 @@ def routing_renderer_child_spec(
     name: str = "routing",
     debounce: float = DEFAULT_DEBOUNCE,
     resync: float = DEFAULT_RESYNC,
+    proxy_check: float = DEFAULT_PROXY_CHECK,
+    wall_clock: Callable[[], float] = time.time,
 ) -> ChildSpec:
     """A ChildSpec running :class:`RoutingRenderer` (PERMANENT) for the node assembly."""
     return ChildSpec(
         name=name,
         factory=lambda: RoutingRenderer(
-            node_id, registry, pushers=pushers, debounce=debounce, resync=resync
+            node_id,
+            registry,
+            pushers=pushers,
+            debounce=debounce,
+            resync=resync,
+            proxy_check=proxy_check,
+            wall_clock=wall_clock,
         ),
         restart=Restart.PERMANENT,
         shutdown_grace=1.0,
