@@ -2,8 +2,9 @@
 
 Exit status: 0 done; 1 the operation failed or was refused (unreachable node,
 drain of pinned work, no such app...); 2 the request itself is wrong (a bad
-flag, a bad name, replicas 0, an app directory without a command). Errors are
-one line on standard error saying what to do.
+flag, a bad name, replicas 0, an app directory without a command); 141 the
+reader of its output left (``corral ps | head -1``), quietly, as a program
+SIGPIPE ends. Errors are one line on standard error saying what to do.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -20,6 +22,10 @@ from corral.node._errors import ApiRefused, ConfigError, NodeError, RequestInval
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
+#: What the shell reports for a program SIGPIPE ended (128 + 13), as for ``seq``, ``git
+#: log``...: ``corral ps | head -1`` stops quietly, and a ``set -o pipefail`` script
+#: sees the same status it sees for any other tool whose reader left.
+EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE
 #: The shortest redraw interval of ``corral inspect``.
 MIN_INTERVAL = 0.1
 
@@ -762,5 +768,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_FAILED
 
 
+def _discard_stdout() -> None:
+    """Point the standard output descriptor at /dev/null, so the interpreter's last
+    flush on exit finds no closed pipe and prints no second traceback."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    finally:
+        os.close(devnull)
+
+
 def console_main() -> None:
-    sys.exit(main())
+    """The ``corral`` program: :func:`main`, ending quietly with
+    :data:`EXIT_BROKEN_PIPE` when the reader of its output left (``| head``)."""
+    try:
+        status = main()
+        sys.stdout.flush()  # a reader that left shows here, not at interpreter exit
+    except BrokenPipeError:
+        _discard_stdout()
+        status = EXIT_BROKEN_PIPE
+    sys.exit(status)
