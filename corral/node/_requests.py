@@ -44,7 +44,9 @@ MAX_APP_DOMAINS = 64
 
 def check_domain(value: object, field: str = "domain") -> str:
     """A domain as corral stores it (stripped, lowercased, one trailing dot dropped),
-    checked by the one domain check, :func:`corral.actors.routing.normalize_domain`.
+    checked by :func:`corral.actors.routing.normalize_domain`, which applies the one
+    domain rule, :func:`corral.registry.validate_domain` (host names only: no IP
+    literal, no ``localhost``).
 
     Raises:
         RequestInvalid: naming ``field`` and the rules.
