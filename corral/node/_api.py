@@ -19,7 +19,7 @@ Routes::
                                           the coordinator
     GET    /v1/apps, /v1/apps/{name}      app records
     POST   /v1/apps/{name}/deploy         {"artifact": base64, "replicas", "selector", ...}
-    POST   /v1/apps/{name}/selector       {"selector": {k: v}} or {"clear": true}
+    POST   /v1/apps/{name}/selector       {"selector": {k: v}} | {"unset": [k]} | {"clear": true}
     POST   /v1/apps/{name}/replicas       {"replicas": "all" | N}
     POST   /v1/apps/{name}/retire
     POST   /v1/apps/{name}/rollback       redeploy the previous revision (it rolls node by node)
@@ -77,6 +77,7 @@ from corral.node._requests import (
     parse_json_body,
     parse_pairs,
     parse_replicas,
+    parse_selector_keys,
 )
 from corral.node._views import (
     Coordination,
@@ -441,18 +442,20 @@ def build_api(services: ApiServices) -> ASGIApp:
     async def selector(request: Request) -> Response:
         name = check_name("app", request.path_params["name"])
         body = await body_of(request)
-        _refuse_unknown(body, {"selector", "clear"})
+        _refuse_unknown(body, {"selector", "clear", "unset"})
         clear = parse_bool(body.get("clear", False), "clear")
-        if clear == ("selector" in body):
+        if [clear, "selector" in body, "unset" in body].count(True) != 1:
             raise RequestInvalid(
-                "selector", 'give either {"selector": {"k": "v"}} or {"clear": true}'
+                "selector",
+                'give one of {"selector": {"k": "v"}}, {"unset": ["k", ...]} or {"clear": true}',
             )
-        pairs = None if clear else parse_pairs(body["selector"], "selector")
+        pairs = None if clear or "unset" in body else parse_pairs(body["selector"], "selector")
         if pairs is not None and not pairs:
             raise RequestInvalid(
                 "selector", 'is empty; to lift the constraint send {"clear": true}'
             )
-        app = await ops.set_selector(registry, name, pairs)
+        unset = parse_selector_keys(body["unset"], "unset") if "unset" in body else ()
+        app = await ops.set_selector(registry, name, pairs, unset=unset)
         await changed(f"selector {name}")
         return JSONResponse({"app": record_json(app)})
 

@@ -233,7 +233,10 @@ def _build_parser() -> argparse.ArgumentParser:
         "--node-selector",
         metavar="K=V",
         action="append",
-        help="run only on nodes labelled K=V (repeatable; all must match)",
+        help="run only on nodes labelled K=V (repeatable; all must match); added to the "
+        "app's selector: a deploy narrows where an app runs and never lifts a constraint, "
+        "and refuses to change a key's value (use corral app selector --set, --unset or "
+        "--clear for that)",
     )
     deploy.add_argument(
         "--memory-mb", metavar="MB", type=int, help="memory to reserve per instance"
@@ -289,7 +292,9 @@ def _build_parser() -> argparse.ArgumentParser:
 
     app = _verb(commands, "app", "change an app: selector, replicas, domains, retire, delete")
     app_verbs = app.add_subparsers(dest="verb", metavar="VERB", required=True)
-    selector = _verb(app_verbs, "selector", "set or clear the app's node selector", [common])
+    selector = _verb(
+        app_verbs, "selector", "set, unset keys of, or clear the app's node selector", [common]
+    )
     selector.add_argument("--name", required=True, help="the app")
     choice = selector.add_mutually_exclusive_group(required=True)
     choice.add_argument(
@@ -297,6 +302,12 @@ def _build_parser() -> argparse.ArgumentParser:
         metavar="K=V",
         action="append",
         help="run only on nodes labelled K=V (repeatable; replaces the whole selector)",
+    )
+    choice.add_argument(
+        "--unset",
+        metavar="K",
+        action="append",
+        help="remove key K from the selector, keeping the others (repeatable)",
     )
     choice.add_argument("--clear", action="store_true", help="lift the selector: any node")
     replicas = _verb(app_verbs, "replicas", "set how many nodes run the app", [common])
@@ -548,15 +559,22 @@ def _rollback(args: argparse.Namespace, stdout: TextIO) -> int:
 
 def _app(args: argparse.Namespace, stdout: TextIO) -> int:
     from corral.node._format import printable_tree
-    from corral.node._requests import check_name, parse_domains, parse_pairs, parse_replicas
+    from corral.node._requests import (
+        check_name,
+        parse_domains,
+        parse_pairs,
+        parse_replicas,
+        parse_selector_keys,
+    )
 
     name = check_name("app", args.name)
     add = parse_domains(args.add, "add") if getattr(args, "add", None) else ()
     remove = parse_domains(args.remove, "remove") if getattr(args, "remove", None) else ()
     with _client(args) as client:
         if args.verb == "selector":
-            pairs = None if args.clear else parse_pairs(args.set, "set")
-            answer = client.set_selector(name, pairs)
+            unset = parse_selector_keys(args.unset, "unset") if args.unset else ()
+            pairs = None if args.clear or unset else parse_pairs(args.set, "set")
+            answer = client.set_selector(name, pairs, unset=unset)
             selector = printable_tree(answer["app"]["selector"])
             text = f"{name}: selector " + (
                 ", ".join(f"{k}={v}" for k, v in sorted(selector.items()))

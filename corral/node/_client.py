@@ -202,8 +202,18 @@ class NodeClient:
                 body[key] = value
         return self.request("POST", f"/v1/apps/{name}/deploy", body)
 
-    def set_selector(self, name: str, selector: Mapping[str, str] | None) -> JSONDict:
-        body: JSONDict = {"clear": True} if selector is None else {"selector": dict(selector)}
+    def set_selector(
+        self, name: str, selector: Mapping[str, str] | None, *, unset: Sequence[str] = ()
+    ) -> JSONDict:
+        """Replace the app's selector, remove the keys ``unset`` from it, or (selector
+        None and nothing to unset) clear it."""
+        body: JSONDict
+        if unset:
+            body = {"unset": list(unset)}
+        elif selector is None:
+            body = {"clear": True}
+        else:
+            body = {"selector": dict(selector)}
         return self.request("POST", f"/v1/apps/{name}/selector", body)
 
     def set_replicas(self, name: str, replicas: str | int) -> JSONDict:
