@@ -43,7 +43,7 @@ import json
 import logging
 import math
 import secrets
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
@@ -106,6 +106,12 @@ MAX_BODY_BYTES = MAX_ARTIFACT_BYTES * 4 // 3 + 64 * 1024
 #: Bodies up to this size are parsed on the event loop; larger ones in a thread.
 PARSE_INLINE_BYTES = 256 * 1024
 EVENT_POLL_INTERVAL = 0.25
+#: Most ``GET /v1/events?follow=1`` streams one node serves at once; past it, 429. Each
+#: open stream wakes every EVENT_POLL_INTERVAL and its first answer is the whole backlog
+#: (1,000 events): 500 of them kept /v1/ps waiting 4 s.
+MAX_EVENT_STREAMS = 64
+#: The Retry-After of a stream refused at the cap (streams end when their readers leave).
+EVENT_STREAM_RETRY_AFTER_S = 5
 #: The Prometheus text format, version 0.0.4.
 METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -119,6 +125,47 @@ class _ArtifactFile(FileResponse):
     chunk_size = 1024 * 1024
 
 log = logging.getLogger("corral.node.api")
+
+
+class _EventStreams:
+    """The event streams one API serves now, and its cap."""
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self.open = 0
+
+
+class _CappedEventStream(StreamingResponse):
+    """An event stream counted while it is served, or a 429 past the cap.
+
+    Counted around the whole response, which returns when the stream ends or its
+    reader leaves (a generator's own ``finally`` may wait for the garbage collector),
+    and checked where it is counted, with no await between, so a burst of
+    requests cannot pass the cap."""
+
+    def __init__(self, streams: _EventStreams, content: AsyncGenerator[bytes, None]) -> None:
+        super().__init__(content, media_type="application/x-ndjson")
+        self._streams = streams
+        self._content = content
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        streams = self._streams
+        if streams.open >= streams.cap:
+            await self._content.aclose()  # never started: nothing of it runs
+            refused = _error(
+                429,
+                f"this node already serves {streams.open} event streams, the most it serves "
+                f"at once; try again in {EVENT_STREAM_RETRY_AFTER_S} s, or read the recent "
+                "events without following them (corral events, GET /v1/events)",
+            )
+            refused.headers["Retry-After"] = str(EVENT_STREAM_RETRY_AFTER_S)
+            await refused(scope, receive, send)
+            return
+        streams.open += 1
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            streams.open -= 1
 
 
 @dataclass(frozen=True)
@@ -147,6 +194,8 @@ class ApiServices:
     max_body_bytes: int = MAX_BODY_BYTES
     #: ``GET /metrics``: the node's metrics in the Prometheus text format (None: 404).
     metrics: Callable[[], Awaitable[bytes]] | None = None
+    #: most event streams (``GET /v1/events?follow=1``) served at once; past it, 429.
+    max_event_streams: int = MAX_EVENT_STREAMS
 
 
 def record_json(record: AppRecord | NodeRecord | PlacementRecord | NodeIntent) -> JSONDict:
@@ -300,6 +349,7 @@ def build_api(services: ApiServices) -> ASGIApp:
     """The node's ASGI app: bearer authentication in front of every route, and a JSON
     500 with a logged error id behind them all."""
     registry = services.registry
+    event_streams = _EventStreams(services.max_event_streams)
 
     async def body_of(request: Request) -> Mapping[str, Any]:
         return await _json_body(request, services.max_body_bytes)
@@ -321,7 +371,7 @@ def build_api(services: ApiServices) -> ASGIApp:
         limit_text = request.query_params.get("limit", "")
         limit = int(limit_text) if limit_text.isdigit() else math.inf
 
-        async def stream() -> AsyncIterator[bytes]:
+        async def stream() -> AsyncGenerator[bytes, None]:
             sent = 0
             last = -1
             for event in recent:
@@ -332,7 +382,10 @@ def build_api(services: ApiServices) -> ASGIApp:
                     return
             while True:
                 await trio.sleep(EVENT_POLL_INTERVAL)
-                for event in services.events():
+                events = services.events()
+                if not events or events[-1]["seq"] <= last:
+                    continue  # nothing new: the usual wake-up costs one comparison
+                for event in events:
                     if event["seq"] > last:
                         yield (json.dumps(event) + "\n").encode()
                         last = event["seq"]
@@ -340,7 +393,7 @@ def build_api(services: ApiServices) -> ASGIApp:
                         if sent >= limit:
                             return
 
-        return StreamingResponse(stream(), media_type="application/x-ndjson")
+        return _CappedEventStream(event_streams, stream())
 
     async def read_by_name(prefix: str, kind: type[Any]) -> dict[str, Any]:
         records, _ = await read_records(registry, prefix)
