@@ -61,6 +61,7 @@ from corral.actors.routing import read_routes_answer
 from corral.node import _operations as ops
 from corral.node._artifact_store import ArtifactStore, artifact_capability
 from corral.node._artifacts import MAX_ARTIFACT_BYTES
+from corral.node._deadline import REGISTRY_DEADLINE, DeadlineRegistry, RegistryTooSlow
 from corral.node._errors import (
     ArtifactError,
     Conflict,
@@ -196,6 +197,10 @@ class ApiServices:
     metrics: Callable[[], Awaitable[bytes]] | None = None
     #: most event streams (``GET /v1/events?follow=1``) served at once; past it, 429.
     max_event_streams: int = MAX_EVENT_STREAMS
+    #: how answers name the registry (its URL), and the seconds one registry call of a
+    #: handler may take before the answer is a 504 saying so (see DeadlineRegistry).
+    registry_name: str = "the registry"
+    registry_deadline: float = REGISTRY_DEADLINE
 
 
 def record_json(record: AppRecord | NodeRecord | PlacementRecord | NodeIntent) -> JSONDict:
@@ -348,7 +353,9 @@ def _refuse_unknown(body: Mapping[str, Any], allowed: set[str]) -> None:
 def build_api(services: ApiServices) -> ASGIApp:
     """The node's ASGI app: bearer authentication in front of every route, and a JSON
     500 with a logged error id behind them all."""
-    registry = services.registry
+    registry = DeadlineRegistry(
+        services.registry, services.registry_name, services.registry_deadline
+    )
     event_streams = _EventStreams(services.max_event_streams)
 
     async def body_of(request: Request) -> Mapping[str, Any]:
@@ -644,6 +651,13 @@ def build_api(services: ApiServices) -> ASGIApp:
         return _error(409, str(exc))
 
     async def on_unavailable(request: Request, exc: Exception) -> Response:
+        if isinstance(exc, RegistryTooSlow):
+            body = {
+                "error": str(exc),
+                "registry": exc.registry,
+                "may_have_applied": exc.may_have_applied,
+            }
+            return JSONResponse(body, status_code=504)
         return _error(503, f"the registry is unavailable: {exc}")
 
     async def on_artifact(request: Request, exc: Exception) -> Response:
