@@ -109,7 +109,7 @@ PARSE_INLINE_BYTES = 256 * 1024
 EVENT_POLL_INTERVAL = 0.25
 #: Most ``GET /v1/events?follow=1`` streams one node serves at once; past it, 429. Each
 #: open stream wakes every EVENT_POLL_INTERVAL and its first answer is the whole backlog
-#: (1,000 events): 500 of them kept /v1/ps waiting 4 s.
+#: (up to 1,000 events); issue 25 saw 500 of them keep /v1/ps waiting 4 s.
 MAX_EVENT_STREAMS = 64
 #: The Retry-After of a stream refused at the cap (streams end when their readers leave).
 EVENT_STREAM_RETRY_AFTER_S = 5
