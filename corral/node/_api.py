@@ -69,6 +69,7 @@ from corral.node._errors import (
     OperationRefused,
     RequestInvalid,
 )
+from corral.node._events import EventLines
 from corral.node._requests import (
     check_domain,
     check_name,
@@ -357,6 +358,7 @@ def build_api(services: ApiServices) -> ASGIApp:
         services.registry, services.registry_name, services.registry_deadline
     )
     event_streams = _EventStreams(services.max_event_streams)
+    event_lines = EventLines(services.events)
 
     async def body_of(request: Request) -> Mapping[str, Any]:
         return await _json_body(request, services.max_body_bytes)
@@ -372,33 +374,22 @@ def build_api(services: ApiServices) -> ASGIApp:
         return JSONResponse(services.actors())
 
     async def events(request: Request) -> Response:
-        recent = services.events()
         if request.query_params.get("follow") not in ("1", "true", "yes"):
-            return JSONResponse({"events": recent})
+            return JSONResponse({"events": services.events()})
         limit_text = request.query_params.get("limit", "")
         limit = int(limit_text) if limit_text.isdigit() else math.inf
 
         async def stream() -> AsyncGenerator[bytes, None]:
             sent = 0
             last = -1
-            for event in recent:
-                yield (json.dumps(event) + "\n").encode()
-                last = event["seq"]
-                sent += 1
-                if sent >= limit:
-                    return
             while True:
+                chunk, last, count = event_lines.after(last, limit - sent)
+                if count:
+                    yield chunk
+                    sent += count
+                    if sent >= limit:
+                        return
                 await trio.sleep(EVENT_POLL_INTERVAL)
-                events = services.events()
-                if not events or events[-1]["seq"] <= last:
-                    continue  # nothing new: the usual wake-up costs one comparison
-                for event in events:
-                    if event["seq"] > last:
-                        yield (json.dumps(event) + "\n").encode()
-                        last = event["seq"]
-                        sent += 1
-                        if sent >= limit:
-                            return
 
         return _CappedEventStream(event_streams, stream())
 
