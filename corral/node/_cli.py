@@ -169,7 +169,8 @@ def _build_parser() -> argparse.ArgumentParser:
         prog="corral",
         description="Place applications on a fleet of machines and run them.",
         epilog="Run `corral COMMAND --help` for a command's options. Exit status: 0 done, "
-        "1 failed or refused, 2 the request itself is wrong.",
+        "1 failed or refused, 2 the request itself is wrong, 141 the reader of the output "
+        "left (| head).",
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     common = _client_options()
