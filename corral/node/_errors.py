@@ -17,7 +17,11 @@
         ├── NotFound             no such app or node
         └── ApiError             the command line could not get an answer it can use
             ├── NodeUnreachable  nothing answered at the API address tried
+            ├── NodeTimedOut     the node took the request and did not answer in time
             └── ApiRefused       the node answered with an error status; .status, .field
+
+A registry that does not answer an API handler in time raises
+:class:`corral.node._deadline.RegistryTooSlow`, a ``RegistryUnavailable`` (a 504).
 """
 
 from __future__ import annotations
@@ -119,6 +123,20 @@ class NodeUnreachable(ApiError):
         super().__init__(
             f"cannot reach the corral node at {url} ({reason}); start one with "
             "`corral node run`, or point at another with --api URL or CORRAL_API"
+        )
+        self.url = url
+
+
+class NodeTimedOut(ApiError):
+    """The node accepted the request and sent no answer within the command line's
+    timeout: it is up, and busy or stuck (a write may have been applied)."""
+
+    def __init__(self, url: str, timeout: float, reason: str) -> None:
+        super().__init__(
+            f"the corral node at {url} took the request but did not answer within "
+            f"{timeout:g} s ({reason}); it is up but slow, or its registry is (`corral state` "
+            "names a registry error): a change asked for may have been applied, `corral ps` "
+            "shows whether it was, and repeating the same request is safe"
         )
         self.url = url
 

@@ -86,6 +86,7 @@ from corral.node._api import ApiServices, build_api, build_metrics_app, record_j
 from corral.node._artifact_store import ArtifactStore, Materializer, sweep_partial_files
 from corral.node._artifacts import ArtifactLimits
 from corral.node._config import SETTINGS, NodeConfig, load_config_file, resolve_node_config
+from corral.node._deadline import DeadlineRegistry
 from corral.node._errors import ConfigError
 from corral.node._events import EventLog
 from corral.node._identity import (
@@ -407,6 +408,7 @@ def root_spec(
                 wall_clock=time.time,
                 coordinator=services.coordination,
                 metrics=None if services.metrics is None else services.metrics.scrape,
+                registry_name=config.registry_url,
             )
         )
 
@@ -817,7 +819,10 @@ async def run_node(
                 freed,
                 config.data_dir,
             )
-        services = NodeServices(runtime, registry, events, metrics)
+        # What the API's views read (corral state, metrics) answers within the API's
+        # deadline, naming the registry, when the registry stops answering.
+        api_registry = DeadlineRegistry(registry, config.registry_url)
+        services = NodeServices(runtime, api_registry, events, metrics)
         async with open_websocket_transport(
             runtime.node_id,
             (config.listen.host, config.listen.port),

@@ -117,20 +117,52 @@ def validate_name(kind: str, name: str) -> str:
     return name
 
 
+_DOMAIN_RULES = (
+    "use dot-separated labels of 1-63 characters of a-z, 0-9 and '-' (not starting or "
+    "ending with '-'), 253 characters at most"
+)
+# The last label of a name a URL parser reads as an IPv4 address (WHATWG URL's "ends in
+# a number": 127.0.0.1, 2130706433, 0x7f.1, 0x7f000001).
+_NUMERIC_LABEL = re.compile(r"[0-9]+|0x[0-9a-f]*")
+
+
+def _address_problem(domain: str) -> str | None:
+    """Why ``domain`` (syntactically a host name) names an address rather than a
+    site, or None."""
+    last = domain.rsplit(".", 1)[-1]
+    if _NUMERIC_LABEL.fullmatch(last):
+        return (
+            f"it is an IP address (its last label {last!r} is a number), and a tenant "
+            "claiming an address would receive every request made to the proxy by it"
+        )
+    if last == "localhost":
+        return (
+            "localhost and its subdomains name this machine's loopback (RFC 6761), and a "
+            "tenant claiming them would receive every request made to the proxy by that name"
+        )
+    return None
+
+
 def validate_domain(domain: str) -> str:
-    """Check a domain name (dot-separated DNS labels, 253 characters at most).
+    """Check a domain name: dot-separated DNS labels, 253 characters at most, and a
+    name, not an address: neither an IP literal (a last label that is a number, as
+    a URL parser reads ``127.0.0.1`` or ``0x7f.1``; IPv6 literals break the label
+    syntax) nor ``localhost`` or a name under it. The one domain rule: the API, the
+    command line and the routing renderer all check through it.
 
     Raises:
-        InvalidName: naming what is allowed.
+        InvalidName: naming the rule broken and what is allowed.
     """
     if (
         not isinstance(domain, str)
         or not 0 < len(domain) <= 253
         or not all(_DNS_LABEL.fullmatch(label) for label in domain.split("."))
     ):
+        raise InvalidName(f"invalid domain {domain!r}: {_DOMAIN_RULES}")
+    problem = _address_problem(domain)
+    if problem is not None:
         raise InvalidName(
-            f"invalid domain {domain!r}: use dot-separated labels of 1-63 characters of "
-            "a-z, 0-9 and '-' (not starting or ending with '-'), 253 characters at most"
+            f"invalid domain {domain!r}: {problem}; give a host name such as shop.example"
         )
     return domain
 
