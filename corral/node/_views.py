@@ -435,7 +435,10 @@ def node_rows(
             )
             for a in (apps or {}).values()
         ],
-        {name: Placement(nodes=tuple(p.nodes)) for name, p in (placements or {}).items()},
+        {
+            name: Placement(nodes=tuple(p.nodes), reserved=p.reserved)
+            for name, p in (placements or {}).items()
+        },
     )
     rows: list[NodeRow] = []
     for node_id in sorted(set(nodes) | set(intents) | set(known)):
