@@ -303,6 +303,17 @@ def test_node_rows_show_what_placements_leave_allocatable() -> None:
     assert rows[1].allocatable is None  # no capacity reported
 
 
+def test_node_ls_counts_what_was_placed_not_what_a_redeploy_asks() -> None:
+    # Issue 25 item 12: `--memory-mb 999999` on a running app showed -975894/247779 MiB.
+    # Until the planner places the change, the node holds what the placement recorded;
+    # afterwards the placement moves or goes, so it never goes negative.
+    nodes = {"a": NodeRecord("a", capacity=MeasuredCapacity(247_779, 1000, 100_000, 50_000))}
+    apps = {"web": AppRecord("web", memory_mb=999_999)}
+    placements = {"web": PlacementRecord(["a"], 0.0, 1, reserved=(1024, 0))}
+    rows = node_rows(nodes, {}, coordinator="a", apps=apps, placements=placements)
+    assert rows[0].allocatable == {"memory_mb": 247_779 - 1024, "disk_mb": 90_000}
+
+
 def test_ps_rows_carry_each_revision_and_the_rollout() -> None:
     old, new = "a" * 64, "b" * 64
     rollout = RolloutRecord(
