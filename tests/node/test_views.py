@@ -204,6 +204,10 @@ def test_a_pinned_instance_a_forced_drain_stopped_shows_as_stopped_not_pending()
         ("n1", "running", None),
         ("n2", "stopping", stopped_reason("n2")),
     ]
+    # The drain ended, or the app's new resources do not fit n2: still stopped, and why.
+    (row,) = ps_rows(db, only, nodes, {})
+    assert (row.state, row.reason) == ("stopped", stopped_reason("n2", forced_drain=False))
+    assert row.reason.startswith("n2 cannot take it back yet")
     # An app no longer pinned forgets its stopped instances: pending until placed again.
     unpinned = {"web": AppRecord(name="web", replicas=1, deployment=deployment)}
     assert [(r.node, r.state) for r in ps_rows(unpinned, only, nodes, forced)] == [("-", "pending")]

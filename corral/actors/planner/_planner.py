@@ -69,6 +69,21 @@ scale-down's surplus, an excluded instance whose relocation the budget is sure t
 so a larger app planned early sees the room a smaller one planned later frees: applying the
 output and planning again then places nothing more.
 
+**Resource changes.** A placement records what its instances reserve
+(:attr:`Placement.reserved`: the app's declared resources when they were placed), and
+reservations are counted at that size. An app declaring other resources now (a redeploy
+with another ``--memory-mb`` or ``--disk-mb``) is placed like a new app, before anything
+else is released or placed (apps largest first): each instance on a node it may keep
+stays if what grows fits there (allocatable and measured free room, its own reservation
+counted as its own; what shrinks always fits), and is counted at the new size from then
+on; otherwise it gives its room back and is removed, and its replacement is placed as
+new work wherever the new size fits, or the app is reported unplaced with the reason.
+That replacement is not a relocation: the instance cannot stay at a size its node cannot
+hold, so neither the cooldown nor the disruption budget holds it back. A pinned app's
+instance is stopped on its node instead (as a forced drain's is), and starts there again
+once the new size fits. So the nodes never commit more than they have. Every instance a
+pass leaves placed reserves what its app declares: that is what the caller records.
+
 **Pinned, retired, blocked, deleted.** A pinned app never loses an instance to the planner;
 its instances on gone nodes are reported stranded. The one exception is the operator's: a
 forced drain stops the pinned instances on its node. Such an instance is removed from the

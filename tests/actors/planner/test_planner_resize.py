@@ -6,18 +6,22 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from corral.actors.planner import (
     AppSpec,
+    InvalidPlanInput,
     NodeCapacity,
     NodeInfo,
     Placement,
     Policy,
     allocatable,
     next_placements,
+    parse_plan_document,
     plan,
+    plan_input,
     reserved_by_placements,
 )
 
@@ -34,9 +38,7 @@ def nodes(*ids: str, mem: int = 8192) -> list[NodeInfo]:
     return [NodeInfo(i, capacity=cap(mem)) for i in ids]
 
 
-def placed(
-    node: str, reserved: tuple[int, int], *, placed_at: float = NOW - 10
-) -> Placement:
+def placed(node: str, reserved: tuple[int, int], *, placed_at: float = NOW - 10) -> Placement:
     return Placement(nodes=(node,), placed_at={node: placed_at}, reserved=reserved)
 
 
@@ -299,3 +301,30 @@ def test_a_resource_change_that_fits_keeps_the_app_where_it_is(
     for node_id in before.nodes:
         if fits(node_id):
             assert node_id in after, (node_id, decisions)
+
+
+def test_a_plan_document_names_what_a_placement_reserves() -> None:
+    document = {
+        "now": NOW,
+        "nodes": [
+            {
+                "id": "n1",
+                "capacity": {
+                    "memory_mb": 8192,
+                    "memory_free_mb": 8192,
+                    "disk_mb": 102_400,
+                    "disk_free_mb": 102_400,
+                },
+            },
+        ],
+        "apps": [{"name": "web", "replicas": 1, "memory_mb": 999_999}],
+        "placements": {"web": {"nodes": ["n1"], "reserved": {"memory_mb": 1024}}},
+    }
+    data = parse_plan_document(document)
+    assert data.placements["web"].reserved == (1024, 0)
+    d = plan_input(data)
+    assert d.placements == {}
+    assert d.unplaced[0].message.endswith("1 lack 999999 MiB of free memory")
+    bad = {**document, "placements": {"web": {"nodes": ["n1"], "reserved": {"cpu": 1}}}}
+    with pytest.raises(InvalidPlanInput, match=r"placements\.web\.reserved"):
+        parse_plan_document(bad)

@@ -91,4 +91,3 @@ def test_the_serving_set_shows_a_blocked_start_unless_a_process_runs() -> None:
         "ready": True,
     }
     assert serving_set([running], [], [blocked])["web"].state == "running"
-
