@@ -94,7 +94,9 @@ def ps_table(rows: Sequence[Mapping[str, Any]], coordinator: object = None) -> s
         ],
     )
     for r in rows:
-        if r["state"] in ("failed", "crash-loop") and r.get("reason"):
+        # Why it is failed or crash-looping, why a start waits (no port pair, no copy
+        # of the revision reachable), why it is stopped.
+        if r.get("reason"):
             text += f"\n{r['state']} {r['app']} on {r['node']}: {r['reason']}"
     text += "".join(f"\n{line}" for line in _rollout_lines(rows))
     if isinstance(coordinator, Mapping) and coordinator.get("error"):

@@ -1076,9 +1076,19 @@ class PlacementRecord:
     #: The app's :meth:`AppRecord.node_spec` as the coordinator last wrote this record
     #: ("": not known, a record written before it was kept).
     spec: str = ""
+    #: ``(memory_mb, disk_mb)`` each instance in ``nodes`` reserves: the app's declared
+    #: resources when the coordinator placed (or resized) it. A redeploy that changes
+    #: them is placed again by the planner, which compares the two. None: a record
+    #: written before it was kept (its instances reserve what the app declares).
+    reserved: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "nodes", sorted(set(self.nodes)))
+        if self.reserved is not None:
+            memory, disk = self.reserved
+            if memory < 0 or disk < 0:
+                raise ValueError(f"reserved memory_mb and disk_mb must be >= 0: {self.reserved}")
+            object.__setattr__(self, "reserved", (int(memory), int(disk)))
 
     def out_of_table(self) -> frozenset[str]:
         """The nodes the rollout leaves out of the routing table (none without one)."""
@@ -1104,11 +1114,15 @@ class PlacementRecord:
             out["rollout"] = self.rollout.to_json()
         if self.spec:
             out["spec"] = self.spec
+        if self.reserved is not None:
+            out["reserved"] = {"memory_mb": self.reserved[0], "disk_mb": self.reserved[1]}
         return _dump(out)
 
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> PlacementRecord:
         rollout = _field(obj, "rollout", None)
+        reserved = _field(obj, "reserved", None)
+        sizes = None if reserved is None else _obj(reserved, "reserved")
         return cls(
             nodes=_str_list(_field(obj, "nodes"), "nodes"),
             decided_at=_float(_field(obj, "decided_at"), "decided_at"),
@@ -1118,6 +1132,12 @@ class PlacementRecord:
             if rollout is None
             else RolloutRecord.from_json(_obj(rollout, "rollout")),
             spec=_str(_field(obj, "spec", ""), "spec"),
+            reserved=None
+            if sizes is None
+            else (
+                _nonneg(_field(sizes, "memory_mb"), "reserved.memory_mb"),
+                _nonneg(_field(sizes, "disk_mb"), "reserved.disk_mb"),
+            ),
         )
 
 

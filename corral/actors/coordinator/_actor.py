@@ -1080,6 +1080,21 @@ class Coordinator(Actor):
         }
         concerned.update(placed.keys() - decided.keys(), decisions.stopped)
         concerned.update(app for app, p in placed.items() if p.stopped)
+        # Every instance a pass leaves placed reserves what its app declares: a record
+        # that says otherwise (a resource change placed in place) is written too.
+        declared = {
+            app.name: (app.memory_mb, app.disk_mb)
+            for app in inputs.apps
+            if app.name in concerned
+            or ((p := placed.get(app.name)) is not None and p.reserved is not None)
+        }
+        concerned.update(
+            app
+            for app, size in declared.items()
+            if app in decided
+            and (p := placed.get(app)) is not None
+            and p.reserved not in (None, size)
+        )
         targets = {app: decided.get(app) for app in sorted(concerned)}
         written = plan_writes(
             targets,
@@ -1089,6 +1104,7 @@ class Coordinator(Actor):
             max_writes=self._max_writes,
             stopped=decisions.stopped,
             specs=self._input_cache.node_specs(view.apps),
+            reserved=declared,
         )
         if written.superseded:
             newest = max(view.placements[app].record.fence for app in written.superseded)
