@@ -5,7 +5,10 @@ Theory of operation
 Caddy takes its entire configuration at once (``POST /load`` on its admin API),
 so every table becomes one document: one route per domain (a ``host`` matcher
 and a ``reverse_proxy`` to the domain's backends, round robin), then a
-catch-all route answering 404. Without that last route a host no route matches
+catch-all route answering 404. Caddy's ``host`` matcher ignores case and the
+port but not a trailing dot, so each route names the domain both ways
+(``shop.test`` and ``shop.test.``): a ``Host`` corral reads as a domain
+reaches it however it is spelled. Without that last route a host no route matches
 gets 200 with an empty body.
 
 ``try_duration`` makes Caddy try another backend when a connection fails, so an
@@ -36,7 +39,7 @@ NOT_FOUND_BODY: Final = "no route for this host"
 
 def _route(domain: str, urls: tuple[str, ...], try_duration_ms: int) -> dict[str, Any]:
     return {
-        "match": [{"host": [domain]}],
+        "match": [{"host": [domain, f"{domain}."]}],
         "handle": [
             {
                 "handler": "reverse_proxy",

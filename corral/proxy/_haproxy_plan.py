@@ -51,6 +51,7 @@ from corral.proxy._driver import dial_address
 from corral.proxy._errors import InvalidProxySetup
 
 __all__ = [
+    "HOST_KEY",
     "L7_RETRY_RULE",
     "SERVER_OPTIONS",
     "UNKNOWN_BACKEND",
@@ -75,6 +76,11 @@ SERVER_OPTIONS = "pool-purge-delay 1s"
 #: HAProxy replays a request on ``empty-response`` and ``response-timeout`` whatever
 #: its method; this keeps those replays to methods that are safe to repeat.
 L7_RETRY_RULE = "http-request disable-l7-retry unless METH_GET or METH_OPTIONS"
+
+#: The map key of a request: its ``Host`` as :func:`~corral.actors.routing.normalize_domain`
+#: has it (lowercased, ``:port`` dropped, then one trailing dot). The regex is quoted: an
+#: unquoted ``$`` would start an environment variable in haproxy.cfg.
+HOST_KEY = "req.hdr(host),lower,field(1,:),regsub('[.]$','')"
 
 _UNSAFE_PATH_CHARS = frozenset(" \t\r\n\"'#,()\\;%")
 
@@ -259,7 +265,7 @@ def render_map(state: HaproxyState) -> str:
 def render_config(state: HaproxyState, files: HaproxyFiles) -> str:
     """The whole haproxy.cfg serving ``state``.
 
-    The frontend looks the lowercased ``Host`` (port stripped) up in the map;
+    The frontend looks the normalised ``Host`` (:data:`HOST_KEY`) up in the map;
     an unmatched host reaches ``corral-unknown``: 404.
     """
     lines = [
@@ -284,7 +290,7 @@ def render_config(state: HaproxyState, files: HaproxyFiles) -> str:
         "frontend corral",
         f"    bind {files.listen}",
         f"    {L7_RETRY_RULE}",
-        f"    use_backend %[req.hdr(host),lower,field(1,:),map({files.map},{UNKNOWN_BACKEND})]",
+        f"    use_backend %[{HOST_KEY},map({files.map},{UNKNOWN_BACKEND})]",
         f"    default_backend {UNKNOWN_BACKEND}",
         "",
         f"backend {UNKNOWN_BACKEND}",

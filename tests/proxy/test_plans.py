@@ -179,7 +179,7 @@ def test_generated_config_has_retries_the_404_backend_and_every_server() -> None
         "option redispatch 1",
         "retry-on conn-failure empty-response response-timeout",
         "http-request return status 404",
-        f"map({MAP},corral-unknown)",
+        "req.hdr(host),lower,field(1,:),regsub('[.]$','')," + f"map({MAP},corral-unknown)",
         f"backend {backend_name('a.test')}",
         f"server {server_name(URLS[0])} 127.0.0.1:24000",
         f"server {server_name(URLS[6])} [::1]:24100",
@@ -204,7 +204,11 @@ def test_caddy_document_ends_with_a_catch_all_404_and_retries() -> None:
         storage="/d/storage",
     )
     routes = doc["apps"]["http"]["servers"]["corral"]["routes"]
-    assert [r["match"][0]["host"] for r in routes[:-1]] == [["a.test"], ["b.test"]]
+    # Caddy's host matcher ignores case and port but not a trailing dot: both spellings.
+    assert [r["match"][0]["host"] for r in routes[:-1]] == [
+        ["a.test", "a.test."],
+        ["b.test", "b.test."],
+    ]
     assert routes[-1] == {
         "handle": [
             {
