@@ -12,7 +12,9 @@ reaches it however it is spelled. Without that last route a host no route matche
 gets 200 with an empty body.
 
 ``try_duration`` makes Caddy try another backend when a connection fails, so an
-instance that died between two tables costs no request. The admin API listens
+instance that died between two tables costs no request; a stalled one is left
+by least connections, a bounded wait and passive health checks (see
+:mod:`corral.proxy._tuning`). The admin API listens
 on a loopback address; nothing is persisted (``config.persist`` false), and
 Caddy's storage is under the data directory.
 """
@@ -25,8 +27,15 @@ from typing import Any, Final
 
 from corral.actors.routing import RouteTable
 from corral.proxy._driver import dial_address
+from corral.proxy._tuning import (
+    DIAL_TIMEOUT_MS,
+    FAIL_DURATION_S,
+    RESPONSE_TIMEOUT_MS,
+    SAFE_METHODS,
+)
 
 __all__ = [
+    "DEFAULT_TRY_DURATION_MS",
     "NOT_FOUND_BODY",
     "SERVER_NAME",
     "caddy_config_bytes",
@@ -35,6 +44,9 @@ __all__ = [
 ]
 
 NOT_FOUND_BODY: Final = "no route for this host"
+#: How long a request may keep trying backends: past one response timeout, so a request
+#: a stalled backend held is still sent to another one.
+DEFAULT_TRY_DURATION_MS: Final = RESPONSE_TIMEOUT_MS + 2000
 
 
 def _route(domain: str, urls: tuple[str, ...], try_duration_ms: int) -> dict[str, Any]:
@@ -45,9 +57,18 @@ def _route(domain: str, urls: tuple[str, ...], try_duration_ms: int) -> dict[str
                 "handler": "reverse_proxy",
                 "upstreams": [{"dial": dial_address(url)} for url in urls],
                 "load_balancing": {
-                    "selection_policy": {"policy": "round_robin"},
+                    "selection_policy": {"policy": "least_conn"},
                     "try_duration": f"{try_duration_ms}ms",
                     "try_interval": "25ms",
+                    "retry_match": [{"method": list(SAFE_METHODS)}],
+                },
+                "health_checks": {
+                    "passive": {"fail_duration": f"{FAIL_DURATION_S}s", "max_fails": 1},
+                },
+                "transport": {
+                    "protocol": "http",
+                    "dial_timeout": f"{DIAL_TIMEOUT_MS}ms",
+                    "response_header_timeout": f"{RESPONSE_TIMEOUT_MS}ms",
                 },
             }
         ],
@@ -107,7 +128,7 @@ def caddy_document(
     listen: str,
     admin: str,
     storage: str,
-    try_duration_ms: int = 2000,
+    try_duration_ms: int = DEFAULT_TRY_DURATION_MS,
 ) -> dict[str, Any]:
     """The Caddy config serving ``table``, as a JSON object.
 
@@ -132,7 +153,7 @@ def caddy_config_bytes(
     listen: str,
     admin: str,
     storage: str,
-    try_duration_ms: int = 2000,
+    try_duration_ms: int = DEFAULT_TRY_DURATION_MS,
 ) -> bytes:
     """:func:`caddy_document` encoded, built from cached per-route fragments.
 
@@ -144,7 +165,9 @@ def caddy_config_bytes(
     return shell.replace(_dumps(_ROUTES_MARK), routes, 1).encode()
 
 
-def caddy_routes_bytes(table: RouteTable, *, try_duration_ms: int = 2000) -> bytes:
+def caddy_routes_bytes(
+    table: RouteTable, *, try_duration_ms: int = DEFAULT_TRY_DURATION_MS
+) -> bytes:
     """The routes array alone (every domain, then the catch-all 404), as JSON: what
     a push to a running Caddy replaces (``PATCH .../servers/corral/routes``)."""
     routes = ",".join(

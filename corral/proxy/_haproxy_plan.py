@@ -28,6 +28,10 @@ running process holds (:class:`HaproxyState`):
 A domain removed from the table loses its map entry (so its host gets 404); its
 backend stays in the running process until the next reload drops it.
 
+Stalled backends (see :mod:`corral.proxy._tuning`): ``balance leastconn``,
+``timeout connect`` and ``timeout server`` bounded, and a health check of every
+server (``enable health`` after ``add server``: a runtime server starts unchecked).
+
 Retries: ``retries 3``, ``option redispatch 1`` (every retry goes to another
 server) and ``retry-on conn-failure empty-response response-timeout``, so an
 instance that died between two tables costs no request. A request that could
@@ -49,6 +53,7 @@ from types import MappingProxyType
 from corral.actors.routing import RouteTable
 from corral.proxy._driver import dial_address
 from corral.proxy._errors import InvalidProxySetup
+from corral.proxy._tuning import DIAL_TIMEOUT_MS, RESPONSE_TIMEOUT_MS
 
 __all__ = [
     "HOST_KEY",
@@ -71,7 +76,9 @@ UNKNOWN_BACKEND = "corral-unknown"
 #: Options of every server, in the config and in ``add server`` (which ignores
 #: ``default-server``). Idle connections to a server keep HAProxy from deleting it;
 #: purging them within a second lets a removed server go at the next tidy-up.
-SERVER_OPTIONS = "pool-purge-delay 1s"
+#: ``check``: every second a ``HEAD /`` (:func:`render_config`); two unanswered in a row
+#: take the server out, two answered bring it back (a stalled backend, see ``_tuning``).
+SERVER_OPTIONS = "pool-purge-delay 1s check inter 1s fastinter 250ms downinter 1s fall 2 rise 2"
 
 #: HAProxy replays a request on ``empty-response`` and ``response-timeout`` whatever
 #: its method; this keeps those replays to methods that are safe to repeat.
@@ -228,6 +235,8 @@ def plan_update(running: HaproxyState | None, desired: HaproxyState, map_path: s
                     after=desired,
                 )
             adds.append(f"add server {name}/{server} {address} {SERVER_OPTIONS}")
+            # A server added at runtime has its health checks off until told.
+            adds.append(f"enable health {name}/{server}")
             adds.append(f"set server {name}/{server} state ready")
             have[server] = address
         for server in sorted(set(have) - set(want)):
@@ -278,9 +287,14 @@ def render_config(state: HaproxyState, files: HaproxyFiles) -> str:
         "",
         "defaults",
         "    mode http",
-        "    timeout connect 2s",
+        f"    timeout connect {DIAL_TIMEOUT_MS}ms",
         "    timeout client 30s",
-        "    timeout server 30s",
+        f"    timeout server {RESPONSE_TIMEOUT_MS}ms",
+        "    timeout tunnel 1h",
+        "    timeout check 1s",
+        # Any HTTP answer, whatever its status, says the server is not stalled.
+        "    option httpchk HEAD /",
+        "    http-check expect rstatus '^[1-5]'",
         "    timeout http-request 10s",
         "    retries 3",
         "    option redispatch 1",
@@ -306,5 +320,5 @@ def render_config(state: HaproxyState, files: HaproxyFiles) -> str:
 
 @functools.lru_cache(maxsize=1 << 16)
 def _backend_block(name: str, servers: tuple[tuple[str, str], ...]) -> str:
-    head = f"\nbackend {name}\n    balance roundrobin\n"
+    head = f"\nbackend {name}\n    balance leastconn\n"
     return head + "".join(f"    server {server} {address}\n" for server, address in servers)
