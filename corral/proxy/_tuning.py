@@ -16,8 +16,10 @@ backlog is full new connections are not even accepted. The proxies cope alone:
   :data:`RESPONSE_TIMEOUT_MS`; then a request that is safe to repeat
   (:data:`SAFE_METHODS`) is sent to another backend. A POST that may have
   reached the backend is never sent twice: it gets 504. The price: a response
-  whose first byte takes longer than :data:`RESPONSE_TIMEOUT_MS` (between two
-  bytes, on HAProxy) is cut; a websocket (HAProxy's tunnel) may idle for an hour.
+  whose first byte takes longer than :data:`RESPONSE_TIMEOUT_MS` is cut, and on
+  HAProxy one silent that long midway too (its ``timeout server`` is an
+  inactivity timeout, and HAProxy 2.6 cannot lengthen it once the headers came);
+  a websocket (HAProxy's tunnel) may idle for an hour.
 * **Health.** HAProxy checks each server every second (``HEAD /``: any HTTP
   answer, whatever the status, is alive; no answer within a second, twice, is
   down; up again after two answers). Caddy marks a backend that failed one

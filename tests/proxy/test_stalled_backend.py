@@ -72,7 +72,8 @@ async def test_a_stalled_backend_costs_no_request_and_little_latency(
                 stalled.send_signal(signal.SIGCONT)
     proxied = through.report().total()
     straight = summarize("direct", (row for t in direct for row in t.report().outcomes))
-    print(kind, "through", proxied.to_dict(), "direct", straight.to_dict())
+    slow = [round(r.due, 2) for r in through.report().outcomes if r.latency > 1.0]
+    print(kind, "through", proxied.to_dict(), "direct", straight.to_dict(), "slow", slow)
     stall = through.report().phase("stall")
     assert stall.sent >= RATE * STALL_S * 0.9
     assert proxied.failed == 0, proxied.failures
