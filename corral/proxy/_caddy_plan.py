@@ -4,19 +4,19 @@ Theory of operation
 -------------------
 Caddy takes its entire configuration at once (``POST /load`` on its admin API),
 so every table becomes one document: one route per domain (a ``host`` matcher
-and a ``reverse_proxy`` to the domain's backends, round robin), then a
-catch-all route answering 404. Caddy's ``host`` matcher ignores case and the
-port but not a trailing dot, so each route names the domain both ways
-(``shop.test`` and ``shop.test.``): a ``Host`` corral reads as a domain
-reaches it however it is spelled. Without that last route a host no route matches
-gets 200 with an empty body.
+and a ``reverse_proxy`` to the domain's backends, fewest requests in flight
+first), then a catch-all route answering 404. Without that last route a host no
+route matches gets 200 with an empty body. Caddy's ``host`` matcher ignores case
+and the port but not a trailing dot, so each route names the domain both ways
+(``shop.test`` and ``shop.test.``): a ``Host`` corral reads as the domain
+reaches it however it is spelled.
 
 ``try_duration`` makes Caddy try another backend when a connection fails, so an
 instance that died between two tables costs no request; a stalled one is left
 by least connections, a bounded wait and passive health checks (see
-:mod:`corral.proxy._tuning`). The admin API listens
-on a loopback address; nothing is persisted (``config.persist`` false), and
-Caddy's storage is under the data directory.
+:mod:`corral.proxy._tuning`). The admin API listens on a loopback address;
+nothing is persisted (``config.persist`` false), and Caddy's storage is under
+the data directory.
 """
 
 from __future__ import annotations

@@ -46,5 +46,6 @@ DIAL_TIMEOUT_MS: Final = 500
 RESPONSE_TIMEOUT_MS: Final = 3000
 #: How long Caddy keeps a backend that failed a request out of its choice.
 FAIL_DURATION_S: Final = 5
-#: Methods replayed on another backend after one took the request and did not answer.
+#: Methods replayed on another backend after one took the request and did not answer
+#: (Caddy's ``retry_match``; HAProxy's spelling is ``_haproxy_plan.L7_RETRY_RULE``).
 SAFE_METHODS: Final = ("GET", "HEAD", "OPTIONS")
