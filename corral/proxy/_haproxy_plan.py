@@ -291,8 +291,10 @@ def render_config(state: HaproxyState, files: HaproxyFiles) -> str:
         "    timeout client 30s",
         f"    timeout server {RESPONSE_TIMEOUT_MS}ms",
         "    timeout tunnel 1h",
-        "    timeout check 1s",
-        # Any HTTP answer, whatever its status, says the server is not stalled.
+        # A check has a request's bound: a slow page never takes every server out
+        # (HAProxy would answer 503) unless its requests time out anyway. Any HTTP
+        # answer, whatever its status, says the server is not stalled.
+        f"    timeout check {RESPONSE_TIMEOUT_MS}ms",
         "    option httpchk HEAD /",
         "    http-check expect rstatus '^[1-5]'",
         "    timeout http-request 10s",

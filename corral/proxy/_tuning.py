@@ -21,7 +21,8 @@ backlog is full new connections are not even accepted. The proxies cope alone:
   inactivity timeout, and HAProxy 2.6 cannot lengthen it once the headers came);
   a websocket (HAProxy's tunnel) may idle for an hour.
 * **Health.** HAProxy checks each server every second (``HEAD /``: any HTTP
-  answer, whatever the status, is alive; no answer within a second, twice, is
+  answer, whatever the status, is alive; no answer within
+  :data:`RESPONSE_TIMEOUT_MS`, the bound a request has, twice in a row, is
   down; up again after two answers). Caddy marks a backend that failed one
   request unhealthy for :data:`FAIL_DURATION_S` (passive checks: an active one
   would insist on 2xx at ``/``, which many apps do not answer).

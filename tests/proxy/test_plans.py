@@ -189,6 +189,7 @@ def test_generated_config_has_retries_the_404_backend_and_every_server() -> None
         "retry-on conn-failure empty-response response-timeout",
         "balance leastconn",
         "timeout server 3000ms",
+        "timeout check 3000ms",  # a check has a request's bound, no tighter
         "option httpchk HEAD /",
         "default-server pool-purge-delay 1s check ",
         "http-request return status 404",
