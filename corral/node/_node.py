@@ -435,7 +435,7 @@ def root_spec(
     children += agent_specs(runtime, registry, materialize)
     children.append(artifacts_spec(runtime, registry, artifacts, services))
     children += coordinator_specs(runtime, registry, membership=feed.statuses)
-    children += routing_specs(runtime, registry)
+    children += routing_specs(runtime, registry, membership=feed.statuses)
     children.append(
         ChildSpec(name="api", factory=lambda: ApiServer(api_app, config.api), shutdown_grace=3.0)
     )
@@ -550,13 +550,18 @@ def membership_specs(
     runtime: NodeRuntime, registry: Registry, feed: MembershipFeed
 ) -> list[ChildSpec | SupervisorSpec]:
     """SwimMembership, joining through the nodes of the registry's records; its view goes
-    to ``feed`` and every change nudges the coordinator."""
+    to ``feed`` and every change nudges the coordinator and the routing renderer."""
+    from corral.actors.routing import MembershipChanged
+
     return [
         membership_child_spec(
             seeds=registry_seeds(registry),
             config=swim_config(runtime.config),
             on_view=feed.on_view,
-            notify=((f"/{COORDINATOR}", KickCoordinator("membership changed")),),
+            notify=(
+                (f"/{COORDINATOR}", KickCoordinator("membership changed")),
+                (f"/{ROUTING}", MembershipChanged()),
+            ),
             name=MEMBERSHIP,
             shutdown_grace=3.0,
         )
@@ -594,14 +599,23 @@ def policy_from_config(config: NodeConfig) -> Policy:
     )
 
 
-def routing_specs(runtime: NodeRuntime, registry: Registry) -> list[ChildSpec | SupervisorSpec]:
+def routing_specs(
+    runtime: NodeRuntime,
+    registry: Registry,
+    membership: Callable[[], Mapping[str, MemberStatus]] | None = None,
+) -> list[ChildSpec | SupervisorSpec]:
     """The RoutingRenderer: renders ``routing`` while this node holds the coordinator
-    lease, and pushes each table to the ``--proxy caddy=URL`` admin endpoints."""
+    lease (``membership``: the local SWIM view; instances on a suspect node leave the
+    table), and pushes each table to the ``--proxy caddy=URL`` admin endpoints."""
     from corral.actors.routing import routing_renderer_child_spec
     from corral.proxy import caddy_pusher
 
     pushers = {f"caddy={url}": caddy_pusher(url) for url in runtime.config.proxies}
-    return [routing_renderer_child_spec(runtime.node_id, registry, pushers=pushers, name=ROUTING)]
+    return [
+        routing_renderer_child_spec(
+            runtime.node_id, registry, pushers=pushers, membership=membership, name=ROUTING
+        )
+    ]
 
 
 async def processes_view(services: NodeServices, state: dict[str, Any]) -> Any:

@@ -4,14 +4,19 @@ Theory of operation
 -------------------
 Caddy takes its entire configuration at once (``POST /load`` on its admin API),
 so every table becomes one document: one route per domain (a ``host`` matcher
-and a ``reverse_proxy`` to the domain's backends, round robin), then a
-catch-all route answering 404. Without that last route a host no route matches
-gets 200 with an empty body.
+and a ``reverse_proxy`` to the domain's backends, fewest requests in flight
+first), then a catch-all route answering 404. Without that last route a host no
+route matches gets 200 with an empty body. Caddy's ``host`` matcher ignores case
+and the port but not a trailing dot, so each route names the domain both ways
+(``shop.test`` and ``shop.test.``): a ``Host`` corral reads as the domain
+reaches it however it is spelled.
 
 ``try_duration`` makes Caddy try another backend when a connection fails, so an
-instance that died between two tables costs no request. The admin API listens
-on a loopback address; nothing is persisted (``config.persist`` false), and
-Caddy's storage is under the data directory.
+instance that died between two tables costs no request; a stalled one is left
+by least connections, a bounded wait and passive health checks (see
+:mod:`corral.proxy._tuning`). The admin API listens on a loopback address;
+nothing is persisted (``config.persist`` false), and Caddy's storage is under
+the data directory.
 """
 
 from __future__ import annotations
@@ -22,8 +27,15 @@ from typing import Any, Final
 
 from corral.actors.routing import RouteTable
 from corral.proxy._driver import dial_address
+from corral.proxy._tuning import (
+    DIAL_TIMEOUT_MS,
+    FAIL_DURATION_S,
+    RESPONSE_TIMEOUT_MS,
+    SAFE_METHODS,
+)
 
 __all__ = [
+    "DEFAULT_TRY_DURATION_MS",
     "NOT_FOUND_BODY",
     "SERVER_NAME",
     "caddy_config_bytes",
@@ -32,19 +44,31 @@ __all__ = [
 ]
 
 NOT_FOUND_BODY: Final = "no route for this host"
+#: How long a request may keep trying backends: past one response timeout, so a request
+#: a stalled backend held is still sent to another one.
+DEFAULT_TRY_DURATION_MS: Final = RESPONSE_TIMEOUT_MS + 2000
 
 
 def _route(domain: str, urls: tuple[str, ...], try_duration_ms: int) -> dict[str, Any]:
     return {
-        "match": [{"host": [domain]}],
+        "match": [{"host": [domain, f"{domain}."]}],
         "handle": [
             {
                 "handler": "reverse_proxy",
                 "upstreams": [{"dial": dial_address(url)} for url in urls],
                 "load_balancing": {
-                    "selection_policy": {"policy": "round_robin"},
+                    "selection_policy": {"policy": "least_conn"},
                     "try_duration": f"{try_duration_ms}ms",
                     "try_interval": "25ms",
+                    "retry_match": [{"method": list(SAFE_METHODS)}],
+                },
+                "health_checks": {
+                    "passive": {"fail_duration": f"{FAIL_DURATION_S}s", "max_fails": 1},
+                },
+                "transport": {
+                    "protocol": "http",
+                    "dial_timeout": f"{DIAL_TIMEOUT_MS}ms",
+                    "response_header_timeout": f"{RESPONSE_TIMEOUT_MS}ms",
                 },
             }
         ],
@@ -104,7 +128,7 @@ def caddy_document(
     listen: str,
     admin: str,
     storage: str,
-    try_duration_ms: int = 2000,
+    try_duration_ms: int = DEFAULT_TRY_DURATION_MS,
 ) -> dict[str, Any]:
     """The Caddy config serving ``table``, as a JSON object.
 
@@ -129,7 +153,7 @@ def caddy_config_bytes(
     listen: str,
     admin: str,
     storage: str,
-    try_duration_ms: int = 2000,
+    try_duration_ms: int = DEFAULT_TRY_DURATION_MS,
 ) -> bytes:
     """:func:`caddy_document` encoded, built from cached per-route fragments.
 
@@ -141,7 +165,9 @@ def caddy_config_bytes(
     return shell.replace(_dumps(_ROUTES_MARK), routes, 1).encode()
 
 
-def caddy_routes_bytes(table: RouteTable, *, try_duration_ms: int = 2000) -> bytes:
+def caddy_routes_bytes(
+    table: RouteTable, *, try_duration_ms: int = DEFAULT_TRY_DURATION_MS
+) -> bytes:
     """The routes array alone (every domain, then the catch-all 404), as JSON: what
     a push to a running Caddy replaces (``PATCH .../servers/corral/routes``)."""
     routes = ",".join(

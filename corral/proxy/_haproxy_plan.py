@@ -28,6 +28,10 @@ running process holds (:class:`HaproxyState`):
 A domain removed from the table loses its map entry (so its host gets 404); its
 backend stays in the running process until the next reload drops it.
 
+Stalled backends (see :mod:`corral.proxy._tuning`): ``balance leastconn``,
+``timeout connect`` and ``timeout server`` bounded, and a health check of every
+server (``enable health`` after ``add server``: a runtime server starts unchecked).
+
 Retries: ``retries 3``, ``option redispatch 1`` (every retry goes to another
 server) and ``retry-on conn-failure empty-response response-timeout``, so an
 instance that died between two tables costs no request. A request that could
@@ -49,8 +53,10 @@ from types import MappingProxyType
 from corral.actors.routing import RouteTable
 from corral.proxy._driver import dial_address
 from corral.proxy._errors import InvalidProxySetup
+from corral.proxy._tuning import DIAL_TIMEOUT_MS, RESPONSE_TIMEOUT_MS
 
 __all__ = [
+    "HOST_KEY",
     "L7_RETRY_RULE",
     "SERVER_OPTIONS",
     "UNKNOWN_BACKEND",
@@ -70,11 +76,18 @@ UNKNOWN_BACKEND = "corral-unknown"
 #: Options of every server, in the config and in ``add server`` (which ignores
 #: ``default-server``). Idle connections to a server keep HAProxy from deleting it;
 #: purging them within a second lets a removed server go at the next tidy-up.
-SERVER_OPTIONS = "pool-purge-delay 1s"
+#: ``check``: every second a ``HEAD /`` (:func:`render_config`); two unanswered in a row
+#: take the server out, two answered bring it back (a stalled backend, see ``_tuning``).
+SERVER_OPTIONS = "pool-purge-delay 1s check inter 1s fastinter 250ms downinter 1s fall 2 rise 2"
 
 #: HAProxy replays a request on ``empty-response`` and ``response-timeout`` whatever
 #: its method; this keeps those replays to methods that are safe to repeat.
 L7_RETRY_RULE = "http-request disable-l7-retry unless METH_GET or METH_OPTIONS"
+
+#: The map key of a request: its ``Host`` as :func:`~corral.actors.routing.normalize_domain`
+#: has it (lowercased, ``:port`` dropped, then one trailing dot). The regex is quoted: an
+#: unquoted ``$`` would start an environment variable in haproxy.cfg.
+HOST_KEY = "req.hdr(host),lower,field(1,:),regsub('[.]$','')"
 
 _UNSAFE_PATH_CHARS = frozenset(" \t\r\n\"'#,()\\;%")
 
@@ -222,6 +235,8 @@ def plan_update(running: HaproxyState | None, desired: HaproxyState, map_path: s
                     after=desired,
                 )
             adds.append(f"add server {name}/{server} {address} {SERVER_OPTIONS}")
+            # A server added at runtime has its health checks off until told.
+            adds.append(f"enable health {name}/{server}")
             adds.append(f"set server {name}/{server} state ready")
             have[server] = address
         for server in sorted(set(have) - set(want)):
@@ -259,7 +274,7 @@ def render_map(state: HaproxyState) -> str:
 def render_config(state: HaproxyState, files: HaproxyFiles) -> str:
     """The whole haproxy.cfg serving ``state``.
 
-    The frontend looks the lowercased ``Host`` (port stripped) up in the map;
+    The frontend looks the normalised ``Host`` (:data:`HOST_KEY`) up in the map;
     an unmatched host reaches ``corral-unknown``: 404.
     """
     lines = [
@@ -272,9 +287,16 @@ def render_config(state: HaproxyState, files: HaproxyFiles) -> str:
         "",
         "defaults",
         "    mode http",
-        "    timeout connect 2s",
+        f"    timeout connect {DIAL_TIMEOUT_MS}ms",
         "    timeout client 30s",
-        "    timeout server 30s",
+        f"    timeout server {RESPONSE_TIMEOUT_MS}ms",
+        "    timeout tunnel 1h",
+        # A check has a request's bound: a slow page never takes every server out
+        # (HAProxy would answer 503) unless its requests time out anyway. Any HTTP
+        # answer, whatever its status, says the server is not stalled.
+        f"    timeout check {RESPONSE_TIMEOUT_MS}ms",
+        "    option httpchk HEAD /",
+        "    http-check expect rstatus '^[1-5]'",
         "    timeout http-request 10s",
         "    retries 3",
         "    option redispatch 1",
@@ -284,7 +306,7 @@ def render_config(state: HaproxyState, files: HaproxyFiles) -> str:
         "frontend corral",
         f"    bind {files.listen}",
         f"    {L7_RETRY_RULE}",
-        f"    use_backend %[req.hdr(host),lower,field(1,:),map({files.map},{UNKNOWN_BACKEND})]",
+        f"    use_backend %[{HOST_KEY},map({files.map},{UNKNOWN_BACKEND})]",
         f"    default_backend {UNKNOWN_BACKEND}",
         "",
         f"backend {UNKNOWN_BACKEND}",
@@ -300,5 +322,5 @@ def render_config(state: HaproxyState, files: HaproxyFiles) -> str:
 
 @functools.lru_cache(maxsize=1 << 16)
 def _backend_block(name: str, servers: tuple[tuple[str, str], ...]) -> str:
-    head = f"\nbackend {name}\n    balance roundrobin\n"
+    head = f"\nbackend {name}\n    balance leastconn\n"
     return head + "".join(f"    server {server} {address}\n" for server, address in servers)

@@ -15,6 +15,11 @@ configured push target (the seed's push to Caddy admin endpoints, see
 ``corral.proxy.caddy_pusher``). Every ``resync`` seconds it renders anyway, so a
 missed watch event costs at most that long.
 
+With ``membership`` (the node's SWIM view, as the coordinator gets it) each
+pass renders with every node's SWIM state, so an instance on a node SWIM holds
+suspect leaves the table while it keeps its work; the membership actor tells
+:class:`MembershipChanged` on every change of its view, which renders at once.
+
 Registry trouble is logged and retried on the next pass; it never crashes the
 actor, and a failing push target never delays the others or the table.
 """
@@ -26,6 +31,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -58,10 +64,14 @@ from corral.registry import (
 from corral.supervision import Actor, ChildSpec, Restart
 from corral.transport import SchemaError, message
 
+if TYPE_CHECKING:  # the coordinator imports this package
+    from corral.actors.coordinator import MemberStatus
+
 __all__ = [
     "DEFAULT_DEBOUNCE",
     "DEFAULT_RESYNC",
     "GetRoutingState",
+    "MembershipChanged",
     "PushTarget",
     "RoutingRenderer",
     "RoutingState",
@@ -95,6 +105,12 @@ PushTarget = Callable[[RouteTable], Awaitable[None]]
 @dataclass(frozen=True)
 class GetRoutingState:
     """Ask the RoutingRenderer what it did last; replies a :class:`RoutingState`."""
+
+
+@message("routing.membership_changed")
+@dataclass(frozen=True)
+class MembershipChanged:
+    """The node's SWIM view changed: render now (told by the membership actor)."""
 
 
 @message("routing.state")
@@ -136,6 +152,8 @@ class RoutingRenderer(Actor):
         node_id: this node's id (compared with the lease holder).
         registry: the shared registry.
         pushers: push target name (e.g. ``caddy=http://127.0.0.1:2019``) -> push.
+        membership: node id -> its SWIM status (anything with a ``state``), read on
+            every pass; None: records alone decide.
         debounce: shortest time between the starts of two renders.
         resync: seconds between renders when nothing changed.
         push_timeout: seconds one push may take.
@@ -152,6 +170,7 @@ class RoutingRenderer(Actor):
         registry: Registry,
         *,
         pushers: Mapping[str, PushTarget] | None = None,
+        membership: Callable[[], Mapping[str, MemberStatus]] | None = None,
         debounce: float = DEFAULT_DEBOUNCE,
         resync: float = DEFAULT_RESYNC,
         push_timeout: float = DEFAULT_PUSH_TIMEOUT,
@@ -161,6 +180,7 @@ class RoutingRenderer(Actor):
         super().__init__()
         self._proxy_check = proxy_check
         self._wall = wall_clock
+        self._membership = membership
         self._node_id = node_id
         self._registry = registry
         self._pushers = dict(pushers or {})
@@ -189,6 +209,8 @@ class RoutingRenderer(Actor):
     async def handle(self, message: object) -> object:
         if isinstance(message, GetRoutingState):
             return self._state
+        if isinstance(message, MembershipChanged):
+            self._dirty.set()
         return None
 
     # ------------------------------------------------------------------ watching
@@ -353,7 +375,9 @@ class RoutingRenderer(Actor):
                     log.info("not the coordinator any more: the routing table is left alone")
                 self._state = _replace(self._state, fence=None, last_error=None)
                 return
-            published = await publish_routes(self._registry, fence=fence)
+            published = await publish_routes(
+                self._registry, fence=fence, member_states=self._member_states()
+            )
         except RegistryError as exc:
             log.warning("routing pass failed (%s); trying again on the next change", exc)
             self._state = _replace(self._state, last_error=str(exc))
@@ -384,6 +408,11 @@ class RoutingRenderer(Actor):
         )
         if self._table is not None and self._pushers:
             self._push_wanted.set()
+
+    def _member_states(self) -> dict[str, str] | None:
+        if self._membership is None:
+            return None
+        return {node: status.state for node, status in self._membership().items()}
 
     async def _stored(self, fence: int) -> RouteTable | None:
         kv = await self._registry.get(ROUTING_KEY)
@@ -464,6 +493,7 @@ def routing_renderer_child_spec(
     registry: Registry,
     *,
     pushers: Mapping[str, PushTarget] | None = None,
+    membership: Callable[[], Mapping[str, MemberStatus]] | None = None,
     name: str = "routing",
     debounce: float = DEFAULT_DEBOUNCE,
     resync: float = DEFAULT_RESYNC,
@@ -477,6 +507,7 @@ def routing_renderer_child_spec(
             node_id,
             registry,
             pushers=pushers,
+            membership=membership,
             debounce=debounce,
             resync=resync,
             proxy_check=proxy_check,

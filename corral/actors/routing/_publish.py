@@ -67,6 +67,7 @@ def inputs_from_records(
     aliases: Mapping[str, AliasRecord],
     *,
     ready: Mapping[str, Mapping[str, bool]] | None = None,
+    member_states: Mapping[str, str] | None = None,
 ) -> RoutingInputs:
     """Routing inputs from decoded registry records (pure).
 
@@ -77,6 +78,8 @@ def inputs_from_records(
         aliases: domain -> ``alias/<domain>`` (not the ``previous`` records).
         ready: node id -> app -> readiness, when known apart from the record
             (see :func:`node_routes_from_record`).
+        member_states: node id -> state in the lease holder's SWIM view (see
+            :class:`RoutingInputs`).
     """
     node_routes: dict[str, NodeRoutes] = {}
     for node_id, record in nodes.items():
@@ -90,6 +93,7 @@ def inputs_from_records(
         out_of_table={
             name: p.out_of_table() for name, p in placements.items() if p.rollout is not None
         },
+        member_states=dict(member_states or {}),
     )
 
 
@@ -133,6 +137,7 @@ async def publish_routes(
     *,
     fence: int,
     ready: Mapping[str, Mapping[str, bool]] | None = None,
+    member_states: Mapping[str, str] | None = None,
 ) -> Published:
     """Render the routing table from the registry and write it if it changed.
 
@@ -140,6 +145,8 @@ async def publish_routes(
         registry: the shared registry.
         fence: the caller's coordinator fence (``lease/coordinator``'s create revision).
         ready: optional readiness per node and app (see :func:`inputs_from_records`).
+        member_states: node id -> state in this node's SWIM view (instances on a
+            suspect node leave the table, see :class:`RoutingInputs`).
 
     Returns:
         What was rendered and written.
@@ -179,7 +186,10 @@ async def publish_routes(
             undecodable.append(kv.key)
     current = responses[4][0] if responses[4] else None
     previous = _previous_table(current)
-    rendered = render_routes(inputs_from_records(apps, placements, nodes, aliases, ready=ready))
+    inputs = inputs_from_records(
+        apps, placements, nodes, aliases, ready=ready, member_states=member_states
+    )
+    rendered = render_routes(inputs)
     table = next_table(previous, rendered, fence)
     if table is None:
         why = "unchanged" if previous is None or previous.fence <= fence else "fence lost"
