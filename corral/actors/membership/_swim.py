@@ -38,7 +38,8 @@ first-hand:
 
 * only X raises X's incarnation: hearsay above what X announced is not
   believed and not spread, and a claim about this node above its own
-  incarnation moves nothing (it is not refuted past);
+  incarnation is refuted past only while it is near this life's start (an
+  earlier life's, started moments before): no claim drives a node to the cap;
 * only X says X left: hearsay of a leave is not believed;
 * hearsay not believed is checked with X itself: a direct ping (one per probe
   interval per member), whose ack carries X's incarnation first-hand;
@@ -250,6 +251,11 @@ def suspicion_bounds(config: SwimConfig, members: int) -> tuple[float, float, in
 
 #: Incarnations a life may use per millisecond it lived before the next life's start.
 _LIFE_STEP: Final = 1024
+#: A claim about this node above its incarnation but within this much of its life's
+#: start is taken for an earlier life's (one started in the same few minutes) and
+#: refuted past; beyond it, the claim is nobody's to make. Claims cannot drive a node
+#: further than this above its start: far from MAX_INCARNATION.
+_EARLIER_LIVES: Final = 2**30
 
 
 def life_incarnation(unix_time: float) -> int:
@@ -423,6 +429,7 @@ class Swim:
         self._members: dict[str, _Member] = {
             me: _Member(MemberState.ALIVE, incarnation, now, me, incarnation)
         }
+        self._life_start = incarnation
         # Node ids that may become members (None: any); see admit().
         self._admitted: frozenset[str] | None = None
         # Members asked directly about hearsay we did not believe: until when we wait.
@@ -867,13 +874,17 @@ class Swim:
     def _apply_about_me(self, update: Update) -> None:
         """A claim about this node: refute an accusation of our current incarnation.
 
-        A claim above our incarnation is nobody's to make (only we raise it, and a
-        life before this one started lower: :func:`life_incarnation`): it is not
-        believed and does not move our incarnation.
+        A claim above our incarnation can only be about an earlier life that started
+        moments before this one (:func:`life_incarnation`): within
+        ``_EARLIER_LIVES`` of our start we move past it; beyond, it is nobody's to
+        make (only we raise our incarnation) and moves nothing.
         """
         me = self._members[self.me]
         if update.incarnation > me.incarnation:
-            self._count("claim above own incarnation")
+            if update.incarnation - self._life_start >= _EARLIER_LIVES or self._leaving:
+                self._count("claim above own incarnation")
+                return
+            self._refute(update.incarnation)
             return
         if update.state == "alive" or self._leaving:
             return

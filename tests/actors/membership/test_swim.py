@@ -272,11 +272,14 @@ def test_the_suspect_refutes_with_a_higher_incarnation() -> None:
     assert swim.health == 1
     ping, _, _ = run_probe_until_ping(swim, 5.0)
     assert Update("a", "alive", 1, "a") in ping.updates
-    # A claim of death about an incarnation ahead of ours is nobody's to make:
-    # it moves nothing (jumping past it would let others drive us to the cap).
+    # A claim of death about an incarnation ahead of ours (an earlier life's): jump past it.
     swim.receive(Gossip("c", (Update("a", "dead", 6, "c"),)), 6.0)
-    assert swim.incarnation == 1
+    assert swim.incarnation == 7
     assert swim.member("a").state is ALIVE  # type: ignore[union-attr]
+    # One far beyond this life's start is nobody's to make: it moves nothing (jumping
+    # past it would let others drive us to the cap).
+    swim.receive(Gossip("c", (Update("a", "dead", 2**40, "c"),)), 7.0)
+    assert swim.incarnation == 7
 
 
 def test_a_refutation_clears_the_suspicion_at_the_others() -> None:
