@@ -53,6 +53,7 @@ from corral.actors.membership._swim import (
     Swim,
     SwimConfig,
     Transition,
+    incarnation_ceiling,
     life_incarnation,
     wire_state,
 )
@@ -259,6 +260,7 @@ class SwimMembership(Actor):
     async def handle(self, message: object) -> object:
         swim = self.machine
         if isinstance(message, _SWIM_MESSAGES):
+            swim.ceiling = incarnation_ceiling(self._wall_clock())
             self._apply(swim.receive(message, trio.current_time()))
             refused = swim.stats.get("not admitted", 0)
             if refused != self._not_admitted:

@@ -44,6 +44,9 @@ first-hand:
 * hearsay not believed is checked with X itself: a direct ping (one per probe
   interval per member), whose ack carries X's incarnation first-hand;
 * a member first known by hearsay is alive at incarnation 0 until it speaks;
+* a member's own word above :attr:`Swim.ceiling` (:func:`incarnation_ceiling`
+  of the wall clock, set by the shell) is not believed either: a node id's
+  impostor cannot push it out of reach of that node's next life;
 * with :meth:`Swim.admit`, a node id outside the admitted set (the registry's
   node records) never becomes a member, and its messages are dropped.
 
@@ -127,6 +130,7 @@ __all__ = [
     "Swim",
     "SwimConfig",
     "Transition",
+    "incarnation_ceiling",
     "life_incarnation",
     "retransmit_limit",
     "suspicion_bounds",
@@ -252,10 +256,14 @@ def suspicion_bounds(config: SwimConfig, members: int) -> tuple[float, float, in
 #: Incarnations a life may use per millisecond it lived before the next life's start.
 _LIFE_STEP: Final = 1024
 #: A claim about this node above its incarnation but within this much of its life's
-#: start is taken for an earlier life's (one started in the same few minutes) and
-#: refuted past; beyond it, the claim is nobody's to make. Claims cannot drive a node
-#: further than this above its start: far from MAX_INCARNATION.
-_EARLIER_LIVES: Final = 2**30
+#: start (about 25 days of lives) is taken for an earlier life's and refuted past;
+#: beyond it, the claim is nobody's to make. Claims cannot drive a node further than
+#: this above its start: far from MAX_INCARNATION (2**53 - 1).
+_EARLIER_LIVES: Final = 2**41
+#: Clocks of two nodes may disagree by this much (seconds) for incarnation_ceiling.
+_CLOCK_SKEW: Final = 86400.0
+#: Refutations one life may make, for incarnation_ceiling (skew + this < _EARLIER_LIVES).
+_REFUTATIONS: Final = 2**40
 
 
 def life_incarnation(unix_time: float) -> int:
@@ -266,6 +274,18 @@ def life_incarnation(unix_time: float) -> int:
     is alive at once. Fits ``MAX_INCARNATION`` until the year 2248.
     """
     return min(MAX_INCARNATION, max(0, int(unix_time * 1000)) * _LIFE_STEP)
+
+
+def incarnation_ceiling(unix_time: float) -> int:
+    """The highest incarnation an honest node can announce at ``unix_time``.
+
+    Its life started before now (a day of clock skew allowed) and it refuted fewer
+    than 2**40 times since. A node that claims more for itself (an impostor holding
+    the secret, under its id) is not believed, so no claim outlives the next
+    restart of the node it names: that life refutes past it
+    (``_EARLIER_LIVES`` > skew + ``_REFUTATIONS``).
+    """
+    return min(MAX_INCARNATION, life_incarnation(unix_time + _CLOCK_SKEW) + _REFUTATIONS)
 
 
 def retransmit_limit(config: SwimConfig, members: int) -> int:
@@ -430,6 +450,9 @@ class Swim:
             me: _Member(MemberState.ALIVE, incarnation, now, me, incarnation)
         }
         self._life_start = incarnation
+        #: first-hand announcements above this are not believed (the shell sets
+        #: :func:`incarnation_ceiling` of its wall clock; MAX_INCARNATION: no limit)
+        self.ceiling = MAX_INCARNATION
         # Node ids that may become members (None: any); see admit().
         self._admitted: frozenset[str] | None = None
         # Members asked directly about hearsay we did not believe: until when we wait.
@@ -833,6 +856,9 @@ class Swim:
         if said_by == node:
             if update.state in ("suspect", "dead"):
                 return  # no member says that of itself
+            if inc > self.ceiling:
+                self._count("incarnation above the ceiling")
+                return
             if m is None and not (update.state == "alive" and self._admits(node)):
                 return
             if m is not None and inc > m.announced:

@@ -26,7 +26,7 @@ from corral.actors.membership import (
     Update,
 )
 from corral.actors.membership._messages import MAX_INCARNATION
-from corral.actors.membership._swim import life_incarnation
+from corral.actors.membership._swim import incarnation_ceiling, life_incarnation
 
 LAN = SwimConfig()
 START = life_incarnation(1_800_000_000.0)  # this life began at a plausible unix time
@@ -102,7 +102,7 @@ def test_a_claim_about_us_far_above_our_incarnation_is_not_refuted_past() -> Non
     swim = settled()
     for state in ("suspect", "dead", "left", "alive"):
         swim.receive(Gossip("c", (Update("a", state, MAX_INCARNATION, "c"),)), 1.0)  # type: ignore[arg-type]
-        swim.receive(Gossip("c", (Update("a", state, START + 2**30, "c"),)), 1.0)  # type: ignore[arg-type]
+        swim.receive(Gossip("c", (Update("a", state, START + 2**41, "c"),)), 1.0)  # type: ignore[arg-type]
     assert swim.incarnation == START
     # At our incarnation it is an accusation we refute, by one.
     swim.receive(Gossip("c", (Update("a", "dead", START, "c"),)), 2.0)
@@ -120,6 +120,26 @@ def test_a_restarted_life_is_alive_at_once_whatever_was_said_of_the_last() -> No
     step = swim.receive(Ping(1, "b", "a", (), new_life), 2.0)
     assert [t.state for t in step.transitions] == [MemberState.ALIVE]
     assert view(swim, "b") == (MemberState.ALIVE, new_life)
+
+
+def test_an_impostors_claim_for_a_node_id_does_not_outlive_that_nodes_next_life() -> None:
+    # An impostor holding the secret authenticates under b's id: what it says of b is
+    # first-hand, but never above what an honest node could announce by now.
+    now = 1_800_000_000.0
+    swim = settled()
+    swim.ceiling = incarnation_ceiling(now)
+    swim.receive(Gossip("b", (), MAX_INCARNATION), 1.0)
+    assert view(swim, "b") == (MemberState.ALIVE, B_ANNOUNCED)
+    assert swim.stats["incarnation above the ceiling"] == 1
+    swim.receive(Gossip("b", (), swim.ceiling), 1.0)
+    assert view(swim, "b") == (MemberState.ALIVE, swim.ceiling)
+    # b restarts (a minute later): its new life refutes past the impostor's claim.
+    b = Swim("b", LAN, random.Random(1), 2.0, incarnation=life_incarnation(now + 60))
+    b.receive(Gossip("a", (Update("b", "alive", swim.ceiling, "a"),)), 2.0)
+    assert b.incarnation == swim.ceiling + 1
+    swim.ceiling = incarnation_ceiling(now + 61)
+    swim.receive(Gossip("b", (), b.incarnation), 3.0)
+    assert view(swim, "b") == (MemberState.ALIVE, b.incarnation)
 
 
 def test_a_node_id_not_admitted_never_becomes_a_member() -> None:
@@ -185,7 +205,7 @@ def test_no_forged_hearsay_raises_an_incarnation_or_makes_a_member_leave(
         assert state is not MemberState.LEFT
         assert incarnation <= B_ANNOUNCED
         # Claims move our own incarnation only near this life's start: never to the cap.
-        assert swim.incarnation < START + 2**30 + len(script) * 4
+        assert swim.incarnation < START + 2**41 + len(script) * 4
         assert view(swim, "a") == (MemberState.ALIVE, START + refutations)
         for send in step.sends:
             for update in (*getattr(send.message, "updates", ()),):

@@ -278,7 +278,7 @@ def test_the_suspect_refutes_with_a_higher_incarnation() -> None:
     assert swim.member("a").state is ALIVE  # type: ignore[union-attr]
     # One far beyond this life's start is nobody's to make: it moves nothing (jumping
     # past it would let others drive us to the cap).
-    swim.receive(Gossip("c", (Update("a", "dead", 2**40, "c"),)), 7.0)
+    swim.receive(Gossip("c", (Update("a", "dead", 2**45, "c"),)), 7.0)
     assert swim.incarnation == 7
 
 
