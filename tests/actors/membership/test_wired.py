@@ -283,6 +283,31 @@ async def test_a_killed_member_back_within_the_grace_is_alive_and_kept_its_work(
         assert await placed_on(cluster, victim) == apps
 
 
+async def test_a_node_restarted_after_a_clean_stop_is_alive_at_once_everywhere(
+    autojump_clock: object,
+) -> None:
+    async with cluster_of() as cluster:
+        _holder, victim, _apps = await setup(cluster)
+        before = max(inc for _, inc in incarnations_of(cluster, victim).values())
+        await cluster.stop(victim)
+
+        def left_everywhere() -> bool:
+            seen = incarnations_of(cluster, victim).values()
+            return all(state == "left" for state, _ in seen)
+
+        await until(left_everywhere, within=2.0)
+        await cluster.restart(victim)  # at once: the same virtual millisecond, maybe
+        restarted = trio.current_time()
+
+        def alive_everywhere() -> bool:
+            seen = incarnations_of(cluster, victim).values()
+            return all(state == "alive" and inc > before for state, inc in seen)
+
+        back = await until(alive_everywhere, within=SWIM.probe_interval * 10)
+        # Its new life starts above the old one's goodbye: no refutation round is needed.
+        assert back - restarted <= SWIM.probe_interval
+
+
 async def _no_entry(cluster: Cluster, node: str) -> bool:
     return await down_entry(cluster, node) is None
 
