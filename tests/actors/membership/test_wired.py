@@ -11,7 +11,9 @@ own SWIM view, as ``corral node run`` wires them.
   not admitted, a message claiming another node's id is refused by the kernel, a
   registered forger's hearsay above the victim's own incarnation is not believed, and
   its dead/suspect at the real incarnation is refuted within one suspicion timeout;
-  no placement moves.
+  no placement moves;
+* a node restarted right after a clean stop is alive everywhere at once, and an
+  impostor under a stopped node's id cannot push it out of reach of its next life.
 """
 
 from __future__ import annotations
@@ -24,7 +26,9 @@ import trio
 
 from corral.actors.coordinator import NodeStatus
 from corral.actors.membership import (
+    GetMembership,
     Gossip,
+    MembershipView,
     Ping,
     StateSync,
     SwimConfig,
@@ -33,6 +37,7 @@ from corral.actors.membership import (
     suspicion_bounds,
 )
 from corral.actors.membership._messages import MAX_INCARNATION
+from corral.actors.membership._swim import incarnation_ceiling
 from corral.actors.planner import Policy
 from corral.registry import AppRecord, NodeDown, NodeRecord, decode_record, down_key, node_key
 from corral.supervision import ActorSystem, SupervisionError, open_actor_system
@@ -350,6 +355,21 @@ def incarnations_of(cluster: Cluster, node: str) -> dict[str, tuple[str, int]]:
     }
 
 
+async def views_of(cluster: Cluster, node: str) -> dict[str, tuple[str, int]]:
+    """Every other running node's (state, incarnation) of ``node``, asked of its
+    membership actor."""
+    seen: dict[str, tuple[str, int]] = {}
+    for observer in cluster.running:
+        if observer == node:
+            continue
+        view = await cluster.node(observer).membership.ask(GetMembership())
+        assert isinstance(view, MembershipView)
+        for member in view.members:
+            if member.node == node:
+                seen[observer] = (member.state, member.incarnation)
+    return seen
+
+
 def evictions(victim: str, forger: str, claimer: str) -> list[SwimMessage]:
     """The issue's forgery and its variants, sent by ``forger``; the last two claim to
     come from ``claimer`` and from the victim itself."""
@@ -370,13 +390,13 @@ async def test_a_made_up_node_id_forging_evictions_moves_nothing(autojump_clock:
     async with cluster_of() as cluster:
         holder, victim, apps = await setup(cluster)
         claimer = next(n for n in cluster.running if n not in (holder, victim))
-        before = incarnations_of(cluster, victim)
+        before = await views_of(cluster, victim)
         assert {state for state, _ in before.values()} == {"alive"}
         cluster.registry.reset()
         async with open_actor_system("evil", cluster.network.connect("evil")) as evil:
             await forge_for(evil, cluster, evictions(victim, "evil", claimer), MAX_SUSPICION + 5)
         await trio.sleep(MAX_SUSPICION)
-        assert incarnations_of(cluster, victim) == before
+        assert await views_of(cluster, victim) == before
         assert states_seen(cluster, victim) == {"alive"}
         assert all("evil" not in cluster.member_states(n) for n in cluster.running)
         assert cluster.registry.writes_under("placement/") == 0
@@ -397,13 +417,13 @@ async def test_a_registered_forgers_hearsay_moves_nothing(autojump_clock: object
         # The forger has a record: it is admitted as a member, and every claim it makes
         # about another node is hearsay.
         await cluster.registry.put(node_key("mallory"), NodeRecord(id="mallory").encode())
-        before = incarnations_of(cluster, victim)
+        before = await views_of(cluster, victim)
         cluster.registry.reset()
         async with open_actor_system("mallory", cluster.network.connect("mallory")) as mallory:
             await forge_for(
                 mallory, cluster, evictions(victim, "mallory", claimer), MAX_SUSPICION + 5
             )
-            assert incarnations_of(cluster, victim) == before
+            assert await views_of(cluster, victim) == before
             assert states_seen(cluster, victim) == {"alive"}
             # Suspect and dead at the victim's real incarnation are ordinary SWIM: the
             # victim hears it and refutes, within one suspicion timeout.
@@ -418,8 +438,8 @@ async def test_a_registered_forgers_hearsay_moves_nothing(autojump_clock: object
                 ],
             )
 
-            def all_alive_again() -> bool:
-                seen = incarnations_of(cluster, victim).values()
+            async def all_alive_again() -> bool:
+                seen = (await views_of(cluster, victim)).values()
                 return all(state == "alive" and inc > incarnation for state, inc in seen)
 
             back = await until(all_alive_again, within=MIN_SUSPICION)
@@ -428,3 +448,37 @@ async def test_a_registered_forgers_hearsay_moves_nothing(autojump_clock: object
         assert "left" not in states_seen(cluster, victim)
         assert cluster.registry.writes_under("placement/") == 0
         assert await placed_on(cluster, victim) == apps
+
+
+async def test_an_impostor_under_a_stopped_nodes_id_does_not_outlive_its_restart(
+    autojump_clock: object,
+) -> None:
+    async with cluster_of() as cluster:
+        _holder, victim, _apps = await setup(cluster)
+        await cluster.stop(victim)
+        # A process holding the secret takes the stopped node's id (it is still a known
+        # member): its word about that id is first-hand, so it is capped by the ceiling
+        # an honest node could reach, not by anything it says.
+        ceiling = incarnation_ceiling(virtual_wall_clock())
+        async with open_actor_system(victim, cluster.network.connect(victim)) as impostor:
+            await forge(
+                impostor,
+                cluster.running,
+                [
+                    Gossip(victim, (), MAX_INCARNATION),
+                    Gossip(victim, (Update(victim, "alive", MAX_INCARNATION, victim),), ceiling),
+                ],
+            )
+            await trio.sleep(1.0)
+        assert all(inc <= ceiling for _, inc in (await views_of(cluster, victim)).values())
+        await cluster.restart(victim)
+        restarted = trio.current_time()
+
+        async def alive_above_the_impostor() -> bool:
+            # Asked of each membership actor: a raised incarnation with no change of state
+            # is no transition, so the feed may still show the one before.
+            seen = (await views_of(cluster, victim)).values()
+            return bool(seen) and all(state == "alive" and inc > ceiling for state, inc in seen)
+
+        back = await until(alive_above_the_impostor, within=MIN_SUSPICION)
+        assert back - restarted < MIN_SUSPICION
