@@ -76,7 +76,12 @@ class Update:
 @message("membership.ping", speaker="source")
 @dataclass(frozen=True, slots=True)
 class Ping:
-    """A probe: ``target`` answers with an :class:`Ack` carrying ``seq``."""
+    """A probe: ``target`` answers with an :class:`Ack` carrying ``seq``.
+
+    Attributes:
+        incarnation: the sender's own incarnation (every kind but :class:`StateSync`
+            carries it: the sender's first-hand word that it lives at it).
+    """
 
     seq: int
     source: str
