@@ -339,8 +339,8 @@ def _unlisted(inputs: RolloutInputs, nodes: Mapping[str, NodeRollout]) -> bool:
 
 
 def _newcomer(inputs: RolloutInputs, node: str) -> NodeRollout:
-    """A placed node the record does not list yet, publishing ``instance``: done when
-    it runs the target, pending otherwise (one publishing nothing is not listed)."""
+    """A placed node the record does not list yet, which publishes an instance: done
+    when that runs the target, pending otherwise (one publishing none is not listed)."""
     instance = inputs.instances[node]
     if instance.revision == inputs.target:
         return NodeRollout(inputs.target, "done", inputs.now)
