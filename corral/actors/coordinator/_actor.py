@@ -11,8 +11,11 @@ is the **fence**: every acquisition creates the key anew, so every fence is
 larger than any before it. The holder renews at a third of the TTL (the tick).
 A renewal that fails — the lease is gone, or the registry cannot be reached —
 ends coordinating at once, before anything else is written, and so does a
-local deadline: nothing is written later than ``lease_ttl`` after the last
-renewal was sent, the moment the registry would let the lease lapse.
+local deadline: the holder steps down (no pass, no write) ``lease_ttl`` minus a
+margin (a tenth of it, at most a second: :func:`step_down_margin`) after the last
+renewal was sent, before the registry could let the lease lapse and hand it to
+another node. A holder that cannot renew so never acts beside its successor, even
+with its clock running a little fast or a write slow on the way.
 
 A pass
 ------
@@ -187,6 +190,18 @@ __all__ = [
 
 #: ``leaseTtlMs`` in seconds (45 000 ms).
 DEFAULT_LEASE_TTL = 45.0
+#: The step-down margin: a tenth of the lease TTL, at most this many seconds.
+_MAX_STEP_DOWN_MARGIN = 1.0
+
+
+def step_down_margin(lease_ttl: float) -> float:
+    """How long before its lease could lapse (``lease_ttl`` after the last renewal was
+    sent) a holder that could not renew stops acting: a tenth of the TTL, at most
+    :data:`_MAX_STEP_DOWN_MARGIN` seconds (room for clock drift and a write in flight;
+    the fence guard still refuses anything that lands later)."""
+    return min(lease_ttl / 10, _MAX_STEP_DOWN_MARGIN)
+
+
 #: How long a burst of registry changes is gathered before one pass looks at them.
 DEFAULT_WATCH_DEBOUNCE = 0.25
 #: Pause before a broken lease watch is opened again.
@@ -250,7 +265,7 @@ class _InputsChanged:
 class _Holding:
     lease: int
     fence: int
-    deadline: float  # trio time after which the lease may have lapsed
+    deadline: float  # trio time from which it no longer acts (before the lease may lapse)
 
 
 class Coordinator(Actor):
@@ -296,6 +311,8 @@ class Coordinator(Actor):
         self._registry = registry
         self._policy = policy if policy is not None else Policy()
         self._lease_ttl = lease_ttl
+        # A renewal sent at t entitles the holder to act until t + this, not t + TTL.
+        self._acts_for = lease_ttl - step_down_margin(lease_ttl)
         self._tick = lease_ttl / 3
         self._wall_clock = wall_clock
         self._max_writes = max_writes
@@ -477,9 +494,7 @@ class Coordinator(Actor):
         assert holding is not None
         sent_at = trio.current_time()
         if sent_at >= holding.deadline:
-            raise LeaseExpired(
-                f"the lease TTL ({self._lease_ttl} s) passed since the last renewal was sent"
-            )
+            raise LeaseExpired(self._past_deadline())
         try:
             await self._registry.keepalive(holding.lease)
         except LeaseNotFound as exc:
@@ -487,7 +502,14 @@ class Coordinator(Actor):
         except RegistryError as exc:
             raise LeaseExpired(f"renewal could not reach the registry: {exc}") from exc
         if self._holding is holding:
-            self._holding = _Holding(holding.lease, holding.fence, sent_at + self._lease_ttl)
+            self._holding = _Holding(holding.lease, holding.fence, sent_at + self._acts_for)
+
+    def _past_deadline(self) -> str:
+        return (
+            f"no renewal for {self._acts_for:g} s: the lease TTL ({self._lease_ttl:g} s) "
+            f"less the step-down margin ({self._lease_ttl - self._acts_for:g} s) passed since "
+            "the last renewal was sent"
+        )
 
     async def _campaign(self) -> bool:
         """Try to take the lease; True when this node holds it now."""
@@ -532,7 +554,7 @@ class Coordinator(Actor):
             if isinstance(created, list) and created
             else result.revision
         )
-        self._holding = _Holding(lease.id, fence, sent_at + self._lease_ttl)
+        self._holding = _Holding(lease.id, fence, sent_at + self._acts_for)
         self._holder, self._holder_fence = self._node_id, fence
         self._last_digest = None
         # Everything after the acquisition is news; the first pass reads it anyway.
@@ -1119,9 +1141,7 @@ class Coordinator(Actor):
         changed since it was read."""
         holding = self._holding
         if holding is None or trio.current_time() >= holding.deadline:
-            raise LeaseExpired(
-                f"the lease TTL ({self._lease_ttl} s) passed since the last renewal was sent"
-            )
+            raise LeaseExpired(self._past_deadline())
         result = await self._registry.txn(
             list(compares), list(operations), [Get(COORDINATOR_LEASE_KEY)]
         )
