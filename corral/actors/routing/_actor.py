@@ -23,7 +23,8 @@ suspect leaves the table while it keeps its work; the membership actor tells
 Right after it becomes the holder its inputs may still be arriving (node
 records lapsed in a registry stall and are being written again): a render that
 would drop a domain the last table served is held, writing nothing, while a
-node placed for that domain's app has no record yet, SWIM does not hold it dead
+node placed for that domain's app has no record yet (or one that does not yet
+name the app's instance), SWIM does not hold it dead
 or left, and it has been missing for less than ``settle`` seconds (see
 ``_hold``); the pass after the record arrives, or the settle time ends, decides again.
 

@@ -20,7 +20,7 @@ from corral.actors.routing._hold import (
     DEFAULT_SETTLE,
     awaited_nodes,
     decide_publish,
-    missing_records,
+    incomplete_records,
 )
 from corral.actors.routing._render import (
     NodeRoutes,
@@ -113,7 +113,8 @@ class Published:
     ``"held: ..."`` when the render would drop served domains while node records
     are still awaited, see :func:`~corral.actors.routing._hold.decide_publish`);
     ``undecodable`` names input keys that were skipped; ``missing`` the placed
-    nodes that had no record (the caller remembers since when).
+    nodes whose record was missing or named no instance of an app placed on them
+    (the caller remembers since when).
     """
 
     rendered: Rendered
@@ -165,8 +166,8 @@ async def publish_routes(
         ready: optional readiness per node and app (see :func:`inputs_from_records`).
         member_states: node id -> state in this node's SWIM view (instances on a
             suspect node leave the table, see :class:`RoutingInputs`).
-        missing_since: node id -> when the caller first saw its record missing
-            (None: records are taken as complete, as before).
+        missing_since: node id -> when the caller first saw its record missing or
+            incomplete (None: records are taken as complete, as before).
         now: the caller's clock, in the same unit as ``missing_since``.
         settle: seconds after which a missing node record counts as gone.
 
@@ -212,7 +213,7 @@ async def publish_routes(
         apps, placements, nodes, aliases, ready=ready, member_states=member_states
     )
     rendered = render_routes(inputs)
-    missing = missing_records(inputs)
+    missing = incomplete_records(inputs)
     table = next_table(previous, rendered, fence)
     if table is None:
         why = "unchanged" if previous is None or previous.fence <= fence else "fence lost"
