@@ -449,7 +449,9 @@ class RoutingRenderer(Actor):
                 log.info("routing table no longer held: the awaited node records are in")
             self._last_hold = ""
             return
-        self._recheck_at = min(self._missing_since.values(), default=now) + self._settle
+        # The earliest settle time still ahead (one already past would wake it at once).
+        ends = [t + self._settle for t in self._missing_since.values() if t + self._settle > now]
+        self._recheck_at = min(ends, default=math.inf)
         if published.why != self._last_hold:
             log.warning("routing table %s", published.why)
             self.ctx.emit("routing.held", why=published.why)

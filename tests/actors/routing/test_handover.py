@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from corral.actors.membership import SwimConfig
 from corral.actors.planner import Policy
 from corral.actors.routing import (
+    GetRoutingState,
     Instance,
     NodeRoutes,
     RouteTable,
@@ -24,12 +25,21 @@ from corral.actors.routing import (
 )
 from corral.actors.routing._hold import awaited_nodes, decide_publish, incomplete_records
 from corral.registry import (
+    COORDINATOR_LEASE_KEY,
     ROUTING_KEY,
     AppRecord,
+    CoordinatorLease,
     Deployment,
     EventType,
+    MemoryRegistry,
+    NodeRecord,
+    PlacementRecord,
+    ServingEntry,
+    app_key,
+    node_key,
+    placement_key,
 )
-from corral.supervision import ChildSpec, SupervisorSpec
+from corral.supervision import ChildSpec, SupervisorSpec, open_actor_system
 from corral.testing import Cluster, NodeContext, agent_node_children, open_cluster
 
 NODES = ["n1", "n2", "n3", "n4"]
@@ -292,3 +302,41 @@ async def _no_record(cluster: Cluster, node: str) -> bool:
 
 async def _has_record(cluster: Cluster, node: str) -> bool:
     return await cluster.node_record(node) is not None
+
+
+async def test_a_record_missing_past_the_settle_time_is_an_answer(
+    autojump_clock: object,
+) -> None:
+    """Without SWIM a record that never comes back holds the table for the settle time
+    only: then the domain leaves, at that time (not at the next resync), and the held
+    render is not retried in a busy loop meanwhile."""
+    registry = MemoryRegistry()
+    await registry.put(app_key("a"), AppRecord("a", domains=["a.test"]).encode())
+    await registry.put(app_key("b"), AppRecord("b", domains=["b.test"]).encode())
+    for app, node in (("a", "n1"), ("b", "n2")):
+        await registry.put(
+            placement_key(app), PlacementRecord([node], decided_at=0.0, fence=1).encode()
+        )
+        serving = {app: ServingEntry("r" * 64, 24001, 24501, state="running", ready=True)}
+        record = NodeRecord(node, advertise_host=host(node), serving=serving)
+        await registry.put(node_key(node), record.encode())
+    await registry.put(COORDINATOR_LEASE_KEY, CoordinatorLease("n1", 0.0).encode())
+
+    async def domains_are(expected: set[str]) -> bool:
+        kv = await registry.get(ROUTING_KEY)
+        return kv is not None and set(decode_table_json(kv.value).domains) == expected
+
+    settle = 10.0
+    async with open_actor_system("n1") as system:
+        await system.spawn(routing_renderer_child_spec("n1", registry, resync=60.0, settle=settle))
+        await until(lambda: domains_are({"a.test", "b.test"}), within=5)
+        passes_before = (await system.ref("/routing").ask(GetRoutingState())).passes
+        t0 = trio.current_time()
+        await registry.delete(node_key("n2"))  # lapsed, and never registers again
+        gone_at = await until(lambda: domains_are({"a.test"}), within=60)
+        assert settle <= gone_at - t0 <= settle + 0.2
+        state = await system.ref("/routing").ask(GetRoutingState())
+        assert state.passes - passes_before <= 3  # the change, the settle time, at most one more
+        events = [e for e in system.events() if e.kind == "routing.held"]
+        assert len(events) == 1
+        assert "b.test" in str(events[0].fields["why"])
