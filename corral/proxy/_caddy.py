@@ -25,6 +25,7 @@ from corral.proxy._caddy_plan import caddy_config_bytes
 from corral.proxy._driver import Applied, ProxyDriver
 from corral.proxy._errors import InvalidProxySetup, ProxyApplyFailed, ProxyStartFailed
 from corral.proxy._process import OWNED_FILE, ProxyProcess, end_leftover, find_binary, log_tail
+from corral.proxy._tuning import DEFAULT_TIMEOUTS, ProxyTimeouts
 
 __all__ = ["DEFAULT_CADDY", "CaddyDriver"]
 
@@ -59,7 +60,9 @@ class CaddyDriver(ProxyDriver):
         admin: str | None = None,
         binary: str | None = None,
         start_timeout: float = 30.0,
+        timeouts: ProxyTimeouts = DEFAULT_TIMEOUTS,
     ) -> None:
+        self._timeouts = timeouts
         self._binary = find_binary("caddy", binary, DEFAULT_CADDY, "caddy")
         self._dir = Path(data_dir).resolve()
         self._listen = listen
@@ -97,7 +100,11 @@ class CaddyDriver(ProxyDriver):
 
     def _document(self, table: RouteTable) -> bytes:
         return caddy_config_bytes(
-            table, listen=self._listen, admin=self._admin, storage=str(self._dir / "storage")
+            table,
+            listen=self._listen,
+            admin=self._admin,
+            storage=str(self._dir / "storage"),
+            timeouts=self._timeouts,
         )
 
     async def start(self) -> None:

@@ -21,6 +21,7 @@ from corral.proxy._errors import InvalidProxySetup, ProxyApplyFailed, ProxyError
 from corral.proxy._haproxy import HaproxyDriver
 from corral.proxy._process import exit_cause
 from corral.proxy._status import ProxyStatus, RestartPolicy, Verdict, restart_delay, verdict
+from corral.proxy._tuning import DEFAULT_TIMEOUTS, ProxyTimeouts
 from corral.registry import (
     ROUTING_KEY,
     InvalidName,
@@ -79,6 +80,7 @@ async def open_proxy(
     proxy_id: str | None = None,
     wall_clock: Callable[[], float] = time.time,
     emit: Callable[..., None] | None = None,
+    timeouts: ProxyTimeouts = DEFAULT_TIMEOUTS,
 ) -> AsyncIterator[ProxyEngine]:
     """Start the real proxy and yield its engine; stop the process by pid on exit.
 
@@ -91,6 +93,7 @@ async def open_proxy(
         proxy_id: the name recorded in ``proxies/<id>`` (default: ``<kind>``).
         wall_clock: wall time for ``applied_at``.
         emit: told ``proxy.applied`` / ``proxy.failed`` events (see :class:`ProxyEngine`).
+        timeouts: how long a backend may take to connect and to answer.
 
     Raises:
         ProxyNotInstalled: the binary is missing.
@@ -100,9 +103,13 @@ async def open_proxy(
     check_listen(listen)
     driver: HaproxyDriver | CaddyDriver
     if kind == "haproxy":
-        driver = HaproxyDriver(listen=listen, data_dir=data_dir, binary=binary)
+        driver = HaproxyDriver(
+            listen=listen, data_dir=data_dir, binary=binary, timeouts=timeouts
+        )
     elif kind == "caddy":
-        driver = CaddyDriver(listen=listen, data_dir=data_dir, admin=admin, binary=binary)
+        driver = CaddyDriver(
+            listen=listen, data_dir=data_dir, admin=admin, binary=binary, timeouts=timeouts
+        )
     else:
         raise InvalidProxySetup(f"unknown proxy kind {kind!r}: use haproxy or caddy")
     try:
@@ -393,6 +400,7 @@ async def run_proxy(
     report_every: float = DEFAULT_REPORT_EVERY,
     restart_policy: RestartPolicy = DEFAULT_RESTART_POLICY,
     wall_clock: Callable[[], float] = time.time,
+    timeouts: ProxyTimeouts = DEFAULT_TIMEOUTS,
     task_status: trio.TaskStatus[ProxyEngine] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """``corral proxy run``: the real proxy, fed from the registry, until cancelled.
@@ -423,6 +431,8 @@ async def run_proxy(
         report_every: seconds between two writes of the record.
         restart_policy: how fast a dead proxy process is started again.
         wall_clock: wall time for the record's times.
+        timeouts: how long a backend may take to connect and to answer
+            (``--response-timeout-ms``).
 
     ``task_status.started(engine)`` once the stored table is served.
 
@@ -459,6 +469,7 @@ async def run_proxy(
                     proxy_id=name,
                     emit=emit,
                     wall_clock=wall_clock,
+                    timeouts=timeouts,
                 ) as engine:
                     await _serve(
                         registry,

@@ -23,6 +23,7 @@ from corral.proxy._haproxy_plan import (
     tidy_commands,
 )
 from corral.proxy._process import OWNED_FILE, ProxyProcess, end_leftover, find_binary, log_tail
+from corral.proxy._tuning import DEFAULT_TIMEOUTS, ProxyTimeouts
 
 __all__ = ["DEFAULT_HAPROXY", "HaproxyDriver", "RuntimeApi"]
 
@@ -112,8 +113,15 @@ class HaproxyDriver(ProxyDriver):
     kind = "haproxy"
 
     def __init__(
-        self, *, listen: str, data_dir: Path, binary: str | None = None, start_timeout: float = 30.0
+        self,
+        *,
+        listen: str,
+        data_dir: Path,
+        binary: str | None = None,
+        start_timeout: float = 30.0,
+        timeouts: ProxyTimeouts = DEFAULT_TIMEOUTS,
     ) -> None:
+        self._timeouts = timeouts
         self._binary = find_binary("haproxy", binary, DEFAULT_HAPROXY, "haproxy")
         self._dir = Path(data_dir).resolve()
         self._files = HaproxyFiles(
@@ -205,7 +213,8 @@ class HaproxyDriver(ProxyDriver):
 
     def _write_files(self, state: HaproxyState) -> None:
         _write_atomically(Path(self._files.map), render_map(state))
-        _write_atomically(Path(self._files.config), render_config(state, self._files))
+        config = render_config(state, self._files, timeouts=self._timeouts)
+        _write_atomically(Path(self._files.config), config)
 
     async def _check_config(self) -> None:
         result = await trio.run_process(

@@ -14,6 +14,7 @@ from corral.proxy import (
     HaproxyState,
     InvalidProxySetup,
     ProxyStatus,
+    ProxyTimeouts,
     Verdict,
     caddy_document,
     desired_state,
@@ -278,3 +279,35 @@ def test_caddy_bytes_are_the_document_encoded() -> None:
     assert json.loads(caddy_config_bytes(t, **args)) == caddy_document(t, **args)
     empty = RouteTable(1, 2, {})
     assert json.loads(caddy_config_bytes(empty, **args)) == caddy_document(empty, **args)
+
+
+def test_the_response_timeout_setting_reaches_both_proxies_configs() -> None:
+    """``--response-timeout-ms 10000``: HAProxy's server and check timeouts, Caddy's
+    response-header timeout and a try duration past it; the connect bound stays."""
+    timeouts = ProxyTimeouts(response_ms=10_000)
+    files = HaproxyFiles("/d/haproxy.cfg", MAP, "/d/admin.sock", "/d/haproxy.pid", "127.0.0.1:8080")
+    state = desired_state(RouteTable(1, 1, {"a.test": (URLS[0],)}))
+    text = render_config(state, files, timeouts=timeouts)
+    for needle in ("timeout server 10000ms", "timeout check 10000ms", "timeout connect 500ms"):
+        assert needle in text, needle
+    assert "3000ms" not in text
+    table = RouteTable(1, 1, {"a.test": (URLS[0],)})
+    args = {"listen": "127.0.0.1:8080", "admin": "127.0.0.1:2019", "storage": "/d/storage"}
+    for doc in (
+        caddy_document(table, **args, timeouts=timeouts),
+        json.loads(caddy_config_bytes(table, **args, timeouts=timeouts)),
+    ):
+        proxy = doc["apps"]["http"]["servers"]["corral"]["routes"][0]["handle"][0]
+        assert proxy["transport"]["response_header_timeout"] == "10000ms"
+        assert proxy["transport"]["dial_timeout"] == "500ms"
+        assert proxy["load_balancing"]["try_duration"] == "12000ms"
+    # Routes cached under one setting are not served under another.
+    default = json.loads(caddy_config_bytes(table, **args))
+    proxy = default["apps"]["http"]["servers"]["corral"]["routes"][0]["handle"][0]
+    assert proxy["transport"]["response_header_timeout"] == "3000ms"
+
+
+@pytest.mark.parametrize("bad", [0, 99, 86_400_001, -5, True, 2.5])
+def test_a_response_timeout_out_of_range_is_refused_naming_the_flag(bad: object) -> None:
+    with pytest.raises(InvalidProxySetup, match="--response-timeout-ms"):
+        ProxyTimeouts(response_ms=bad)  # type: ignore[arg-type]

@@ -14,7 +14,9 @@ Each node publishes, per app, whether its instance runs and is ready
 renders on every change of its inputs (debounced), writes the table, emits
 ``routing.changed`` and pushes the table to configured Caddy admin endpoints; with
 the node's SWIM view, instances on a node SWIM holds suspect leave the table
-(:class:`MembershipChanged` renders at once).
+(:class:`MembershipChanged` renders at once). A render that would drop a domain the
+last table served is held while the records of nodes placed for it are still
+arriving (``_hold.decide_publish``: after a hand-over or a registry stall).
 :func:`routes_answer` (pure) is what ``corral routes`` shows, with each proxy's
 lag (:func:`proxy_lag`) from its ``proxies/<id>`` record.
 """

@@ -20,6 +20,14 @@ pass renders with every node's SWIM state, so an instance on a node SWIM holds
 suspect leaves the table while it keeps its work; the membership actor tells
 :class:`MembershipChanged` on every change of its view, which renders at once.
 
+Right after it becomes the holder its inputs may still be arriving (node
+records lapsed in a registry stall and are being written again): a render that
+would drop a domain the last table served is held, writing nothing, while a
+node placed for that domain's app has no record yet (or one that does not yet
+name the app's instance), SWIM does not hold it dead
+or left, and it has been missing for less than ``settle`` seconds (see
+``_hold``); the pass after the record arrives, or the settle time ends, decides again.
+
 Registry trouble is logged and retried on the next pass; it never crashes the
 actor, and a failing push target never delays the others or the table.
 """
@@ -28,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -35,7 +44,8 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from corral.actors.routing._publish import publish_routes
+from corral.actors.routing._hold import DEFAULT_SETTLE
+from corral.actors.routing._publish import Published, publish_routes
 from corral.actors.routing._render import (
     RoutesChanged,
     RouteTable,
@@ -160,6 +170,8 @@ class RoutingRenderer(Actor):
         proxy_check: seconds between two looks for proxies whose record is no
             longer refreshed (told once each as ``proxy.failed`` by the lease holder).
         wall_clock: wall time, to judge how old a proxy's record is.
+        settle: seconds a placed node's missing record is awaited before a table
+            may drop the domains only it served.
     """
 
     mailbox_size = 16
@@ -176,8 +188,15 @@ class RoutingRenderer(Actor):
         push_timeout: float = DEFAULT_PUSH_TIMEOUT,
         proxy_check: float = DEFAULT_PROXY_CHECK,
         wall_clock: Callable[[], float] = time.time,
+        settle: float = DEFAULT_SETTLE,
     ) -> None:
         super().__init__()
+        self._settle = settle
+        #: placed node -> when (trio time) this holder first saw its record missing.
+        self._missing_since: dict[str, float] = {}
+        #: when a held render must be decided again though nothing changed.
+        self._recheck_at = math.inf
+        self._last_hold = ""
         self._proxy_check = proxy_check
         self._wall = wall_clock
         self._membership = membership
@@ -346,7 +365,7 @@ class RoutingRenderer(Actor):
 
     async def _render_loop(self) -> None:
         while True:
-            with trio.move_on_after(self._resync):
+            with trio.move_on_at(min(trio.current_time() + self._resync, self._recheck_at)):
                 await self._dirty.wait()
             # The first change after a calm renders at once (an alias flip is served as
             # soon as it can be); what changes during a pass, or within ``debounce`` of
@@ -374,14 +393,25 @@ class RoutingRenderer(Actor):
                 if state.fence is not None:
                     log.info("not the coordinator any more: the routing table is left alone")
                 self._state = _replace(self._state, fence=None, last_error=None)
+                self._missing_since = {}  # a new term waits for the records afresh
+                self._recheck_at = math.inf
                 return
+            if fence != state.fence:
+                self._missing_since = {}
+            now = trio.current_time()
             published = await publish_routes(
-                self._registry, fence=fence, member_states=self._member_states()
+                self._registry,
+                fence=fence,
+                member_states=self._member_states(),
+                missing_since=self._missing_since,
+                now=now,
+                settle=self._settle,
             )
         except RegistryError as exc:
             log.warning("routing pass failed (%s); trying again on the next change", exc)
             self._state = _replace(self._state, last_error=str(exc))
             return
+        self._note_missing(published, now)
         written = published.written
         if written is None and published.why.startswith("guard failed"):
             self._lease_known = False  # read the lease again next time
@@ -408,6 +438,24 @@ class RoutingRenderer(Actor):
         )
         if self._table is not None and self._pushers:
             self._push_wanted.set()
+
+    def _note_missing(self, published: Published, now: float) -> None:
+        """Remember since when each placed node's record is missing; on a held render,
+        say why once and look again when the first awaited record's settle time ends."""
+        self._missing_since = {n: self._missing_since.get(n, now) for n in published.missing}
+        if not published.held:
+            self._recheck_at = math.inf
+            if self._last_hold:
+                log.info("routing table no longer held: the awaited node records are in")
+            self._last_hold = ""
+            return
+        # The earliest settle time still ahead (one already past would wake it at once).
+        ends = [t + self._settle for t in self._missing_since.values() if t + self._settle > now]
+        self._recheck_at = min(ends, default=math.inf)
+        if published.why != self._last_hold:
+            log.warning("routing table %s", published.why)
+            self.ctx.emit("routing.held", why=published.why)
+        self._last_hold = published.why
 
     def _member_states(self) -> dict[str, str] | None:
         if self._membership is None:
@@ -499,6 +547,7 @@ def routing_renderer_child_spec(
     resync: float = DEFAULT_RESYNC,
     proxy_check: float = DEFAULT_PROXY_CHECK,
     wall_clock: Callable[[], float] = time.time,
+    settle: float = DEFAULT_SETTLE,
 ) -> ChildSpec:
     """A ChildSpec running :class:`RoutingRenderer` (PERMANENT) for the node assembly."""
     return ChildSpec(
@@ -512,6 +561,7 @@ def routing_renderer_child_spec(
             resync=resync,
             proxy_check=proxy_check,
             wall_clock=wall_clock,
+            settle=settle,
         ),
         restart=Restart.PERMANENT,
         shutdown_grace=1.0,

@@ -70,6 +70,7 @@ __all__ = [
     "backend_address",
     "backend_url",
     "changed",
+    "claimed_domains",
     "decode_table_cbor",
     "decode_table_json",
     "encode_table_cbor",
@@ -427,6 +428,12 @@ def _claims(inputs: RoutingInputs, held: list[HeldBack]) -> dict[str, str]:
             continue
         owner[domain] = target
     return owner
+
+
+def claimed_domains(inputs: RoutingInputs) -> dict[str, str]:
+    """Domain -> the app serving it, as :func:`render_routes` decides it (app domains,
+    then aliases; what is held back for a bad name or a conflict is left out)."""
+    return _claims(inputs, [])
 
 
 def render_routes(inputs: RoutingInputs) -> Rendered:
