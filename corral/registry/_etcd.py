@@ -642,9 +642,7 @@ class EtcdRegistry(Registry):
         """POST ``body`` to ``path``, moving over endpoints and retrying as the
         module docstring says. ``safe`` marks calls that may be repeated;
         ``lease`` names the lease a "lease not found" refers to."""
-        reply, _ = await self._request(
-            path, body, safe=safe, first_line=first_line, lease=lease
-        )
+        reply, _ = await self._request(path, body, safe=safe, first_line=first_line, lease=lease)
         return reply
 
     async def _request(
