@@ -370,6 +370,34 @@ class EtcdCluster:
                     return other
         raise RuntimeError("no live etcd member names a leader")
 
+    def hand_leadership_to(self, member: EtcdMember, *, timeout: float = 20.0) -> None:
+        """Make ``member`` the raft leader (etcd's leader transfer), and wait until it is.
+
+        Raises:
+            RuntimeError: it did not become the leader within ``timeout`` seconds.
+        """
+        target = _member_id(member)
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                leader = self.leader()
+                if leader is member:
+                    return
+                _plain_gateway(
+                    leader.endpoint, "/v3/maintenance/transfer-leadership", {"targetID": target}
+                )
+            except (RuntimeError, urllib.error.URLError, OSError) as exc:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{member.name} did not become the leader: {exc}") from exc
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{member.name} did not become the leader")
+            time.sleep(0.1)
+
+
+def _member_id(member: EtcdMember) -> str:
+    status = _plain_gateway(member.endpoint, "/v3/maintenance/status", {})
+    return str(status["header"]["member_id"])
+
 
 def _plain_gateway(endpoint: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
     request = urllib.request.Request(
