@@ -214,8 +214,7 @@ class EtcdRegistry(Registry):
             shrinks further if a shorter lease is granted or kept alive.
         timeout: seconds for one attempt, overriding the size from ``lease_ttl``.
         retry_rounds: how many times to go round the endpoints before giving up.
-        backoff: the first pause between rounds (doubled each round, at most 1 s);
-            also how long a failed endpoint is first passed over.
+        backoff: the first pause between rounds (doubled each round, at most 1 s).
         transport: an httpx transport, for tests.
         tls: speak TLS to every endpoint, trusting and presenting what this
             context holds (see :meth:`RegistryOptions.ssl_context`).
@@ -492,6 +491,7 @@ class EtcdRegistry(Registry):
             token = self._token
             timeout = round_timeout(self._request_timeout, failures // len(self._endpoints))
             idle = watch_idle_for(self._request_timeout)
+            streaming = False
             try:
                 await self._ensure_token()
                 token = self._token
@@ -515,6 +515,7 @@ class EtcdRegistry(Registry):
                         raise _Retryable("the watch stream did not confirm it", sent=True)
                     self._succeeded(index, started)
                     failures = 0
+                    streaming = True
                     if not opened:
                         opened = True
                         yield None
@@ -530,10 +531,16 @@ class EtcdRegistry(Registry):
                     raise self._token_keeps_failing("/v3/watch") from None
                 await self._refresh_token(token)
                 continue
-            except httpx.ReadTimeout:
-                # No news for ``idle`` seconds: quiet, or its member went silent.
-                # Open it again (bounded as above) to find out.
-                _log.debug("watch on %s idle for %g s; opening it again", endpoint, idle)
+            except httpx.ReadTimeout as exc:
+                if streaming:
+                    # No news for ``idle`` seconds: quiet, or its member went silent.
+                    # Open it again (bounded as above) to find out.
+                    _log.debug("watch on %s idle for %g s; opening it again", endpoint, idle)
+                    continue
+                failures += 1
+                self._failed(index)
+                if failures > self._retry_rounds * len(self._endpoints):
+                    raise self._unavailable("/v3/watch", exc) from exc
                 continue
             except (httpx.TransportError, _Retryable, trio.TooSlowError, StopAsyncIteration) as exc:
                 failures += 1

@@ -279,3 +279,89 @@ async def test_open_registry_sizes_etcd_timeouts_from_the_lease_ttl() -> None:
     async with open_registry("etcd://e1:2379,e2:2379", lease_ttl=4.0) as registry:
         assert isinstance(registry, EtcdRegistry)
         assert registry.request_timeout == 0.5
+
+
+class WatchFeed(httpx.AsyncByteStream):
+    """A ``/v3/watch`` stream from one mock member: "created", then the events from
+    its start revision on as they are appended; silent (a read timeout) once its
+    member goes silent."""
+
+    def __init__(self, cluster: WatchCluster, host: str, start: int, request: httpx.Request):
+        self._cluster, self._host, self._next, self._request = cluster, host, start, request
+        self._created = False
+        self._read = request.extensions["timeout"]["read"]
+
+    def __aiter__(self) -> WatchFeed:
+        return self
+
+    async def __anext__(self) -> bytes:
+        if not self._created:
+            self._created = True
+            return json.dumps({"result": {"created": True}}).encode() + b"\n"
+        while True:
+            if self._host in self._cluster.silent:
+                await trio.sleep(self._read)
+                raise httpx.ReadTimeout("timed out", request=self._request)
+            pending = [(r, k) for r, k in self._cluster.events if r >= self._next]
+            if pending:
+                self._next = pending[-1][0] + 1
+                events = [
+                    {"kv": {"key": b64(k), "value": b64("v"), "mod_revision": str(r)}}
+                    for r, k in pending
+                ]
+                return json.dumps({"result": {"events": events}}).encode() + b"\n"
+            with trio.move_on_after(self._read):
+                await self._cluster.changed.wait()
+                continue
+            raise httpx.ReadTimeout("timed out", request=self._request)
+
+
+class WatchCluster(httpx.AsyncBaseTransport):
+    def __init__(self) -> None:
+        self.silent = {"e1"}
+        self.events: list[tuple[int, str]] = []
+        self.changed = trio.Event()
+        self.opened: list[str] = []
+
+    def append(self, revision: int, key: str) -> None:
+        self.events.append((revision, key))
+        self.changed.set()
+        self.changed = trio.Event()
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        host = request.url.host
+        if host in self.silent:
+            await trio.sleep(request.extensions["timeout"]["read"])
+            raise httpx.ReadTimeout("timed out", request=request)
+        if request.url.path != "/v3/watch":
+            return httpx.Response(200, json={"header": {"revision": "1"}})
+        self.opened.append(host)
+        body = json.loads(await request.aread())
+        start = int(body["create_request"]["start_revision"])
+        return httpx.Response(200, stream=WatchFeed(self, host, start, request))
+
+
+async def test_a_watch_moves_off_a_silent_member_and_misses_nothing(
+    autojump_clock: object,
+) -> None:
+    transport = WatchCluster()
+    registry = EtcdRegistry(["e1:2379", "e2:2379", "e3:2379"], transport=transport, lease_ttl=4.0)
+    try:
+        started = trio.current_time()
+        async with registry.watch("apps/", start_revision=2) as events:
+            # e1 is silent: opening there costs one 0.5 s attempt, then e2 answers.
+            assert trio.current_time() - started == pytest.approx(0.5)
+            transport.append(2, "apps/a")
+            assert (await events.__anext__()).kv.key == "apps/a"
+            # e2 goes silent mid-stream: after 2 s (4 x 0.5 s) with no news the
+            # watch opens again, e2 does not answer within 0.5 s, e3 does, from
+            # revision 3: the event written meanwhile is delivered.
+            transport.silent = {"e1", "e2"}
+            transport.append(3, "apps/b")
+            silent_at = trio.current_time()
+            event = await events.__anext__()
+            assert (event.kv.key, event.kv.mod_revision) == ("apps/b", 3)
+            assert trio.current_time() - silent_at == pytest.approx(2.0 + 0.5)
+            assert transport.opened == ["e2", "e3"]
+    finally:
+        await registry.aclose()
