@@ -39,9 +39,17 @@ def coordinator(cluster: LocalCluster) -> tuple[str, int]:
     return wait_for("a coordinator", probe, timeout=30, interval=0.1)
 
 
-@pytest.mark.parametrize("frozen_role", ["follower", "leader"])
+@pytest.mark.parametrize(
+    ("frozen_role", "bound"),
+    [
+        ("follower", 2.0),
+        # etcd itself answers no linearizable read until the others elected a new
+        # leader (election timeout 1 to 2 s, randomized): that comes on top.
+        ("leader", 4.0),
+    ],
+)
 def test_a_silent_first_etcd_member_neither_moves_the_lease_nor_stalls_node_ls(
-    etcd: EtcdCluster, tmp_path: Path, frozen_role: str
+    etcd: EtcdCluster, tmp_path: Path, frozen_role: str, bound: float
 ) -> None:
     url = f"{etcd.url}/?prefix=corral-e2e/{uuid.uuid4().hex}/"
     local = LocalCluster(
@@ -80,7 +88,7 @@ def test_a_silent_first_etcd_member_neither_moves_the_lease_nor_stalls_node_ls(
         print(f"frozen {frozen_role}: GET /v1/nodes up to {slowest:.2f} s, ", end="")
         print(f"node ls {cli_seconds:.2f} s")
         assert shown.returncode == 0, shown.stderr
-        assert slowest < 2.0, f"GET /v1/nodes took up to {slowest:.2f} s during the freeze"
+        assert slowest < bound, f"GET /v1/nodes took up to {slowest:.2f} s during the freeze"
         # The CLI's own start-up (a Python import) is most of this on a busy machine.
         assert cli_seconds < 5.0, f"corral node ls took {cli_seconds:.2f} s"
         assert coordinator(local) == before
