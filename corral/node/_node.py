@@ -816,7 +816,11 @@ async def run_node(
             log.error("node %s stopping: %s", runtime.node_id, exc)
             halt_for(exc)
 
-    async with open_registry(config.registry_url, options=config.registry_options) as opened:
+    async with open_registry(
+        config.registry_url,
+        options=config.registry_options,
+        lease_ttl=min(config.lease_ttl_ms, config.node_ttl_ms) / 1000,
+    ) as opened:
         registry = InstrumentedRegistry(
             opened, registry_backend(config.registry_url), registry_observer(metrics)
         )
