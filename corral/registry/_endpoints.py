@@ -57,6 +57,10 @@ MAX_REQUEST_TIMEOUT: Final = 10.0
 DEFAULT_REQUEST_TIMEOUT: Final = 2.0
 """Per-request timeout when no lease TTL is known (a 16 s TTL's)."""
 TTL_FRACTION: Final = 8
+MIN_UNREPEATABLE_TIMEOUT: Final = 2.0
+"""An attempt that cannot be repeated elsewhere waits at least this long: cutting it
+short gains no other endpoint, only a "may or may not have applied" on a member
+that is slow (a loaded disk's fsync), not silent."""
 WATCH_IDLE_FACTOR: Final = 4
 MIN_WATCH_IDLE: Final = 1.0
 PASS_OVER_FACTOR: Final = 2
@@ -96,6 +100,14 @@ def request_timeout_for(ttl: float | None) -> float:
 def round_timeout(request_timeout: float, round_index: int) -> float:
     """The timeout of one attempt in round ``round_index`` (0-based): doubled each round."""
     return float(min(max(MAX_REQUEST_TIMEOUT, request_timeout), request_timeout * 2**round_index))
+
+
+def attempt_timeout(request_timeout: float, round_index: int, repeatable: bool) -> float:
+    """How long one attempt waits: the round's timeout (:func:`round_timeout`), and for
+    a call that may not be sent again after it was sent (a plain put or delete, an
+    unguarded txn) at least :data:`MIN_UNREPEATABLE_TIMEOUT`."""
+    timeout = round_timeout(request_timeout, round_index)
+    return timeout if repeatable else max(timeout, MIN_UNREPEATABLE_TIMEOUT)
 
 
 def watch_idle_for(request_timeout: float) -> float:

@@ -72,6 +72,7 @@ from corral.registry._endpoints import (
     EndpointHealth,
     after_failure,
     after_success,
+    attempt_timeout,
     endpoint_order,
     repeat_is_harmless,
     request_timeout_for,
@@ -674,7 +675,7 @@ class EtcdRegistry(Registry):
         for round_index in range(self._retry_rounds):
             if round_index:
                 await trio.sleep(self._pause(round_index - 1))
-            timeout = round_timeout(self._request_timeout, round_index)
+            timeout = attempt_timeout(self._request_timeout, round_index, safe)
             for index in self._order():
                 endpoint = self._endpoints[index]
                 started = trio.current_time()

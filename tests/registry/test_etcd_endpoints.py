@@ -27,9 +27,11 @@ from corral.registry import (
 )
 from corral.registry._endpoints import (
     MAX_PASS_OVER,
+    MIN_UNREPEATABLE_TIMEOUT,
     EndpointHealth,
     after_failure,
     after_success,
+    attempt_timeout,
     endpoint_order,
     repeat_is_harmless,
     request_timeout_for,
@@ -229,12 +231,26 @@ async def test_a_guarded_txn_is_repeated_on_the_next_endpoint(autojump_clock: ob
         await registry.aclose()
 
 
+@given(st.floats(0.2, 10.0), st.integers(0, 6))
+def test_a_write_that_cannot_be_repeated_waits_at_least_the_floor(
+    request_timeout: float, round_index: int
+) -> None:
+    repeatable = attempt_timeout(request_timeout, round_index, True)
+    assert repeatable == round_timeout(request_timeout, round_index)
+    unrepeatable = attempt_timeout(request_timeout, round_index, False)
+    assert unrepeatable == max(repeatable, MIN_UNREPEATABLE_TIMEOUT)
+
+
 async def test_an_unguarded_write_that_may_have_landed_says_so(autojump_clock: object) -> None:
     transport = SilentFirst()
     registry = silent_first_client(transport)
     try:
+        started = trio.current_time()
         with pytest.raises(RegistryUnavailable, match="may or may not have applied"):
             await registry.put("apps/a", b"2")
+        # A slow member (a loaded disk) gets the floor, not the read's short attempt:
+        # giving up sooner would reach no other endpoint, only a doubtful answer.
+        assert trio.current_time() - started == pytest.approx(MIN_UNREPEATABLE_TIMEOUT, abs=0.01)
         assert [host for host, _ in transport.seen] == ["e1"], "sent again blindly"
         # The endpoint is now passed over: the next write goes to a healthy one.
         await registry.put("apps/a", b"3")
