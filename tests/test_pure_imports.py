@@ -32,6 +32,7 @@ PURE_MODULES = (
     "corral.actors.port_allocator._book",
     # routing render
     "corral.actors.routing._render",
+    "corral.actors.routing._hold",
     # the SWIM machine and its messages
     "corral.actors.membership._swim",
     "corral.actors.membership._messages",

@@ -5,7 +5,8 @@ Every route needs ``Authorization: Bearer <token>``: none gives 401, a wrong one
 per-artifact capability peers derive from the cluster secret. Errors are JSON
 ``{"error": "...", "field": "..."}``: 400 names the field, 404 no such app or
 node, 409 refused or raced, 413 the body passed its cap (checked while it streams
-in), 503 the registry is unreachable, and 500 (with an ``id`` the node's log
+in), 503 the registry is unreachable, 507 the data dir has no room (naming it, the
+bytes needed and the bytes free), and 500 (with an ``id`` the node's log
 names next to the traceback) anything no route expected.
 
 Routes::
@@ -19,7 +20,7 @@ Routes::
                                           the coordinator
     GET    /v1/apps, /v1/apps/{name}      app records
     POST   /v1/apps/{name}/deploy         {"artifact": base64, "replicas", "selector", ...}
-    POST   /v1/apps/{name}/selector       {"selector": {k: v}} or {"clear": true}
+    POST   /v1/apps/{name}/selector       {"selector": {k: v}} | {"unset": [k]} | {"clear": true}
     POST   /v1/apps/{name}/replicas       {"replicas": "all" | N}
     POST   /v1/apps/{name}/retire
     POST   /v1/apps/{name}/rollback       redeploy the previous revision (it rolls node by node)
@@ -43,7 +44,7 @@ import json
 import logging
 import math
 import secrets
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
@@ -53,21 +54,25 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import FileResponse, JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from corral.actors.routing import read_routes_answer
 from corral.node import _operations as ops
-from corral.node._artifact_store import ArtifactStore, artifact_capability
+from corral.node._artifact_store import ArtifactStore, ServedCopy, artifact_capability
 from corral.node._artifacts import MAX_ARTIFACT_BYTES
+from corral.node._deadline import REGISTRY_DEADLINE, DeadlineRegistry, RegistryTooSlow
 from corral.node._errors import (
     ArtifactError,
     Conflict,
+    CopyCorrupt,
+    InsufficientStorage,
     NotFound,
     OperationRefused,
     RequestInvalid,
 )
+from corral.node._events import EventLines
 from corral.node._requests import (
     check_domain,
     check_name,
@@ -77,6 +82,7 @@ from corral.node._requests import (
     parse_json_body,
     parse_pairs,
     parse_replicas,
+    parse_selector_keys,
 )
 from corral.node._views import (
     Coordination,
@@ -105,19 +111,86 @@ MAX_BODY_BYTES = MAX_ARTIFACT_BYTES * 4 // 3 + 64 * 1024
 #: Bodies up to this size are parsed on the event loop; larger ones in a thread.
 PARSE_INLINE_BYTES = 256 * 1024
 EVENT_POLL_INTERVAL = 0.25
+#: Most ``GET /v1/events?follow=1`` streams one node serves at once; past it, 429. Each
+#: open stream wakes every EVENT_POLL_INTERVAL and its first answer is the whole backlog
+#: (up to 1,000 events); issue 25 saw 500 of them keep /v1/ps waiting 4 s.
+MAX_EVENT_STREAMS = 64
+#: The Retry-After of a stream refused at the cap (streams end when their readers leave).
+EVENT_STREAM_RETRY_AFTER_S = 5
 #: The Prometheus text format, version 0.0.4.
 METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 JSONDict = dict[str, Any]
 
 
-class _ArtifactFile(FileResponse):
-    """A copy served to a peer, read in 1 MiB chunks (Starlette's 64 KiB chunks cost a
-    worker-thread hop each: a third of the throughput on a 64 MiB artifact)."""
-
-    chunk_size = 1024 * 1024
-
 log = logging.getLogger("corral.node.api")
+
+
+class _ArtifactCopy(Response):
+    """A copy served to a peer, verified while it streams (:class:`ServedCopy`), read
+    in 1 MiB chunks in a worker thread (64 KiB chunks cost a worker-thread hop each: a
+    third of the throughput on a 64 MiB artifact). A copy that turns out corrupt is
+    cut short before its last chunk, so the peer sees an incomplete body."""
+
+    media_type = "application/gzip"
+
+    def __init__(self, copy: ServedCopy) -> None:
+        super().__init__(media_type=self.media_type)
+        self._copy = copy
+        self.headers["content-length"] = str(copy.size)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        chunks = self._copy.chunks()
+        try:
+            await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+            while (chunk := await trio.to_thread.run_sync(next, chunks, None)) is not None:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except CopyCorrupt as exc:
+            log.warning("artifact %s not served: %s", scope.get("path"), exc)
+        finally:
+            self._copy.close()
+
+
+class _EventStreams:
+    """The event streams one API serves now, and its cap."""
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self.open = 0
+
+
+class _CappedEventStream(StreamingResponse):
+    """An event stream counted while it is served, or a 429 past the cap.
+
+    Counted around the whole response, which returns when the stream ends or its
+    reader leaves (a generator's own ``finally`` may wait for the garbage collector),
+    and checked where it is counted, with no await between, so a burst of
+    requests cannot pass the cap."""
+
+    def __init__(self, streams: _EventStreams, content: AsyncGenerator[bytes, None]) -> None:
+        super().__init__(content, media_type="application/x-ndjson")
+        self._streams = streams
+        self._content = content
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        streams = self._streams
+        if streams.open >= streams.cap:
+            await self._content.aclose()  # never started: nothing of it runs
+            refused = _error(
+                429,
+                f"this node already serves {streams.open} event streams, the most it serves "
+                f"at once; try again in {EVENT_STREAM_RETRY_AFTER_S} s, or read the recent "
+                "events without following them (corral events, GET /v1/events)",
+            )
+            refused.headers["Retry-After"] = str(EVENT_STREAM_RETRY_AFTER_S)
+            await refused(scope, receive, send)
+            return
+        streams.open += 1
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            streams.open -= 1
 
 
 @dataclass(frozen=True)
@@ -146,6 +219,12 @@ class ApiServices:
     max_body_bytes: int = MAX_BODY_BYTES
     #: ``GET /metrics``: the node's metrics in the Prometheus text format (None: 404).
     metrics: Callable[[], Awaitable[bytes]] | None = None
+    #: most event streams (``GET /v1/events?follow=1``) served at once; past it, 429.
+    max_event_streams: int = MAX_EVENT_STREAMS
+    #: how answers name the registry (its URL), and the seconds one registry call of a
+    #: handler may take before the answer is a 504 saying so (see DeadlineRegistry).
+    registry_name: str = "the registry"
+    registry_deadline: float = REGISTRY_DEADLINE
 
 
 def record_json(record: AppRecord | NodeRecord | PlacementRecord | NodeIntent) -> JSONDict:
@@ -298,7 +377,11 @@ def _refuse_unknown(body: Mapping[str, Any], allowed: set[str]) -> None:
 def build_api(services: ApiServices) -> ASGIApp:
     """The node's ASGI app: bearer authentication in front of every route, and a JSON
     500 with a logged error id behind them all."""
-    registry = services.registry
+    registry = DeadlineRegistry(
+        services.registry, services.registry_name, services.registry_deadline
+    )
+    event_streams = _EventStreams(services.max_event_streams)
+    event_lines = EventLines(services.events)
 
     async def body_of(request: Request) -> Mapping[str, Any]:
         return await _json_body(request, services.max_body_bytes)
@@ -314,32 +397,24 @@ def build_api(services: ApiServices) -> ASGIApp:
         return JSONResponse(services.actors())
 
     async def events(request: Request) -> Response:
-        recent = services.events()
         if request.query_params.get("follow") not in ("1", "true", "yes"):
-            return JSONResponse({"events": recent})
+            return JSONResponse({"events": services.events()})
         limit_text = request.query_params.get("limit", "")
         limit = int(limit_text) if limit_text.isdigit() else math.inf
 
-        async def stream() -> AsyncIterator[bytes]:
+        async def stream() -> AsyncGenerator[bytes, None]:
             sent = 0
             last = -1
-            for event in recent:
-                yield (json.dumps(event) + "\n").encode()
-                last = event["seq"]
-                sent += 1
-                if sent >= limit:
-                    return
             while True:
+                chunk, last, count = event_lines.after(last, limit - sent)
+                if count:
+                    yield chunk
+                    sent += count
+                    if sent >= limit:
+                        return
                 await trio.sleep(EVENT_POLL_INTERVAL)
-                for event in services.events():
-                    if event["seq"] > last:
-                        yield (json.dumps(event) + "\n").encode()
-                        last = event["seq"]
-                        sent += 1
-                        if sent >= limit:
-                            return
 
-        return StreamingResponse(stream(), media_type="application/x-ndjson")
+        return _CappedEventStream(event_streams, stream())
 
     async def read_by_name(prefix: str, kind: type[Any]) -> dict[str, Any]:
         records, _ = await read_records(registry, prefix)
@@ -441,18 +516,20 @@ def build_api(services: ApiServices) -> ASGIApp:
     async def selector(request: Request) -> Response:
         name = check_name("app", request.path_params["name"])
         body = await body_of(request)
-        _refuse_unknown(body, {"selector", "clear"})
+        _refuse_unknown(body, {"selector", "clear", "unset"})
         clear = parse_bool(body.get("clear", False), "clear")
-        if clear == ("selector" in body):
+        if [clear, "selector" in body, "unset" in body].count(True) != 1:
             raise RequestInvalid(
-                "selector", 'give either {"selector": {"k": "v"}} or {"clear": true}'
+                "selector",
+                'give one of {"selector": {"k": "v"}}, {"unset": ["k", ...]} or {"clear": true}',
             )
-        pairs = None if clear else parse_pairs(body["selector"], "selector")
+        pairs = None if clear or "unset" in body else parse_pairs(body["selector"], "selector")
         if pairs is not None and not pairs:
             raise RequestInvalid(
                 "selector", 'is empty; to lift the constraint send {"clear": true}'
             )
-        app = await ops.set_selector(registry, name, pairs)
+        unset = parse_selector_keys(body["unset"], "unset") if "unset" in body else ()
+        app = await ops.set_selector(registry, name, pairs, unset=unset)
         await changed(f"selector {name}")
         return JSONResponse({"app": record_json(app)})
 
@@ -566,11 +643,11 @@ def build_api(services: ApiServices) -> ASGIApp:
             validate_digest(digest)
         except ValueError:
             raise RequestInvalid("digest", "is not a sha256 hex digest") from None
-        path = services.artifacts.local_path(digest)
-        if not await trio.to_thread.run_sync(path.is_file):
+        copy = await trio.to_thread.run_sync(services.artifacts.open_copy, digest)
+        if copy is None:
             raise NotFound(f"this node holds no artifact {digest}")
         # Streamed from the file in chunks: a 64 MiB copy is never held in memory whole.
-        return _ArtifactFile(path, media_type="application/gzip")
+        return _ArtifactCopy(copy)
 
     async def metrics(request: Request) -> Response:
         if services.metrics is None:
@@ -588,10 +665,20 @@ def build_api(services: ApiServices) -> ASGIApp:
         return _error(409, str(exc))
 
     async def on_unavailable(request: Request, exc: Exception) -> Response:
+        if isinstance(exc, RegistryTooSlow):
+            body = {
+                "error": str(exc),
+                "registry": exc.registry,
+                "may_have_applied": exc.may_have_applied,
+            }
+            return JSONResponse(body, status_code=504)
         return _error(503, f"the registry is unavailable: {exc}")
 
     async def on_artifact(request: Request, exc: Exception) -> Response:
         return _error(502, str(exc))
+
+    async def on_no_room(request: Request, exc: Exception) -> Response:
+        return _error(507, str(exc))
 
     async def on_too_large(request: Request, exc: Exception) -> Response:
         response = _error(413, str(exc), "body")
@@ -638,6 +725,7 @@ def build_api(services: ApiServices) -> ASGIApp:
             Conflict: on_refused,
             RegistryUnavailable: on_unavailable,
             ArtifactError: on_artifact,
+            InsufficientStorage: on_no_room,
             HTTPException: on_http,
             _BodyTooLarge: on_too_large,
             ClientDisconnect: on_disconnect,

@@ -15,17 +15,32 @@
   (the holders first, same rack first, then every other node), after checking
   the digest. The directory appears by an atomic rename, so a half-unpacked
   revision is never seen.
+* Every file is written under a hidden partial name first (:func:`partial_path`) and
+  renamed into place; a write that fails removes its partial file, and
+  :func:`sweep_partial_files` removes those a killed process left, at start. A
+  stored artifact or fetched copy must leave :data:`KEEP_FREE_BYTES` free on the
+  data dir's file system, else :class:`InsufficientStorage` names the bytes needed
+  and free.
+* A copy served to a peer (:meth:`ArtifactStore.open_copy`) is hashed as it is
+  read, and its last chunk is given only once the whole copy matched its digest: a
+  copy that does not is dropped (the peer sees its answer cut short) and the
+  store's drop listeners are told, so the replicator withdraws it from
+  ``held/<node>`` and fetches it again.
 """
 
 from __future__ import annotations
 
+import errno
+import functools
 import hashlib
 import hmac
+import logging
 import os
+import re
 import shutil
 import uuid
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,7 +60,13 @@ from corral.node._artifacts import (
     unpack_artifact,
 )
 from corral.node._copy_plan import Site, fetch_order
-from corral.node._errors import ArtifactError, ArtifactNotFound, DigestMismatch
+from corral.node._errors import (
+    ArtifactError,
+    ArtifactNotFound,
+    CopyCorrupt,
+    DigestMismatch,
+    InsufficientStorage,
+)
 from corral.registry import (
     HELD_PREFIX,
     NODES_PREFIX,
@@ -63,7 +84,15 @@ from corral.registry import (
     validate_digest,
 )
 
+log = logging.getLogger("corral.node.artifacts")
+
 PEER_FETCH_TIMEOUT = 30.0
+#: What a stored artifact or a fetched copy must leave free on the data dir's file
+#: system: room for the registry's writes, the node's log and the small files of the
+#: next passes (the registry also keeps a reserve of its own: see SQLiteRegistry).
+KEEP_FREE_BYTES = 4 * 1024 * 1024
+#: Bytes read per chunk of a copy served to a peer.
+SERVE_CHUNK = 1024 * 1024
 #: Bytes read from a peer per write while a copy streams to disk.
 STREAM_CHUNK = 1024 * 1024
 #: Chunks read ahead of the hashing thread, at most.
@@ -143,6 +172,131 @@ def download_over_http(
     return sha.hexdigest()
 
 
+def partial_path(path: Path) -> Path:
+    """The hidden name a file is written under before it is renamed to ``path``
+    (``.<name>.<32 hex>``; :func:`sweep_partial_files` knows the pattern)."""
+    return path.with_name(f".{path.name}.{uuid.uuid4().hex}")
+
+
+def partial_revision_path(target: Path) -> Path:
+    """The hidden directory a revision is unpacked into before it is renamed to ``target``."""
+    return target.with_name(f".{target.name}.{uuid.uuid4().hex}.partial")
+
+
+def removed_revision_path(target: Path) -> Path:
+    """Where a revision directory is renamed to while it is deleted."""
+    return target.with_name(f".{target.name}.removing")
+
+
+_PARTIAL_COPY = re.compile(r"\.[0-9a-f]{64}\.tar\.gz\.[0-9a-f]{32}")
+_PARTIAL_REVISION = re.compile(r"\.[0-9a-f]{64}\.(?:[0-9a-f]{32}\.partial|removing)")
+
+
+def sweep_partial_files(data_dir: Path) -> tuple[int, int]:
+    """Remove what interrupted writes left in ``data_dir``: hidden partial artifact
+    copies (``artifacts/.<digest>.tar.gz.<hex>``), half-unpacked revisions
+    (``apps/<app>/revisions/.<digest>.<hex>.partial``) and half-removed ones
+    (``.<digest>.removing``). Blocking; run it at start, before anything writes there.
+
+    Returns:
+        How many were removed, and the bytes they held.
+    """
+    removed = freed = 0
+    artifacts = data_dir / "artifacts"
+    for entry in _entries(artifacts):
+        if _PARTIAL_COPY.fullmatch(entry.name) and entry.is_file(follow_symlinks=False):
+            try:
+                size = entry.stat(follow_symlinks=False).st_size
+                os.unlink(entry.path)
+            except FileNotFoundError:
+                continue
+            removed, freed = removed + 1, freed + size
+    for app in _entries(data_dir / "apps"):
+        for entry in _entries(Path(app.path) / "revisions"):
+            if _PARTIAL_REVISION.fullmatch(entry.name) and entry.is_dir(follow_symlinks=False):
+                size = _tree_bytes(Path(entry.path))
+                shutil.rmtree(entry.path, ignore_errors=True)
+                removed, freed = removed + 1, freed + size
+    return removed, freed
+
+
+def _entries(directory: Path) -> list[os.DirEntry[str]]:
+    try:
+        return list(os.scandir(directory))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+
+
+def _tree_bytes(path: Path) -> int:
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_size
+            except OSError:
+                continue
+    return total
+
+
+def free_bytes(path: Path) -> int:
+    """Bytes this process may still write on the file system holding ``path`` (or its
+    nearest existing parent). Blocking (a statvfs)."""
+    probe = path
+    while not probe.exists() and probe.parent != probe:
+        probe = probe.parent
+    return shutil.disk_usage(probe).free
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """Whether ``exc`` is a write refused for want of space (ENOSPC, or a quota)."""
+    return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+class ServedCopy:
+    """One of this node's copies, read for a peer: each chunk is hashed as it is read,
+    and the last one is given only once the whole copy matched its digest, so a
+    corrupt copy never reaches a peer whole. Blocking reads: iterate :meth:`chunks`
+    from a worker thread. Close it when done."""
+
+    def __init__(self, store: ArtifactStore, digest: str, fd: int) -> None:
+        self._store = store
+        self._digest = digest
+        self._fd = fd
+        st = os.fstat(fd)
+        self.size = st.st_size
+        self._identity = (st.st_dev, st.st_ino)
+
+    def chunks(self) -> Iterator[bytes]:
+        """The copy's bytes, in chunks of :data:`SERVE_CHUNK`.
+
+        Raises:
+            CopyCorrupt: the bytes do not hash to the digest (instead of the last
+                chunk); the copy has been dropped and the store's listeners told.
+        """
+        sha = hashlib.sha256()
+        chunk = os.read(self._fd, SERVE_CHUNK)
+        while chunk:
+            sha.update(chunk)
+            following = os.read(self._fd, SERVE_CHUNK)
+            if not following and sha.hexdigest() != self._digest:
+                break  # read whole and it does not match: its last chunk is never given
+            yield chunk
+            chunk = following
+        else:
+            if sha.hexdigest() == self._digest:
+                return
+            # An empty file: it matches no artifact.
+        actual = sha.hexdigest()
+        self._store.drop_corrupt(self._digest, self._identity)
+        raise CopyCorrupt(
+            f"this node's copy of artifact {self._digest} hashes to {actual}; it was "
+            "dropped and will be fetched again from another holder"
+        )
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+
 @dataclass(frozen=True, slots=True)
 class Peer:
     """A node an artifact can be fetched from."""
@@ -191,7 +345,13 @@ class ArtifactStore:
         self._fetches = trio.CapacityLimiter(concurrent_fetches)
         self._max_bytes = max_artifact_bytes
         self._copy_locks: dict[str, trio.Lock] = {}
+        self._drop_listeners: list[tuple[trio.lowlevel.TrioToken, Callable[[str], object]]] = []
         self.run_blocking = run_blocking
+
+    @property
+    def data_dir(self) -> Path:
+        """The node's data directory (the store keeps its copies in ``<data-dir>/artifacts``)."""
+        return self._directory.parent
 
     @property
     def node_id(self) -> str:
@@ -254,8 +414,83 @@ class ArtifactStore:
             return False
         return True
 
+    def on_drop(self, listener: Callable[[str], object]) -> Callable[[], None]:
+        """Call ``listener(digest)`` on the calling Trio loop each time a corrupt copy
+        is dropped (whichever thread found it). Returns what stops it."""
+        entry = (trio.lowlevel.current_trio_token(), listener)
+        self._drop_listeners.append(entry)
+
+        def stop() -> None:
+            if entry in self._drop_listeners:
+                self._drop_listeners.remove(entry)
+
+        return stop
+
+    def drop_corrupt(self, digest: str, identity: tuple[int, int] | None = None) -> None:
+        """Delete a copy found corrupt and tell the drop listeners (blocking; any thread).
+
+        Args:
+            identity: (device, inode) of the file found corrupt: a copy fetched again
+                meanwhile is another file, and is kept. None: whatever is there.
+        """
+        path = self.local_path(digest)
+        try:
+            if identity is None or _identity_of(path) == identity:
+                path.unlink()
+        except FileNotFoundError:
+            pass
+        log.warning(
+            "this node's copy of artifact %s does not hash to its digest: dropped (the "
+            "replicator withdraws it from held/ and fetches it again where assigned)",
+            digest,
+        )
+        for token, listener in list(self._drop_listeners):
+            try:
+                token.run_sync_soon(listener, digest)
+            except trio.RunFinishedError:
+                continue
+
+    def open_copy(self, digest: str) -> ServedCopy | None:
+        """This node's copy of ``digest``, opened to be served (:class:`ServedCopy`), or
+        None when there is none. Blocking."""
+        try:
+            fd = os.open(self.local_path(digest), os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        try:
+            return ServedCopy(self, digest, fd)
+        except BaseException:
+            os.close(fd)
+            raise
+
+    def no_room(self, what: str, needed: int, *, at_least: bool = False) -> InsufficientStorage:
+        """The refusal for ``what``, which needs ``needed`` bytes written (``at_least``:
+        or more). Blocking: it measures what is free now."""
+        return InsufficientStorage(
+            what,
+            str(self.data_dir),
+            needed + KEEP_FREE_BYTES,
+            free_bytes(self._directory),
+            kept=KEEP_FREE_BYTES,
+            at_least=at_least,
+        )
+
+    def check_room(self, what: str, size: int) -> None:
+        """Refuse to write ``size`` bytes that would leave less than
+        :data:`KEEP_FREE_BYTES` free (blocking).
+
+        Raises:
+            InsufficientStorage: naming the data dir, the bytes needed and free.
+        """
+        if free_bytes(self._directory) < size + KEEP_FREE_BYTES:
+            raise self.no_room(what, size)
+
     async def store(self, data: bytes) -> str:
-        """Keep ``data`` here, and in the registry when small; return its digest."""
+        """Keep ``data`` here, and in the registry when small; return its digest.
+
+        Raises:
+            InsufficientStorage: the data dir has no room for it (nothing is left behind).
+        """
         digest = digest_of(data)
         await self.run_blocking(self._write_local, digest, data)
         if len(data) <= self._registry_limit:
@@ -267,10 +502,18 @@ class ArtifactStore:
         path = self.local_path(digest)
         if path.exists():
             return
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_name(f".{path.name}.{uuid.uuid4().hex}")
-        partial.write_bytes(data)
-        os.replace(partial, path)
+        what = f"this {len(data)}-byte artifact"
+        self.check_room(what, len(data))
+        partial = partial_path(path)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            partial.write_bytes(data)
+            os.replace(partial, path)
+        except BaseException as exc:
+            partial.unlink(missing_ok=True)
+            if is_disk_full(exc):
+                raise self.no_room(what, len(data)) from exc
+            raise
 
     async def peers_for(self, digest: str) -> list[Peer]:
         """The other nodes to fetch ``digest`` from, best first (:func:`order_peers`),
@@ -288,19 +531,30 @@ class ArtifactStore:
         records = {r.id: r for r in nodes.values() if isinstance(r, NodeRecord)}
         return order_peers(digest, self._node_id, records, holders)
 
-    async def fetch_copy(self, digest: str, peers: list[Peer] | None = None) -> Path:
+    async def fetch_copy(
+        self, digest: str, peers: list[Peer] | None = None, size: int | None = None
+    ) -> Path:
         """Get a copy of ``digest`` onto this node's disk from a peer: streamed in a
         worker thread, its sha256 checked before it takes its name; at most
         ``concurrent_fetches`` at once. Returns the local path.
 
+        Args:
+            size: the copy's size when known: refused at once when there is no room.
+
         Raises:
             ArtifactNotFound: no peer gave the right bytes; names each one tried and why.
+            InsufficientStorage: the data dir has no room for the copy (the partial
+                file is removed; no other peer is tried).
         """
         path = self.local_path(digest)
         lock = self._copy_locks.setdefault(digest, trio.Lock())
         async with lock:
             if path.exists():
                 return path
+            if size is not None:
+                await self.run_blocking(
+                    self.check_room, f"a {size}-byte copy of artifact {digest}", size
+                )
             if peers is None:
                 peers = await self.peers_for(digest)
             tried: list[str] = []
@@ -319,11 +573,13 @@ class ArtifactStore:
 
     async def _fetch_from(self, peer: Peer, digest: str, path: Path) -> str | None:
         """Stream one peer's copy into place; None on success, else why not."""
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_name(f".{path.name}.{uuid.uuid4().hex}")
+        partial = partial_path(path)
         capability = artifact_capability(self._secret, digest)
         base_url = f"http://{peer.api_address}"
+        full: OSError | None = None
+        received = 0
         try:
+            path.parent.mkdir(parents=True, exist_ok=True)
             actual = await self.run_blocking(
                 self._download,
                 base_url,
@@ -339,10 +595,25 @@ class ArtifactStore:
             return None
         except httpx.HTTPStatusError as exc:
             return f"HTTP {exc.response.status_code}"
-        except (httpx.HTTPError, OSError, ArtifactError) as exc:
+        except OSError as exc:
+            if not is_disk_full(exc):
+                return f"{type(exc).__name__}: {exc}"
+            full = exc
+            received = await self.run_blocking(_size_of, partial)
+        except (httpx.HTTPError, ArtifactError) as exc:
             return f"{type(exc).__name__}: {exc}"
         finally:
             partial.unlink(missing_ok=True)
+        # Measured once the partial file is gone: what is free for the next attempt.
+        raise await self.run_blocking(
+            functools.partial(
+                self.no_room,
+                f"a copy of artifact {digest} from {peer.node} (the disk filled after "
+                f"{received} bytes of it)",
+                received,
+                at_least=True,
+            )
+        ) from full
 
     async def fetch(self, digest: str) -> bytes:
         """The artifact's bytes, checked against the digest, from wherever it is:
@@ -352,14 +623,17 @@ class ArtifactStore:
             ArtifactNotFound: no copy here, in the registry, or on any reachable node.
         """
         local: bytes | None = await self.run_blocking(self.read_local, digest)
-        if local is not None and digest_of(local) == digest:
-            return local
+        if local is not None:
+            if digest_of(local) == digest:
+                return local
+            await self.run_blocking(self.drop_corrupt, digest)
         kv = await self._registry.get(artifact_key(digest))
         if kv is not None and digest_of(kv.value) == digest:
-            await self.run_blocking(self._write_local, digest, kv.value)
+            try:
+                await self.run_blocking(self._write_local, digest, kv.value)
+            except InsufficientStorage as exc:  # the local copy is a cache: go on without
+                log.warning("no local copy kept of the registry's artifact: %s", exc)
             return kv.value
-        if local is not None:
-            await self.run_blocking(self.release, digest)  # a corrupt copy
         path = await self.fetch_copy(digest)
         data: bytes = await self.run_blocking(path.read_bytes)
         if digest_of(data) != digest:
@@ -398,10 +672,22 @@ class Materializer:
         return target
 
 
-def _unpack_atomically(data: bytes, digest: str, target: Path, limits: ArtifactLimits) -> None:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    partial = target.with_name(f".{target.name}.{uuid.uuid4().hex}.partial")
+def _size_of(path: Path) -> int:
     try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
+def _identity_of(path: Path) -> tuple[int, int]:
+    st = os.stat(path)
+    return st.st_dev, st.st_ino
+
+
+def _unpack_atomically(data: bytes, digest: str, target: Path, limits: ArtifactLimits) -> None:
+    partial = partial_revision_path(target)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
         unpack_artifact(data, digest, partial, limits)
         try:
             os.rename(partial, target)

@@ -2,8 +2,9 @@
 
 Exit status: 0 done; 1 the operation failed or was refused (unreachable node,
 drain of pinned work, no such app...); 2 the request itself is wrong (a bad
-flag, a bad name, replicas 0, an app directory without a command). Errors are
-one line on standard error saying what to do.
+flag, a bad name, replicas 0, an app directory without a command); 141 the
+reader of its output left (``corral ps | head -1``), quietly, as a program
+SIGPIPE ends. Errors are one line on standard error saying what to do.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -20,6 +22,10 @@ from corral.node._errors import ApiRefused, ConfigError, NodeError, RequestInval
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
+#: What the shell reports for a program SIGPIPE ended (128 + 13), as for ``seq``, ``git
+#: log``...: ``corral ps | head -1`` stops quietly, and a ``set -o pipefail`` script
+#: sees the same status it sees for any other tool whose reader left.
+EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE
 #: The shortest redraw interval of ``corral inspect``.
 MIN_INTERVAL = 0.1
 
@@ -163,7 +169,8 @@ def _build_parser() -> argparse.ArgumentParser:
         prog="corral",
         description="Place applications on a fleet of machines and run them.",
         epilog="Run `corral COMMAND --help` for a command's options. Exit status: 0 done, "
-        "1 failed or refused, 2 the request itself is wrong.",
+        "1 failed or refused, 2 the request itself is wrong, 141 the reader of the output "
+        "left (| head).",
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     common = _client_options()
@@ -227,7 +234,10 @@ def _build_parser() -> argparse.ArgumentParser:
         "--node-selector",
         metavar="K=V",
         action="append",
-        help="run only on nodes labelled K=V (repeatable; all must match)",
+        help="run only on nodes labelled K=V (repeatable; all must match); added to the "
+        "app's selector: a deploy narrows where an app runs and never lifts a constraint, "
+        "and refuses to change a key's value (use corral app selector --set, --unset or "
+        "--clear for that)",
     )
     deploy.add_argument(
         "--memory-mb", metavar="MB", type=int, help="memory to reserve per instance"
@@ -283,7 +293,9 @@ def _build_parser() -> argparse.ArgumentParser:
 
     app = _verb(commands, "app", "change an app: selector, replicas, domains, retire, delete")
     app_verbs = app.add_subparsers(dest="verb", metavar="VERB", required=True)
-    selector = _verb(app_verbs, "selector", "set or clear the app's node selector", [common])
+    selector = _verb(
+        app_verbs, "selector", "set, unset keys of, or clear the app's node selector", [common]
+    )
     selector.add_argument("--name", required=True, help="the app")
     choice = selector.add_mutually_exclusive_group(required=True)
     choice.add_argument(
@@ -291,6 +303,12 @@ def _build_parser() -> argparse.ArgumentParser:
         metavar="K=V",
         action="append",
         help="run only on nodes labelled K=V (repeatable; replaces the whole selector)",
+    )
+    choice.add_argument(
+        "--unset",
+        metavar="K",
+        action="append",
+        help="remove key K from the selector, keeping the others (repeatable)",
     )
     choice.add_argument("--clear", action="store_true", help="lift the selector: any node")
     replicas = _verb(app_verbs, "replicas", "set how many nodes run the app", [common])
@@ -542,15 +560,22 @@ def _rollback(args: argparse.Namespace, stdout: TextIO) -> int:
 
 def _app(args: argparse.Namespace, stdout: TextIO) -> int:
     from corral.node._format import printable_tree
-    from corral.node._requests import check_name, parse_domains, parse_pairs, parse_replicas
+    from corral.node._requests import (
+        check_name,
+        parse_domains,
+        parse_pairs,
+        parse_replicas,
+        parse_selector_keys,
+    )
 
     name = check_name("app", args.name)
     add = parse_domains(args.add, "add") if getattr(args, "add", None) else ()
     remove = parse_domains(args.remove, "remove") if getattr(args, "remove", None) else ()
     with _client(args) as client:
         if args.verb == "selector":
-            pairs = None if args.clear else parse_pairs(args.set, "set")
-            answer = client.set_selector(name, pairs)
+            unset = parse_selector_keys(args.unset, "unset") if args.unset else ()
+            pairs = None if args.clear or unset else parse_pairs(args.set, "set")
+            answer = client.set_selector(name, pairs, unset=unset)
             selector = printable_tree(answer["app"]["selector"])
             text = f"{name}: selector " + (
                 ", ".join(f"{k}={v}" for k, v in sorted(selector.items()))
@@ -762,5 +787,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_FAILED
 
 
+def _discard_stdout() -> None:
+    """Point the standard output descriptor at /dev/null, so the interpreter's last
+    flush on exit finds no closed pipe and prints no second traceback."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    finally:
+        os.close(devnull)
+
+
 def console_main() -> None:
-    sys.exit(main())
+    """The ``corral`` program: :func:`main`, ending quietly with
+    :data:`EXIT_BROKEN_PIPE` when the reader of its output left (``| head``)."""
+    try:
+        status = main()
+        sys.stdout.flush()  # a reader that left shows here, not at interpreter exit
+    except BrokenPipeError:
+        _discard_stdout()
+        status = EXIT_BROKEN_PIPE
+    sys.exit(status)

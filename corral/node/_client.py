@@ -13,10 +13,19 @@ import httpx
 
 from corral.node._artifacts import PackedArtifact
 from corral.node._config import DEFAULT_API, DEFAULT_DATA_DIR
-from corral.node._errors import ApiError, ApiRefused, ConfigError, NodeUnreachable
+from corral.node._errors import (
+    ApiError,
+    ApiRefused,
+    ConfigError,
+    NodeTimedOut,
+    NodeUnreachable,
+)
 from corral.node._identity import TOKEN_FILE, read_secret_file
 
 DEFAULT_API_URL = f"http://{DEFAULT_API}"
+#: Seconds the command line waits for an answer: longer than a node's registry
+#: deadline (corral.node._deadline.REGISTRY_DEADLINE), so a node whose registry is
+#: stuck answers first, saying so, before this runs out.
 DEFAULT_TIMEOUT = 30.0
 CONNECT_TIMEOUT = 5.0
 
@@ -97,6 +106,7 @@ class NodeClient:
     ) -> None:
         self.api_url = api_url
         self.token_source = token_source
+        self._timeout = timeout
         self._client = httpx.Client(
             transport=transport,
             base_url=api_url,
@@ -116,8 +126,17 @@ class NodeClient:
         self.close()
 
     def request(self, method: str, path: str, body: JSONDict | None = None) -> JSONDict:
+        """Send one request and return the node's JSON answer.
+
+        Raises:
+            NodeUnreachable: no connection could be made (nothing listens there).
+            NodeTimedOut: the node took the request and did not answer in time.
+            ApiRefused, ApiError: as :meth:`_answer`.
+        """
         try:
             response = self._client.request(method, path, json=body)
+        except (httpx.ReadTimeout, httpx.WriteTimeout) as exc:
+            raise NodeTimedOut(self.api_url, self._timeout, _reason(exc)) from exc
         except httpx.TransportError as exc:
             raise NodeUnreachable(self.api_url, _reason(exc)) from exc
         return self._answer(response)
@@ -202,8 +221,18 @@ class NodeClient:
                 body[key] = value
         return self.request("POST", f"/v1/apps/{name}/deploy", body)
 
-    def set_selector(self, name: str, selector: Mapping[str, str] | None) -> JSONDict:
-        body: JSONDict = {"clear": True} if selector is None else {"selector": dict(selector)}
+    def set_selector(
+        self, name: str, selector: Mapping[str, str] | None, *, unset: Sequence[str] = ()
+    ) -> JSONDict:
+        """Replace the app's selector, remove the keys ``unset`` from it, or (selector
+        None and nothing to unset) clear it."""
+        body: JSONDict
+        if unset:
+            body = {"unset": list(unset)}
+        elif selector is None:
+            body = {"clear": True}
+        else:
+            body = {"selector": dict(selector)}
         return self.request("POST", f"/v1/apps/{name}/selector", body)
 
     def set_replicas(self, name: str, replicas: str | int) -> JSONDict:

@@ -94,7 +94,9 @@ def ps_table(rows: Sequence[Mapping[str, Any]], coordinator: object = None) -> s
         ],
     )
     for r in rows:
-        if r["state"] in ("failed", "crash-loop") and r.get("reason"):
+        # Why it is failed or crash-looping, why a start waits (no port pair, no copy
+        # of the revision reachable), why it is stopped.
+        if r.get("reason"):
             text += f"\n{r['state']} {r['app']} on {r['node']}: {r['reason']}"
     text += "".join(f"\n{line}" for line in _rollout_lines(rows))
     if isinstance(coordinator, Mapping) and coordinator.get("error"):
@@ -482,6 +484,17 @@ def _lag(seconds: object) -> str | None:
     return "0s" if seconds <= 0 else duration(float(seconds))
 
 
+def _proxy_state(proxy: Mapping[str, Any]) -> str:
+    """``serving``, ``down`` (its process died and is not yet started again), or
+    ``not reporting for N s`` (its record is no longer refreshed: nothing it says holds)."""
+    silent = proxy.get("not_reporting_s")
+    if isinstance(silent, int | float) and not isinstance(silent, bool):
+        return f"not reporting for {round(silent)} s"
+    if proxy.get("since") is None and proxy.get("last_error"):
+        return "down"
+    return "serving"
+
+
 def routes_text(answer: Mapping[str, Any]) -> str:
     """``corral routes``: one row per domain and backend, what is held back, the proxies."""
     answer = printable_tree(answer)
@@ -512,7 +525,7 @@ def routes_text(answer: Mapping[str, Any]) -> str:
     if proxies:
         lines.append(
             table(
-                ("PROXY", "KIND", "LISTEN", "APPLIED", "LAG", "ERROR"),
+                ("PROXY", "KIND", "LISTEN", "APPLIED", "LAG", "STATE", "RESTARTS", "ERROR"),
                 [
                     (
                         p["id"],
@@ -522,7 +535,9 @@ def routes_text(answer: Mapping[str, Any]) -> str:
                         if not p.get("applied")
                         else f"{p['applied']['fence']}/{p['applied']['revision']}",
                         _lag(p.get("lag_s")),
-                        p.get("error"),
+                        _proxy_state(p),
+                        p.get("restarts") or 0,
+                        p.get("error") or p.get("last_error"),
                     )
                     for p in proxies
                 ],

@@ -83,9 +83,10 @@ from corral.actors.port_allocator import ListPorts
 from corral.actors.process_supervisor import ListProcesses, enable_subreaper
 from corral.actors.reconciler import AgentSpec, LastPass, Withdraw
 from corral.node._api import ApiServices, build_api, build_metrics_app, record_json
-from corral.node._artifact_store import ArtifactStore, Materializer
+from corral.node._artifact_store import ArtifactStore, Materializer, sweep_partial_files
 from corral.node._artifacts import ArtifactLimits
 from corral.node._config import SETTINGS, NodeConfig, load_config_file, resolve_node_config
+from corral.node._deadline import DeadlineRegistry
 from corral.node._errors import ConfigError
 from corral.node._events import EventLog
 from corral.node._identity import (
@@ -407,6 +408,7 @@ def root_spec(
                 wall_clock=time.time,
                 coordinator=services.coordination,
                 metrics=None if services.metrics is None else services.metrics.scrape,
+                registry_name=config.registry_url,
             )
         )
 
@@ -433,7 +435,7 @@ def root_spec(
     children += agent_specs(runtime, registry, materialize)
     children.append(artifacts_spec(runtime, registry, artifacts, services))
     children += coordinator_specs(runtime, registry, membership=feed.statuses)
-    children += routing_specs(runtime, registry)
+    children += routing_specs(runtime, registry, membership=feed.statuses)
     children.append(
         ChildSpec(name="api", factory=lambda: ApiServer(api_app, config.api), shutdown_grace=3.0)
     )
@@ -548,13 +550,18 @@ def membership_specs(
     runtime: NodeRuntime, registry: Registry, feed: MembershipFeed
 ) -> list[ChildSpec | SupervisorSpec]:
     """SwimMembership, joining through the nodes of the registry's records; its view goes
-    to ``feed`` and every change nudges the coordinator."""
+    to ``feed`` and every change nudges the coordinator and the routing renderer."""
+    from corral.actors.routing import MembershipChanged
+
     return [
         membership_child_spec(
             seeds=registry_seeds(registry),
             config=swim_config(runtime.config),
             on_view=feed.on_view,
-            notify=((f"/{COORDINATOR}", KickCoordinator("membership changed")),),
+            notify=(
+                (f"/{COORDINATOR}", KickCoordinator("membership changed")),
+                (f"/{ROUTING}", MembershipChanged()),
+            ),
             name=MEMBERSHIP,
             shutdown_grace=3.0,
         )
@@ -592,14 +599,23 @@ def policy_from_config(config: NodeConfig) -> Policy:
     )
 
 
-def routing_specs(runtime: NodeRuntime, registry: Registry) -> list[ChildSpec | SupervisorSpec]:
+def routing_specs(
+    runtime: NodeRuntime,
+    registry: Registry,
+    membership: Callable[[], Mapping[str, MemberStatus]] | None = None,
+) -> list[ChildSpec | SupervisorSpec]:
     """The RoutingRenderer: renders ``routing`` while this node holds the coordinator
-    lease, and pushes each table to the ``--proxy caddy=URL`` admin endpoints."""
+    lease (``membership``: the local SWIM view; instances on a suspect node leave the
+    table), and pushes each table to the ``--proxy caddy=URL`` admin endpoints."""
     from corral.actors.routing import routing_renderer_child_spec
     from corral.proxy import caddy_pusher
 
     pushers = {f"caddy={url}": caddy_pusher(url) for url in runtime.config.proxies}
-    return [routing_renderer_child_spec(runtime.node_id, registry, pushers=pushers, name=ROUTING)]
+    return [
+        routing_renderer_child_spec(
+            runtime.node_id, registry, pushers=pushers, membership=membership, name=ROUTING
+        )
+    ]
 
 
 async def processes_view(services: NodeServices, state: dict[str, Any]) -> Any:
@@ -800,14 +816,31 @@ async def run_node(
             log.error("node %s stopping: %s", runtime.node_id, exc)
             halt_for(exc)
 
-    async with open_registry(config.registry_url, options=config.registry_options) as opened:
+    async with open_registry(
+        config.registry_url,
+        options=config.registry_options,
+        lease_ttl=min(config.lease_ttl_ms, config.node_ttl_ms) / 1000,
+    ) as opened:
         registry = InstrumentedRegistry(
             opened, registry_backend(config.registry_url), registry_observer(metrics)
         )
         await check_cluster_secret(runtime, registry)
         replaces = await check_node_id_free(runtime, registry)
         persist_node_id(config.data_dir, runtime.node_id)
-        services = NodeServices(runtime, registry, events, metrics)
+        # No other process runs as this node now: what partial files there are, a
+        # killed one left.
+        removed, freed = await trio.to_thread.run_sync(sweep_partial_files, config.data_dir)
+        if removed:
+            log.info(
+                "removed %d partial file(s) of %d bytes an interrupted write left in %s",
+                removed,
+                freed,
+                config.data_dir,
+            )
+        # What the API's views read (corral state, metrics) answers within the API's
+        # deadline, naming the registry, when the registry stops answering.
+        api_registry = DeadlineRegistry(registry, config.registry_url)
+        services = NodeServices(runtime, api_registry, events, metrics)
         async with open_websocket_transport(
             runtime.node_id,
             (config.listen.host, config.listen.port),

@@ -209,6 +209,35 @@ def _require(name: str, current: AppRecord | None) -> AppRecord:
     return current
 
 
+def deploy_selector(
+    name: str, current: Mapping[str, str], requested: Mapping[str, str] | None
+) -> dict[str, str]:
+    """The selector a deploy leaves (pure): the app's, with the requested pairs added.
+
+    A deploy only adds constraints (a key the selector lacks narrows where the app
+    runs) or repeats them; it never lifts one, so a key it does not name is kept.
+    Changing the value of a key the selector has is neither: that is
+    ``corral app selector``'s job, where the operator says so.
+
+    Raises:
+        RequestInvalid: (field ``selector``) a requested key has another value in the
+            app's selector, naming both and the command that changes it.
+    """
+    if requested is None:
+        return dict(current)
+    changed = sorted(k for k, v in requested.items() if k in current and current[k] != v)
+    if changed:
+        pairs = ", ".join(f"{k}={current[k]} (the deploy says {k}={requested[k]})" for k in changed)
+        given = " ".join(f"--set {k}={v}" for k, v in sorted({**current, **requested}.items()))
+        raise RequestInvalid(
+            "selector",
+            f"app {name} is constrained to {pairs}; a deploy only adds selector keys, it "
+            f"does not change one: to change it run `corral app selector --name {name} "
+            f"{given}`, then deploy",
+        )
+    return {**current, **requested}
+
+
 def apply_deploy(
     current: AppRecord | None, request: DeployRequest, deployment: Deployment
 ) -> AppRecord:
@@ -217,7 +246,9 @@ def apply_deploy(
     A field the request does not name keeps the app's current value (or the default
     for a new app: replicas all, no selector, no domains); named domains replace the
     app's; so do the rollout options (max-parallel, drain, ready timeout), which are
-    kept with the app. A deploy makes a retired app active.
+    kept with the app. A named selector is merged into the app's
+    (:func:`deploy_selector`): a deploy narrows where an app runs, never widens it. A
+    deploy makes a retired app active.
 
     The deployment's revision is computed here, from ``deployment``'s digest,
     command and env and the resources the app ends with (see
@@ -245,7 +276,7 @@ def apply_deploy(
     return replace(
         base,
         replicas=base.replicas if request.replicas is None else request.replicas,
-        selector=dict(base.selector if request.selector is None else request.selector),
+        selector=deploy_selector(base.name, base.selector, request.selector),
         memory_mb=memory_mb,
         disk_mb=disk_mb,
         pinned=base.pinned if request.pinned is None else request.pinned,
@@ -288,10 +319,14 @@ async def deploy(
     Raises:
         ArtifactInvalid: (field ``artifact``) the archive breaks a rule, named in the
             message; (``command``, ``env``) its manifest is invalid. Nothing is written.
+        RequestInvalid: (``selector``) as :func:`deploy_selector`. Nothing is written.
         OperationRefused, Conflict: as :func:`_guarded_update`.
     """
     manifest = await inspect(request.artifact)
-    await _read_app(registry, request.name)  # refuse an unreadable record before storing
+    # Refuse an unreadable record, or a selector the deploy may not change, before storing.
+    current, _ = await _read_app(registry, request.name)
+    if current is not None:
+        deploy_selector(request.name, current.selector, request.selector)
     digest = await store_artifact(request.artifact)
     env = {**manifest.env, **(request.env or {})}
     deployment = Deployment.of(
@@ -350,13 +385,40 @@ async def rollback(registry: Registry, name: str) -> AppRecord:
     return app
 
 
+def selector_without(name: str, current: Mapping[str, str], keys: Sequence[str]) -> dict[str, str]:
+    """The app's selector with ``keys`` removed (pure).
+
+    Raises:
+        NotFound: a key is not in the selector, naming the ones it has.
+    """
+    missing = sorted(set(keys) - set(current))
+    if missing:
+        has = ", ".join(f"{k}={v}" for k, v in sorted(current.items())) or "none"
+        raise NotFound(
+            f"app {name}'s selector has no key {', '.join(missing)} (its selector: {has})"
+        )
+    return {k: v for k, v in current.items() if k not in keys}
+
+
 async def set_selector(
-    registry: Registry, name: str, selector: Mapping[str, str] | None
+    registry: Registry,
+    name: str,
+    selector: Mapping[str, str] | None,
+    *,
+    unset: Sequence[str] = (),
 ) -> AppRecord:
-    """Replace the app's selector; None (or empty) clears it."""
+    """Replace the app's selector (None or empty: clear it), or, with ``unset``, remove
+    those keys from it and keep the rest.
+
+    Raises:
+        NotFound: no such app, or a key to unset is not in its selector.
+    """
 
     def change(current: AppRecord | None) -> AppRecord:
-        return replace(_require(name, current), selector=dict(selector or {}))
+        app = _require(name, current)
+        if unset:
+            return replace(app, selector=selector_without(name, app.selector, unset))
+        return replace(app, selector=dict(selector or {}))
 
     app = await _guarded_update(registry, name, change)
     assert app is not None

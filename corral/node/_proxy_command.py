@@ -6,8 +6,17 @@ every newer table (never an older one), and records in ``proxies/<id>`` what it
 applied, when, and any error. SIGTERM or SIGINT stops the proxy process (by
 pid) and the command.
 
+A proxy process that dies is started again with the table it served (backing
+off while it keeps dying); the record says each restart. One ``corral proxy
+run`` per data dir and per id: a second is refused, naming the first's pid.
+
+``--response-timeout-ms`` (or ``CORRAL_RESPONSE_TIMEOUT_MS``) is how long a backend
+may take to start its response, and on HAProxy stay silent midway, before a
+safe request goes to another backend and any other gets 504 (default 3000).
+
 Exit status: 0 stopped by a signal; 1 the proxy or the registry failed (a
-missing binary too); 2 a bad flag (an unknown kind, a bad address or id).
+missing binary too), or the data dir or id is in use by another live ``corral
+proxy run``; 2 a bad flag (an unknown kind, a bad address or id).
 """
 
 from __future__ import annotations
@@ -16,15 +25,22 @@ import argparse
 import logging
 import os
 import signal
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TextIO
 
 import trio
 
-from corral.node._config import resolve_node_config
+from corral.node._config import env_name, resolve_node_config
 from corral.node._errors import ConfigError
+from corral.proxy._tuning import (
+    MAX_RESPONSE_TIMEOUT_MS,
+    MIN_RESPONSE_TIMEOUT_MS,
+    RESPONSE_TIMEOUT_MS,
+    ProxyTimeouts,
+)
 
-__all__ = ["add_proxy_run_options", "proxy_run_command"]
+__all__ = ["add_proxy_run_options", "proxy_run_command", "proxy_timeouts"]
 
 log = logging.getLogger("corral.proxy")
 
@@ -57,6 +73,38 @@ def add_proxy_run_options(run: argparse.ArgumentParser) -> None:
         help="Caddy only: its admin API address (default: a free loopback port); "
         "nodes started with --proxy caddy=http://HOST:PORT push tables there too",
     )
+    run.add_argument(
+        "--response-timeout-ms",
+        metavar="MS",
+        help=f"how long a backend may take to start its response (on HAProxy also to "
+        f"stay silent midway) before a GET/HEAD/OPTIONS is retried elsewhere and any "
+        f"other request gets 504; raise it for long polling or server-sent events "
+        f"(default {RESPONSE_TIMEOUT_MS}; env {env_name('response-timeout-ms')})",
+    )
+
+
+def proxy_timeouts(flag: str | None, env: Mapping[str, str]) -> ProxyTimeouts:
+    """The proxy's timeouts from ``--response-timeout-ms`` or else its environment
+    variable (pure).
+
+    Raises:
+        ConfigError: the value is not a whole number of milliseconds in range; the
+            message names the flag or variable it came from.
+    """
+    name = env_name("response-timeout-ms")
+    if flag is not None:
+        raw, where = flag, "--response-timeout-ms"
+    elif env.get(name):
+        raw, where = env[name], name
+    else:
+        return ProxyTimeouts()
+    text = raw.strip()
+    if not text.isdigit() or not MIN_RESPONSE_TIMEOUT_MS <= int(text) <= MAX_RESPONSE_TIMEOUT_MS:
+        raise ConfigError(
+            f"{where}: {raw!r} is not a whole number of milliseconds from "
+            f"{MIN_RESPONSE_TIMEOUT_MS} to {MAX_RESPONSE_TIMEOUT_MS}"
+        )
+    return ProxyTimeouts(response_ms=int(text))
 
 
 def proxy_run_command(args: argparse.Namespace, stderr: TextIO) -> int:
@@ -72,6 +120,7 @@ def proxy_run_command(args: argparse.Namespace, stderr: TextIO) -> int:
             "--registry sqlite:///var/lib/corral/registry.db or etcd://10.0.0.1:2379"
         )
     config = resolve_node_config(flags, os.environ, cwd=Path.cwd())
+    timeouts = proxy_timeouts(getattr(args, "response_timeout_ms", None), os.environ)
     data_dir = (Path.cwd() / Path(args.data_dir).expanduser()).resolve()
     configure_logging(stderr)
 
@@ -96,15 +145,17 @@ def proxy_run_command(args: argparse.Namespace, stderr: TextIO) -> int:
                         proxy_id=args.id,
                         binary=args.binary,
                         admin=args.admin,
+                        timeouts=timeouts,
                         task_status=task_status,
                     )
                 )
                 log.info(
-                    "proxy %s (%s) serving on %s from registry %s",
+                    "proxy %s (%s) serving on %s from registry %s (response timeout %d ms)",
                     engine.status.id,
                     args.kind,
                     args.listen,
                     config.registry_url,
+                    timeouts.response_ms,
                 )
 
     try:

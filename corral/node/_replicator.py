@@ -22,6 +22,10 @@ Each pass — every ``interval`` seconds, and whenever ``apps/``, ``copies/`` or
   process runs), also after ``release_grace``, so a pass that read the registry
   just before a deploy never removes the revision that deploy unpacked; and
   writes ``held/<node>`` when what it has changed.
+
+A copy this node finds corrupt while serving it (or reading it) is dropped by the
+store, which tells this actor: it writes ``held/<node>`` without it at once and runs
+a pass, which fetches it again from another holder when it is assigned here.
 """
 
 from __future__ import annotations
@@ -36,7 +40,12 @@ from typing import Any
 
 import trio
 
-from corral.node._artifact_store import ArtifactStore, Peer, order_peers
+from corral.node._artifact_store import (
+    ArtifactStore,
+    Peer,
+    order_peers,
+    removed_revision_path,
+)
 from corral.node._copy_plan import (
     DEFAULT_COPIES,
     Site,
@@ -45,7 +54,7 @@ from corral.node._copy_plan import (
     plan_copies,
     revisions_to_remove,
 )
-from corral.node._errors import ArtifactError
+from corral.node._errors import ArtifactError, InsufficientStorage
 from corral.registry import (
     APPS_PREFIX,
     ARTIFACTS_PREFIX,
@@ -71,7 +80,7 @@ from corral.registry import (
     held_key,
     validate_digest,
 )
-from corral.supervision import Actor, UnhandledMessage
+from corral.supervision import Actor, ActorStopped, MailboxFull, UnhandledMessage
 from corral.transport import message
 
 log = logging.getLogger("corral.node.artifacts")
@@ -109,6 +118,13 @@ class GetArtifactState:
 class _Fetched:
     digest: str
     error: str | None
+
+
+@dataclass(frozen=True)
+class _Dropped:
+    """The store dropped this node's copy of ``digest``: it did not match its digest."""
+
+    digest: str
 
 
 async def _no_processes() -> Mapping[str, set[str]] | None:
@@ -217,8 +233,11 @@ class ArtifactReplicator(Actor):
         self._passes = 0
         self._coordinating = False
         self._queued = False
+        self._sizes: dict[str, int] = {}
+        self._stop_listening: Callable[[], None] | None = None
 
     async def started(self) -> None:
+        self._stop_listening = self._store.on_drop(self._copy_dropped)
         self.ctx.every(self._interval, Replicate("interval"))
         if self._watch:
             for prefix in (APPS_PREFIX, COPIES_PREFIX, HELD_PREFIX):
@@ -241,8 +260,26 @@ class ArtifactReplicator(Actor):
                 log.warning("watch of %s failed (%s); watching again", prefix, exc)
             await trio.sleep(1.0)
 
+    async def stopping(self) -> None:
+        if self._stop_listening is not None:
+            self._stop_listening()
+
+    def _copy_dropped(self, digest: str) -> None:
+        try:
+            self.ctx.ref.tell_nowait(_Dropped(digest))
+        except (MailboxFull, ActorStopped):
+            pass  # the next pass finds the copy gone all the same
+
     async def handle(self, message: object) -> object:
         match message:
+            case _Dropped():
+                self.ctx.emit("artifact.corrupt_dropped", digest=message.digest)
+                try:
+                    await self._publish(await self._store.run_blocking(self._store.held))
+                    await self._pass()
+                except RegistryError as exc:
+                    log.warning("artifact pass skipped: the registry failed: %s", exc)
+                return None
             case Replicate():
                 try:
                     await self._pass()
@@ -327,6 +364,7 @@ class ArtifactReplicator(Actor):
                 lease_kv.create_revision, live, sites, held, sizes, assigned, batches[4]
             )
         holders = {d: a.holders for d, a in assigned.items()}
+        self._sizes = {**sizes, **{d: a.size for d, a in assigned.items() if a.size}}
 
         def peers(digest: str) -> list[Peer]:
             """Who to fetch from: the assigned holders and every node that says it
@@ -487,10 +525,10 @@ class ArtifactReplicator(Actor):
     async def _fetch(self, digest: str, peers: list[Peer]) -> None:
         error: str | None = None
         try:
-            await self._store.fetch_copy(digest, peers)
+            await self._store.fetch_copy(digest, peers, self._sizes.get(digest))
         except RegistryError as exc:
             error = f"the registry failed: {exc}"
-        except (ArtifactError, OSError) as exc:
+        except (ArtifactError, InsufficientStorage, OSError) as exc:
             error = str(exc)
             log.warning("cannot fetch a copy of %s: %s", digest[:12], exc)
         await self.ctx.ref.tell(_Fetched(digest, error))
@@ -505,7 +543,7 @@ class ArtifactReplicator(Actor):
 def _remove_revision(target: Path) -> None:
     """Delete an unpacked revision: renamed aside first, so no half-deleted directory
     is ever seen under its name."""
-    aside = target.with_name(f".{target.name}.removing")
+    aside = removed_revision_path(target)
     try:
         os.rename(target, aside)
     except FileNotFoundError:

@@ -17,7 +17,14 @@ from dataclasses import dataclass
 from typing import Any, Literal, TypeAlias
 
 from corral.node._errors import RequestInvalid
-from corral.registry import ROLLOUT_BOUNDS, InvalidName, validate_labels, validate_name
+from corral.registry import (
+    MAX_LABELS,
+    ROLLOUT_BOUNDS,
+    InvalidName,
+    validate_label,
+    validate_labels,
+    validate_name,
+)
 
 #: What ``AppRecord.replicas`` holds: "all" or a whole number >= 1.
 Replicas: TypeAlias = int | Literal["all"]
@@ -44,7 +51,9 @@ MAX_APP_DOMAINS = 64
 
 def check_domain(value: object, field: str = "domain") -> str:
     """A domain as corral stores it (stripped, lowercased, one trailing dot dropped),
-    checked by the one domain check, :func:`corral.actors.routing.normalize_domain`.
+    checked by :func:`corral.actors.routing.normalize_domain`, which applies the one
+    domain rule, :func:`corral.registry.validate_domain` (host names only: no IP
+    literal, no ``localhost``).
 
     Raises:
         RequestInvalid: naming ``field`` and the rules.
@@ -122,6 +131,27 @@ def parse_pairs(value: object, field: str, what: str = "selector") -> dict[str, 
         return validate_labels(pairs, what)
     except InvalidName as exc:
         raise RequestInvalid(field, str(exc)) from None
+
+
+def parse_selector_keys(value: object, field: str = "unset") -> tuple[str, ...]:
+    """Selector keys to remove: a non-empty list of label keys; sorted, without
+    duplicates.
+
+    Raises:
+        RequestInvalid: naming ``field``.
+    """
+    if isinstance(value, str) or not isinstance(value, list | tuple) or not value:
+        raise RequestInvalid(field, 'must be a non-empty list of selector keys, e.g. ["zone"]')
+    if len(value) > MAX_LABELS:
+        raise RequestInvalid(field, f"{len(value)} keys, more than a selector has ({MAX_LABELS})")
+    for key in value:
+        if not isinstance(key, str):
+            raise RequestInvalid(field, f"{key!r} is not a selector key")
+        try:
+            validate_label(key, "", "selector")
+        except InvalidName as exc:
+            raise RequestInvalid(field, str(exc)) from None
+    return tuple(sorted(set(value)))
 
 
 #: Bounds of an app's environment (Linux caps one string at 128 KiB and the

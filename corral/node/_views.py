@@ -143,9 +143,16 @@ class CoordinatorView:
         return {"holder": self.holder, "cooldown_s": self.cooldown_s}
 
 
-def stopped_reason(node: str) -> str:
-    """Why a pinned instance a forced drain stopped stays stopped (``PsRow.reason``)."""
-    return f"forced drain of {node}; pinned, not started elsewhere"
+def stopped_reason(node: str, forced_drain: bool = True) -> str:
+    """Why a stopped pinned instance stays stopped (``PsRow.reason``): the forced drain
+    of its node, or (``forced_drain`` False: the drain ended, or its new resources do not
+    fit there) its node cannot take it back yet."""
+    if forced_drain:
+        return f"forced drain of {node}; pinned, not started elsewhere"
+    return (
+        f"{node} cannot take it back yet (it takes no work, or lacks the room it asks; "
+        "corral state says which); pinned, not started elsewhere"
+    )
 
 
 def _takes_work(node: NodeRecord, intent: NodeIntent | None) -> bool:
@@ -266,7 +273,14 @@ def ps_rows(
         for node_id in sorted(placed_on | serving_on | stopped_on):
             record = nodes.get(node_id)
             entry = record.serving.get(name) if record else None
-            reason = stopped_reason(node_id) if node_id in stopped_on else None
+            intent = intents.get(node_id)
+            reason = (
+                stopped_reason(
+                    node_id, intent is not None and intent.draining and intent.force
+                )
+                if node_id in stopped_on
+                else None
+            )
             if entry is not None:
                 state = entry.state if node_id in placed_on else "stopping"
             elif reason is not None:
@@ -435,7 +449,10 @@ def node_rows(
             )
             for a in (apps or {}).values()
         ],
-        {name: Placement(nodes=tuple(p.nodes)) for name, p in (placements or {}).items()},
+        {
+            name: Placement(nodes=tuple(p.nodes), reserved=p.reserved)
+            for name, p in (placements or {}).items()
+        },
     )
     rows: list[NodeRow] = []
     for node_id in sorted(set(nodes) | set(intents) | set(known)):

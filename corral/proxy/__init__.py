@@ -6,7 +6,8 @@ when it is newer, by (fence, revision), than the one applied, and
 :attr:`ProxyEngine.status` is the ``proxies/<id>`` record. :func:`follow_routing`
 feeds an engine from the registry's ``routing`` key. The process is stopped by
 pid when the ``open_proxy`` block ends. :func:`run_proxy` is ``corral proxy run``
-whole: registry, proxy and watch, until cancelled.
+whole: registry, proxy and watch, until cancelled. :class:`ProxyTimeouts` is how
+long both proxies let a backend take (``--response-timeout-ms``).
 """
 
 from corral.proxy._caddy import DEFAULT_CADDY, CaddyDriver
@@ -17,6 +18,7 @@ from corral.proxy._errors import (
     InvalidProxySetup,
     ProxyApplyFailed,
     ProxyError,
+    ProxyInUse,
     ProxyNotInstalled,
     ProxyStartFailed,
 )
@@ -30,6 +32,7 @@ from corral.proxy._haproxy_plan import (
 )
 from corral.proxy._push import caddy_pusher, check_admin_url
 from corral.proxy._status import ProxyStatus, Verdict, verdict
+from corral.proxy._tuning import ProxyTimeouts
 
 __all__ = [
     "DEFAULT_CADDY",
@@ -43,9 +46,11 @@ __all__ = [
     "ProxyDriver",
     "ProxyEngine",
     "ProxyError",
+    "ProxyInUse",
     "ProxyNotInstalled",
     "ProxyStartFailed",
     "ProxyStatus",
+    "ProxyTimeouts",
     "RuntimePlan",
     "Verdict",
     "caddy_document",

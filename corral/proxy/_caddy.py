@@ -24,7 +24,8 @@ from corral.actors.routing import RouteTable
 from corral.proxy._caddy_plan import caddy_config_bytes
 from corral.proxy._driver import Applied, ProxyDriver
 from corral.proxy._errors import InvalidProxySetup, ProxyApplyFailed, ProxyStartFailed
-from corral.proxy._process import ProxyProcess, find_binary, log_tail
+from corral.proxy._process import OWNED_FILE, ProxyProcess, end_leftover, find_binary, log_tail
+from corral.proxy._tuning import DEFAULT_TIMEOUTS, ProxyTimeouts
 
 __all__ = ["DEFAULT_CADDY", "CaddyDriver"]
 
@@ -59,7 +60,9 @@ class CaddyDriver(ProxyDriver):
         admin: str | None = None,
         binary: str | None = None,
         start_timeout: float = 30.0,
+        timeouts: ProxyTimeouts = DEFAULT_TIMEOUTS,
     ) -> None:
+        self._timeouts = timeouts
         self._binary = find_binary("caddy", binary, DEFAULT_CADDY, "caddy")
         self._dir = Path(data_dir).resolve()
         self._listen = listen
@@ -97,12 +100,17 @@ class CaddyDriver(ProxyDriver):
 
     def _document(self, table: RouteTable) -> bytes:
         return caddy_config_bytes(
-            table, listen=self._listen, admin=self._admin, storage=str(self._dir / "storage")
+            table,
+            listen=self._listen,
+            admin=self._admin,
+            storage=str(self._dir / "storage"),
+            timeouts=self._timeouts,
         )
 
     async def start(self) -> None:
         """Start caddy serving an empty table; returns once its admin API answers."""
         self._dir.mkdir(parents=True, exist_ok=True)
+        await end_leftover("caddy", self._dir)
         if self._client is None:
             self._client = httpx.AsyncClient(base_url=f"http://{self._admin}", timeout=30.0)
         await self._start(RouteTable(0, 0))
@@ -124,6 +132,7 @@ class CaddyDriver(ProxyDriver):
             log_path=self._dir / "caddy.log",
             cwd=self._dir,
             env=env,
+            owned_file=self._dir / OWNED_FILE,
         )
         await self._wait_admin()
         self._current = table
@@ -149,6 +158,30 @@ class CaddyDriver(ProxyDriver):
             f"caddy's admin API {self._admin} did not answer within {self._start_timeout} s; "
             f"its log ends with:\n{log_tail(self._dir / 'caddy.log')}"
         )
+
+    async def wait_exit(self) -> int:
+        """Return once caddy exits (reaped), with its exit code."""
+        process = self._process
+        if process is None:
+            await trio.sleep_forever()
+        assert process is not None
+        return await process.wait()
+
+    async def restart(self) -> Applied | None:
+        """Start caddy again serving the last table; None if it is running."""
+        if self._closed:
+            raise ProxyStartFailed("the caddy driver is closed: its process was stopped")
+        assert self._client is not None, "start() first (open_proxy does)"
+        async with self._lock:
+            if self._process is not None and self._process.exit_code is None:
+                return None
+            t0 = trio.current_time()
+            if self._process is not None:
+                await self._process.stop()
+            self._reloads += 1
+            self._process = None
+            await self._start(self._current)
+            return Applied("start", trio.current_time() - t0, why="process exited")
 
     async def aclose(self) -> None:
         """Stop caddy by pid and close the admin client."""

@@ -5,6 +5,8 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
+import trio
+
 from corral.actors.routing import RouteTable, backend_address
 from corral.proxy._errors import InvalidProxySetup
 
@@ -77,3 +79,22 @@ class ProxyDriver(ABC):
             How many items are still pending (0 for drivers with nothing to tidy).
         """
         return 0
+
+    async def wait_exit(self) -> int:
+        """Return once the proxy process exits (it is reaped), with its exit code
+        (negative: killed by that signal). A driver with no process to die never returns.
+        """
+        await trio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    async def restart(self) -> Applied | None:
+        """Start the proxy process again, serving the table it served last.
+
+        Returns:
+            How it was started, or None when it was running already (an apply
+            found it dead and started it first).
+
+        Raises:
+            ProxyStartFailed: it did not come up; call again later.
+        """
+        raise NotImplementedError(f"the {self.kind} driver cannot restart its process")

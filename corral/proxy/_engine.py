@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import re
 import time
@@ -14,10 +15,13 @@ import trio
 
 from corral.actors.routing import RouteTable, decode_table_json, validate_table
 from corral.proxy._caddy import CaddyDriver
+from corral.proxy._claim import DataDirLock, Owner, claim_id, release_id
 from corral.proxy._driver import ProxyDriver
 from corral.proxy._errors import InvalidProxySetup, ProxyApplyFailed, ProxyError
 from corral.proxy._haproxy import HaproxyDriver
-from corral.proxy._status import ProxyStatus, Verdict, verdict
+from corral.proxy._process import exit_cause
+from corral.proxy._status import ProxyStatus, RestartPolicy, Verdict, restart_delay, verdict
+from corral.proxy._tuning import DEFAULT_TIMEOUTS, ProxyTimeouts
 from corral.registry import (
     ROUTING_KEY,
     InvalidName,
@@ -41,6 +45,11 @@ __all__ = [
 ]
 
 log = logging.getLogger("corral.proxy")
+
+#: Seconds between two writes of ``proxies/<id>`` while nothing changes.
+DEFAULT_REPORT_EVERY = 5.0
+#: How fast a dead proxy process is started again, unless told otherwise.
+DEFAULT_RESTART_POLICY = RestartPolicy()
 
 
 _LISTEN = re.compile(r"(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]+):([0-9]{1,5})")
@@ -71,6 +80,7 @@ async def open_proxy(
     proxy_id: str | None = None,
     wall_clock: Callable[[], float] = time.time,
     emit: Callable[..., None] | None = None,
+    timeouts: ProxyTimeouts = DEFAULT_TIMEOUTS,
 ) -> AsyncIterator[ProxyEngine]:
     """Start the real proxy and yield its engine; stop the process by pid on exit.
 
@@ -83,6 +93,7 @@ async def open_proxy(
         proxy_id: the name recorded in ``proxies/<id>`` (default: ``<kind>``).
         wall_clock: wall time for ``applied_at``.
         emit: told ``proxy.applied`` / ``proxy.failed`` events (see :class:`ProxyEngine`).
+        timeouts: how long a backend may take to connect and to answer.
 
     Raises:
         ProxyNotInstalled: the binary is missing.
@@ -92,9 +103,13 @@ async def open_proxy(
     check_listen(listen)
     driver: HaproxyDriver | CaddyDriver
     if kind == "haproxy":
-        driver = HaproxyDriver(listen=listen, data_dir=data_dir, binary=binary)
+        driver = HaproxyDriver(
+            listen=listen, data_dir=data_dir, binary=binary, timeouts=timeouts
+        )
     elif kind == "caddy":
-        driver = CaddyDriver(listen=listen, data_dir=data_dir, admin=admin, binary=binary)
+        driver = CaddyDriver(
+            listen=listen, data_dir=data_dir, admin=admin, binary=binary, timeouts=timeouts
+        )
     else:
         raise InvalidProxySetup(f"unknown proxy kind {kind!r}: use haproxy or caddy")
     try:
@@ -108,7 +123,7 @@ class ProxyEngine:
     """Applies tables to a driver in version order and keeps its status.
 
     ``emit(kind, **fields)`` (an actor context's ``emit``, say) is told
-    ``proxy.applied`` and ``proxy.failed`` events.
+    ``proxy.applied``, ``proxy.failed`` and ``proxy.restarted`` events.
 
     A table is applied only when it is newer, by (fence, revision), than the one
     applied, and not under a fence below ``min_fence``; a failed apply keeps
@@ -127,8 +142,12 @@ class ProxyEngine:
         self.driver = driver
         self._wall = wall_clock
         self._emit = emit
-        self._status = ProxyStatus(id=proxy_id, kind=driver.kind, listen=driver.listen)
+        self._status = ProxyStatus(
+            id=proxy_id, kind=driver.kind, listen=driver.listen, since=wall_clock()
+        )
         self._lock = trio.Lock()
+        #: Monotonic times the process exited or failed to start (the newest few).
+        self._exits: list[float] = []
 
     @property
     def status(self) -> ProxyStatus:
@@ -199,6 +218,70 @@ class ProxyEngine:
                     seconds=applied.seconds,
                 )
             return decided
+
+    async def supervise(
+        self,
+        *,
+        on_status: Callable[[ProxyStatus], Awaitable[None]] | None = None,
+        policy: RestartPolicy = DEFAULT_RESTART_POLICY,
+    ) -> None:
+        """Keep the proxy process running; runs until cancelled.
+
+        When the process exits it is reaped and started again serving the table it
+        served, after :func:`restart_delay` (at once the first time; doubling
+        waits in a crash loop). The status says each outage (``last_error``,
+        ``since`` None) and each restart (``restarts``, ``since``); ``on_status``
+        is told both, ``emit`` gets ``proxy.failed`` and ``proxy.restarted``.
+        """
+        while True:
+            code = await self.driver.wait_exit()
+            cause = f"{self.driver.kind} {exit_cause(code)}"
+            down_at = trio.current_time()
+            while True:
+                self._exits = [*self._exits[-32:], trio.current_time()]
+                await self._note_down(cause, on_status)
+                delay = restart_delay(self._exits, policy)
+                if delay:
+                    log.warning("%s: starting it again in %.1f s", self._status.id, delay)
+                await trio.sleep(delay)
+                try:
+                    async with self._lock:
+                        await self.driver.restart()
+                except ProxyError as exc:
+                    cause = f"{self.driver.kind} did not start again: {exc}"
+                    continue
+                break
+            self._status = dataclasses.replace(
+                self._status, restarts=self._status.restarts + 1, since=self._wall()
+            )
+            outage = trio.current_time() - down_at
+            log.warning(
+                "%s: %s started again (restart %d, %.2f s after it died)",
+                self._status.id,
+                self.driver.kind,
+                self._status.restarts,
+                outage,
+            )
+            if self._emit is not None:
+                self._emit(
+                    "proxy.restarted",
+                    proxy=self._status.id,
+                    restarts=self._status.restarts,
+                    seconds=round(outage, 3),
+                    error=self._status.last_error,
+                )
+            if on_status is not None:
+                await on_status(self.status)
+
+    async def _note_down(
+        self, cause: str, on_status: Callable[[ProxyStatus], Awaitable[None]] | None
+    ) -> None:
+        log.warning("%s: the proxy process is down: %s", self._status.id, cause)
+        self._status = dataclasses.replace(self._status, last_error=cause, since=None)
+        if self._emit is not None:
+            self._emit("proxy.failed", proxy=self._status.id, error=cause)
+        if on_status is not None:
+            await on_status(self.status)
 
 
 async def follow_routing(
@@ -301,13 +384,6 @@ async def record_status(registry: Registry, status: ProxyStatus) -> bool:
     return True
 
 
-async def _forget_status(registry: Registry, status: ProxyStatus) -> None:
-    try:
-        await registry.delete(proxy_key(status.id))
-    except RegistryError as exc:
-        log.warning("%s: could not remove %s on the way out: %s", status.id, status.key, exc)
-
-
 async def run_proxy(
     kind: str,
     *,
@@ -321,15 +397,25 @@ async def run_proxy(
     emit: Callable[..., None] | None = None,
     registry_options: RegistryOptions | None = None,
     record: bool = True,
+    report_every: float = DEFAULT_REPORT_EVERY,
+    restart_policy: RestartPolicy = DEFAULT_RESTART_POLICY,
+    wall_clock: Callable[[], float] = time.time,
+    timeouts: ProxyTimeouts = DEFAULT_TIMEOUTS,
     task_status: trio.TaskStatus[ProxyEngine] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """``corral proxy run``: the real proxy, fed from the registry, until cancelled.
 
-    Opens the registry, starts the proxy (:func:`open_proxy`), serves the stored
-    table and every newer one (:func:`follow_routing`); on cancellation the proxy
-    process is stopped by pid and the registry closed. With ``record`` it writes
-    its :class:`ProxyStatus` to ``proxies/<id>`` once started and after every
-    table (what it applied, when, and any error), and removes it when stopped.
+    Takes the data directory (a lock file in it) and, with ``record``, the id
+    (its ``proxies/<id>`` record) for this process; opens the registry, starts
+    the proxy (:func:`open_proxy`), serves the stored table and every newer one
+    (:func:`follow_routing`), and supervises the process
+    (:meth:`ProxyEngine.supervise`: a proxy that dies is reaped and started
+    again with the table it served). On cancellation the proxy process is
+    stopped by pid and the registry closed. With ``record`` it writes its
+    :class:`ProxyStatus` to ``proxies/<id>`` once started, after every table,
+    outage and restart, and every ``report_every`` seconds (so a record no
+    longer refreshed shows its owner is gone), and removes it when stopped
+    (only while the record is still its own).
 
     Args:
         kind: ``"haproxy"`` or ``"caddy"``.
@@ -338,15 +424,21 @@ async def run_proxy(
         data_dir: the proxy's files.
         proxy_id: its name in ``proxies/<id>`` (default: the kind).
         binary, admin: see :func:`open_proxy`.
-        on_status: told the status after every table.
-        emit: told ``proxy.applied`` / ``proxy.failed`` events.
+        on_status: told the status after every table, outage and restart.
+        emit: told ``proxy.applied`` / ``proxy.failed`` / ``proxy.restarted`` events.
         registry_options: TLS files and credentials for an etcd registry.
         record: write ``proxies/<id>``.
+        report_every: seconds between two writes of the record.
+        restart_policy: how fast a dead proxy process is started again.
+        wall_clock: wall time for the record's times.
+        timeouts: how long a backend may take to connect and to answer
+            (``--response-timeout-ms``).
 
     ``task_status.started(engine)`` once the stored table is served.
 
     Raises:
         InvalidProxySetup: an unusable kind, address, id or directory.
+        ProxyInUse: another live ``corral proxy run`` holds the data directory or the id.
     """
     from corral.registry import open_registry
 
@@ -355,46 +447,102 @@ async def run_proxy(
         validate_name("proxy", name)
     except InvalidName as exc:
         raise InvalidProxySetup(f"--id: {exc}") from None
+    check_listen(listen)
+    owner = Owner.this_process()
+    lock = DataDirLock(data_dir, listen)
+    try:
+        async with open_registry(url=registry_url, options=registry_options) as registry:
+            stamp = _Stamp(owner, report_every, wall_clock) if record else None
+            if stamp is not None:
+                await claim_id(
+                    registry,
+                    stamp(ProxyStatus(id=name, kind=kind, listen=listen)),
+                    now=wall_clock(),
+                )
+            try:
+                async with open_proxy(
+                    kind,
+                    listen=listen,
+                    data_dir=data_dir,
+                    binary=binary,
+                    admin=admin,
+                    proxy_id=name,
+                    emit=emit,
+                    wall_clock=wall_clock,
+                    timeouts=timeouts,
+                ) as engine:
+                    await _serve(
+                        registry,
+                        engine,
+                        stamp=stamp,
+                        on_status=on_status,
+                        report_every=report_every,
+                        restart_policy=restart_policy,
+                        task_status=task_status,
+                    )
+            finally:
+                if record:
+                    # A proxy stopped on purpose leaves the list; a killed one stays
+                    # and, no longer refreshed, shows in `corral routes` as not reporting.
+                    with trio.CancelScope(shield=True), trio.move_on_after(2.0):
+                        await release_id(registry, name, owner)
+    finally:
+        lock.release()
 
-    async with (
-        open_registry(registry_url, options=registry_options) as registry,
-        open_proxy(
-            kind,
-            listen=listen,
-            data_dir=data_dir,
-            binary=binary,
-            admin=admin,
-            proxy_id=name,
-            emit=emit,
-        ) as engine,
-    ):
 
-        async def told(status: ProxyStatus) -> None:
-            if record:
-                await record_status(registry, status)
-            if on_status is not None:
-                await on_status(status)
+class _Stamp:
+    """Stamps a status with its owner and the time it is written."""
 
-        if record:
-            await record_status(registry, engine.status)
-        try:
-            await follow_routing(
-                registry, engine, on_status=told, task_status=_Relay(task_status, engine)
-            )
-        finally:
-            if record:
-                # A proxy stopped on purpose leaves the list; a killed one stays, its lag
-                # growing, which is how `corral routes` shows it is not following.
-                with trio.CancelScope(shield=True), trio.move_on_after(2.0):
-                    await _forget_status(registry, engine.status)
+    def __init__(self, owner: Owner, report_every: float, wall: Callable[[], float]) -> None:
+        self._owner = owner
+        self._every = report_every
+        self._wall = wall
+
+    def __call__(self, status: ProxyStatus) -> ProxyStatus:
+        return dataclasses.replace(
+            status,
+            reported_at=self._wall(),
+            report_every=self._every,
+            pid=self._owner.pid,
+            host=self._owner.host,
+            started_at=self._owner.started_at,
+        )
 
 
-class _Relay:
-    """Passes follow_routing's ``started()`` on as ``started(engine)``."""
+async def _serve(
+    registry: Registry,
+    engine: ProxyEngine,
+    *,
+    stamp: _Stamp | None,
+    on_status: Callable[[ProxyStatus], Awaitable[None]] | None,
+    report_every: float,
+    restart_policy: RestartPolicy,
+    task_status: trio.TaskStatus[ProxyEngine],
+) -> None:
+    # The record is written by one task, always with the current status: a burst of
+    # changes is one write, an older status never lands after a newer one, and a slow
+    # registry delays no restart and no table.
+    wanted = trio.Event()
+    wanted.set()
 
-    def __init__(self, status: trio.TaskStatus[ProxyEngine], engine: ProxyEngine) -> None:
-        self._status = status
-        self._engine = engine
+    async def report_periodically() -> None:
+        nonlocal wanted
+        while True:
+            with trio.move_on_after(report_every):
+                await wanted.wait()
+            wanted = trio.Event()
+            if stamp is not None:
+                await record_status(registry, stamp(engine.status))
 
-    def started(self, value: object = None) -> None:
-        self._status.started(self._engine)
+    async def told(status: ProxyStatus) -> None:
+        wanted.set()
+        if on_status is not None:
+            await on_status(status)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(report_periodically)
+        nursery.start_soon(
+            functools.partial(engine.supervise, on_status=told, policy=restart_policy)
+        )
+        await nursery.start(functools.partial(follow_routing, registry, engine, on_status=told))
+        task_status.started(engine)

@@ -7,7 +7,8 @@
         ├── ProxyNotInstalled      the proxy binary is not on this machine
         ├── ProxyStartFailed       the proxy process did not come up (it exited, or never listened)
         ├── ProxyApplyFailed       a table could not be applied (the old one stays served)
-        └── InvalidProxySetup      a data directory, address or option the proxy cannot use
+        ├── InvalidProxySetup      a data directory, address or option the proxy cannot use
+        └── ProxyInUse             the data directory or id belongs to another running proxy
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ __all__ = [
     "InvalidProxySetup",
     "ProxyApplyFailed",
     "ProxyError",
+    "ProxyInUse",
     "ProxyNotInstalled",
     "ProxyStartFailed",
 ]
@@ -41,3 +43,8 @@ class ProxyApplyFailed(ProxyError):
 
 class InvalidProxySetup(ProxyError):
     """An option the proxy cannot work with; the message names it and what to use."""
+
+
+class ProxyInUse(ProxyError):
+    """Another live ``corral proxy run`` holds the data directory or the id; the
+    one-line message names its pid and listen address."""

@@ -22,7 +22,8 @@ from corral.proxy._haproxy_plan import (
     render_map,
     tidy_commands,
 )
-from corral.proxy._process import ProxyProcess, find_binary, log_tail
+from corral.proxy._process import OWNED_FILE, ProxyProcess, end_leftover, find_binary, log_tail
+from corral.proxy._tuning import DEFAULT_TIMEOUTS, ProxyTimeouts
 
 __all__ = ["DEFAULT_HAPROXY", "HaproxyDriver", "RuntimeApi"]
 
@@ -112,8 +113,15 @@ class HaproxyDriver(ProxyDriver):
     kind = "haproxy"
 
     def __init__(
-        self, *, listen: str, data_dir: Path, binary: str | None = None, start_timeout: float = 30.0
+        self,
+        *,
+        listen: str,
+        data_dir: Path,
+        binary: str | None = None,
+        start_timeout: float = 30.0,
+        timeouts: ProxyTimeouts = DEFAULT_TIMEOUTS,
     ) -> None:
+        self._timeouts = timeouts
         self._binary = find_binary("haproxy", binary, DEFAULT_HAPROXY, "haproxy")
         self._dir = Path(data_dir).resolve()
         self._files = HaproxyFiles(
@@ -127,6 +135,8 @@ class HaproxyDriver(ProxyDriver):
         self._start_timeout = start_timeout
         self._process: ProxyProcess | None = None
         self._running: HaproxyState | None = None
+        #: The state of the table last served (without parked servers): what a restart serves.
+        self._served = HaproxyState()
         self._reloads = 0
         self._closed = False
         self._lock = trio.Lock()
@@ -151,6 +161,7 @@ class HaproxyDriver(ProxyDriver):
     async def start(self) -> None:
         """Write files for an empty table and start the master; returns once it answers."""
         self._dir.mkdir(parents=True, exist_ok=True)
+        await end_leftover("haproxy", self._dir)
         await self._start(HaproxyState())
 
     async def _start(self, state: HaproxyState) -> None:
@@ -163,9 +174,34 @@ class HaproxyDriver(ProxyDriver):
             log_path=self._dir / "haproxy.log",
             cwd=self._dir,
             env=None,
+            owned_file=self._dir / OWNED_FILE,
         )
         await self._wait_worker(old_pid=None, what="start")
         self._running = state
+        self._served = state
+
+    async def wait_exit(self) -> int:
+        """Return once the master exits (reaped, its workers killed), with its exit code."""
+        process = self._process
+        if process is None:
+            await trio.sleep_forever()
+        assert process is not None
+        return await process.wait()
+
+    async def restart(self) -> Applied | None:
+        """Start the master again serving the last table; None if it is running."""
+        if self._closed:
+            raise ProxyStartFailed("the haproxy driver is closed: its process was stopped")
+        async with self._lock:
+            if self._process is not None and self._process.exit_code is None:
+                return None
+            t0 = trio.current_time()
+            if self._process is not None:
+                await self._process.stop()
+            self._reloads += 1
+            self._process = None
+            await self._start(self._served)
+            return Applied("start", trio.current_time() - t0, why="process exited")
 
     async def aclose(self) -> None:
         """Stop the master (and so its workers) by pid."""
@@ -177,7 +213,8 @@ class HaproxyDriver(ProxyDriver):
 
     def _write_files(self, state: HaproxyState) -> None:
         _write_atomically(Path(self._files.map), render_map(state))
-        _write_atomically(Path(self._files.config), render_config(state, self._files))
+        config = render_config(state, self._files, timeouts=self._timeouts)
+        _write_atomically(Path(self._files.config), config)
 
     async def _check_config(self) -> None:
         result = await trio.run_process(
@@ -253,6 +290,7 @@ class HaproxyDriver(ProxyDriver):
                 log.warning("runtime update failed (%s); reloading from the files", exc)
                 return await self._reload(desired, t0, why=f"runtime update failed: {exc}")
             self._running = _with_parked(plan.after, parked, before=self._running)
+            self._served = desired
             served = trio.current_time() - t0
             # The files follow once the change is served, so a later reload or restart
             # serves this table too.
@@ -287,6 +325,7 @@ class HaproxyDriver(ProxyDriver):
         self._process.send_signal(signal.SIGUSR2)
         await self._wait_worker(old_pid=old, what="reload")
         self._running = desired
+        self._served = desired
         self._reloads += 1
         return Applied("reload", trio.current_time() - t0, why=why)
 

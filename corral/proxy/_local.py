@@ -82,6 +82,25 @@ class LocalProxy:
         except psutil.Error:
             pass
 
+    def proxy_pid(self) -> int | None:
+        """The pid of the real proxy (HAProxy's master, or Caddy) the command runs now;
+        None while there is none (starting, or between a death and its restart)."""
+        try:
+            children = psutil.Process(self.process.pid).children()
+        except psutil.Error:
+            return None
+        for child in children:
+            try:
+                argv = child.cmdline()
+                status = child.status()
+            except psutil.Error:
+                continue
+            serving = "-W" in argv if self.kind == "haproxy" else "run" in argv
+            if serving and status != psutil.STATUS_ZOMBIE:
+                self.seen[child.pid] = child.create_time()
+                return int(child.pid)
+        return None
+
     def log_tail(self, lines: int = 30) -> str:
         try:
             text = self.log_path.read_text(errors="replace")

@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from corral.actors.routing import PushTarget, RouteTable
-from corral.proxy._caddy_plan import SERVER_NAME, caddy_routes_bytes
+from corral.proxy._caddy_plan import DEFAULT_TRY_DURATION_MS, SERVER_NAME, caddy_routes_bytes
 from corral.proxy._errors import InvalidProxySetup, ProxyApplyFailed
 
 __all__ = ["caddy_pusher", "check_admin_url"]
@@ -49,7 +49,7 @@ def check_admin_url(url: str) -> str:
     return url.strip().rstrip("/")
 
 
-def caddy_pusher(admin_url: str, *, try_duration_ms: int = 2000) -> PushTarget:
+def caddy_pusher(admin_url: str, *, try_duration_ms: int = DEFAULT_TRY_DURATION_MS) -> PushTarget:
     """A push target replacing the routes of the Caddy at ``admin_url``.
 
     Raises:

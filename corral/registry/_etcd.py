@@ -21,12 +21,19 @@ authenticates again once (one task does it for all) and is sent again; it was
 refused before it ran, so that is safe for writes too. The password is kept
 only in this object, and never shows in its ``repr``, in a message or a log.
 
-Failures. A connection that could not be opened never carried the request, so
-any call moves on to the next endpoint; a connection lost after the request was
-sent is retried only for calls that are safe to repeat (reads, keepalive,
-revoke, watch resumption from the next revision). Rounds over the endpoints are
-separated by an exponential backoff; when every round fails the call raises
-:class:`RegistryUnavailable` saying whether a write may have applied.
+Failures. Which endpoint a call tries first, how long it waits for it and
+which writes may be sent again is decided in :mod:`._endpoints`: each attempt
+waits at most a timeout sized from the shortest lease TTL this client keeps
+alive (an eighth of it; doubled each further round), so a silent member (frozen,
+or its host cut off) costs one short attempt, is then passed over while its
+backoff lasts, and healthy members are preferred. A connection that could not
+be opened never carried the request, so any call moves on to the next endpoint;
+an attempt that failed after the request was sent is repeated elsewhere only
+for calls that are safe to repeat (reads, keepalive, grant, revoke, txns whose
+own guard fails on a repeat, watch resumption from the next revision). Rounds
+over the endpoints are separated by an exponential backoff; when every round
+fails the call raises :class:`RegistryUnavailable` saying whether a write may
+have applied.
 """
 
 from __future__ import annotations
@@ -38,7 +45,7 @@ import logging
 import math
 import ssl
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
-from contextlib import aclosing, asynccontextmanager
+from contextlib import AsyncExitStack, aclosing, asynccontextmanager
 from typing import Any, Final
 
 import httpx
@@ -59,6 +66,19 @@ from corral.registry._base import (
     TxnResult,
     WatchEvent,
 )
+from corral.registry._endpoints import (
+    MAX_PASS_OVER,
+    PASS_OVER_FACTOR,
+    EndpointHealth,
+    after_failure,
+    after_success,
+    attempt_timeout,
+    endpoint_order,
+    repeat_is_harmless,
+    request_timeout_for,
+    round_timeout,
+    watch_idle_for,
+)
 from corral.registry._errors import (
     InvalidTxn,
     LeaseNotFound,
@@ -72,7 +92,6 @@ from corral.registry._records import parse_key
 
 _log = logging.getLogger(__name__)
 
-DEFAULT_TIMEOUT: Final = 10.0
 DEFAULT_RETRY_ROUNDS: Final = 4
 DEFAULT_BACKOFF: Final = 0.05
 _MAX_BACKOFF: Final = 1.0
@@ -191,7 +210,10 @@ class EtcdRegistry(Registry):
             ``http://host:port`` URLs).
         prefix: a namespace every key is stored under (invisible to callers).
         key_check: refuses keys outside the key space (default :func:`parse_key`).
-        timeout: seconds for one request (watch and keepalive streams excepted).
+        lease_ttl: the shortest lease TTL (seconds) the caller keeps alive; the
+            per-request timeout is sized from it (see :mod:`._endpoints`), and
+            shrinks further if a shorter lease is granted or kept alive.
+        timeout: seconds for one attempt, overriding the size from ``lease_ttl``.
         retry_rounds: how many times to go round the endpoints before giving up.
         backoff: the first pause between rounds (doubled each round, at most 1 s).
         transport: an httpx transport, for tests.
@@ -210,7 +232,8 @@ class EtcdRegistry(Registry):
         *,
         prefix: str = "",
         key_check: KeyCheck | None = None,
-        timeout: float = DEFAULT_TIMEOUT,
+        lease_ttl: float | None = None,
+        timeout: float | None = None,
         retry_rounds: int = DEFAULT_RETRY_ROUNDS,
         backoff: float = DEFAULT_BACKOFF,
         transport: httpx.AsyncBaseTransport | None = None,
@@ -231,7 +254,10 @@ class EtcdRegistry(Registry):
         self._token: str | None = None  # None: not authenticated (yet)
         self._auth_lock = trio.Lock()
         self.authentications = 0  # how many tokens were fetched (for tests and stats)
-        self._current = 0
+        self._health = [EndpointHealth() for _ in self._endpoints]
+        self._preferred = 0
+        self._fixed_timeout = timeout
+        self._request_timeout = timeout if timeout is not None else request_timeout_for(lease_ttl)
         self._prefix = prefix.encode()
         self._key_check: KeyCheck = functools.lru_cache(maxsize=4096)(
             key_check if key_check is not None else parse_key
@@ -239,12 +265,11 @@ class EtcdRegistry(Registry):
         self._retry_rounds = max(1, retry_rounds)
         self._backoff = backoff
         self._client = httpx.AsyncClient(
-            timeout=httpx.Timeout(timeout),
+            timeout=httpx.Timeout(self._request_timeout),
             transport=transport,
             headers={"Content-Type": "application/json"},
             verify=tls if tls is not None else True,
         )
-        self._stream_timeout = httpx.Timeout(timeout, read=None)
         self._closed = False
 
     def __repr__(self) -> str:
@@ -254,6 +279,16 @@ class EtcdRegistry(Registry):
     @property
     def endpoints(self) -> list[str]:
         return list(self._endpoints)
+
+    @property
+    def request_timeout(self) -> float:
+        """Seconds one attempt waits in the first round (see :mod:`._endpoints`)."""
+        return self._request_timeout
+
+    @property
+    def endpoint_health(self) -> list[tuple[str, EndpointHealth]]:
+        """Each endpoint with what it did lately (for ``node status`` and tests)."""
+        return list(zip(self._endpoints, self._health, strict=True))
 
     @property
     def user(self) -> str | None:
@@ -331,8 +366,19 @@ class EtcdRegistry(Registry):
             "failure": [self._request_op(op) for op in on_failure],
         }
         leases = [op.lease for op in (*on_success, *on_failure) if isinstance(op, Put) and op.lease]
-        reply = await self._call("/v3/kv/txn", body, lease=leases[0] if leases else None)
+        harmless = repeat_is_harmless(compares, on_success, on_failure)
+        reply, repeated = await self._request(
+            "/v3/kv/txn", body, safe=harmless, lease=leases[0] if leases else None
+        )
         succeeded = bool(reply.get("succeeded", False))
+        if repeated and not succeeded and any(isinstance(op, Put | Delete) for op in on_success):
+            # The guard failed on the repeat: because the first attempt landed, or
+            # because another client wrote; no way to tell which from here.
+            raise RegistryUnavailable(
+                f"etcd txn: an attempt timed out after it was sent and its repeat found the "
+                f"guard failed ({', '.join(c.key for c in compares)}): the write may or may "
+                "not have applied; read before retrying"
+            )
         ops = on_success if succeeded else on_failure
         raw = reply.get("responses") or []
         responses: list[list[KeyValue] | int | None] = []
@@ -381,7 +427,9 @@ class EtcdRegistry(Registry):
     async def grant(self, ttl: float) -> Lease:
         if not ttl > 0 or not math.isfinite(ttl):
             raise ValueError(f"a lease TTL must be a finite number of seconds > 0, got {ttl}")
-        reply = await self._call("/v3/lease/grant", {"TTL": str(math.ceil(ttl))})
+        self._serves_ttl(ttl)
+        # Safe to repeat: a lease granted twice leaves one unused, which expires.
+        reply = await self._call("/v3/lease/grant", {"TTL": str(math.ceil(ttl))}, safe=True)
         return Lease(_int(reply.get("ID")), float(_int(reply.get("TTL"))))
 
     async def keepalive(self, lease_id: int) -> float:
@@ -392,7 +440,13 @@ class EtcdRegistry(Registry):
         ttl = _int(result.get("TTL"))
         if ttl <= 0:
             raise LeaseNotFound(lease_id)
+        self._serves_ttl(ttl)
         return float(ttl)
+
+    def _serves_ttl(self, ttl: float) -> None:
+        """Shrink the per-request timeout to fit a lease of ``ttl`` seconds kept alive."""
+        if self._fixed_timeout is None:
+            self._request_timeout = min(self._request_timeout, request_timeout_for(ttl))
 
     async def revoke(self, lease_id: int) -> None:
         try:
@@ -422,11 +476,13 @@ class EtcdRegistry(Registry):
         self, prefix: str, next_revision: int
     ) -> AsyncGenerator[WatchEvent | None, None]:
         """Events from ``next_revision`` on, resuming on another endpoint when a
-        stream breaks; yields ``None`` once, when the first stream is open."""
+        stream breaks or stays silent too long (resuming from the next revision
+        is always safe); yields ``None`` once, when the first stream is open."""
         opened = False
         failures = 0
         while True:
-            endpoint = self._endpoints[self._current]
+            index = self._order()[0]
+            endpoint = self._endpoints[index]
             request = {
                 "create_request": {
                     **self._range_fields(prefix, True),
@@ -434,22 +490,37 @@ class EtcdRegistry(Registry):
                 }
             }
             token = self._token
+            timeout = round_timeout(self._request_timeout, failures // len(self._endpoints))
+            idle = watch_idle_for(self._request_timeout)
+            streaming = False
             try:
                 await self._ensure_token()
                 token = self._token
-                async with (
-                    self._open_stream(
-                        endpoint + "/v3/watch", json.dumps(request), self._stream_timeout
-                    ) as response,
-                    aclosing(self._watch_results(response, next_revision)) as results,
-                ):
+                async with AsyncExitStack() as stack:
+                    started = trio.current_time()
+                    # Opening is bounded like any request: a silent member costs
+                    # one short attempt, not a whole idle period.
+                    with trio.fail_after(timeout):
+                        response = await stack.enter_async_context(
+                            self._open_stream(
+                                endpoint + "/v3/watch",
+                                json.dumps(request),
+                                httpx.Timeout(timeout, read=idle),
+                            )
+                        )
+                        results = await stack.enter_async_context(
+                            aclosing(self._watch_results(response, next_revision))
+                        )
+                        first = await results.__anext__()
+                    if not first.get("created"):
+                        raise _Retryable("the watch stream did not confirm it", sent=True)
+                    self._succeeded(index, started)
+                    failures = 0
+                    streaming = True
+                    if not opened:
+                        opened = True
+                        yield None
                     async for result in results:
-                        if result.get("created"):
-                            if not opened:
-                                opened = True
-                                yield None
-                            continue
-                        failures = 0
                         events = [self._event(raw) for raw in result.get("events") or []]
                         for event in events:
                             yield event
@@ -461,19 +532,30 @@ class EtcdRegistry(Registry):
                     raise self._token_keeps_failing("/v3/watch") from None
                 await self._refresh_token(token)
                 continue
-            except (httpx.TransportError, _Retryable) as exc:
-                # Resuming from next_revision is always safe: rotate and retry.
+            except httpx.ReadTimeout as exc:
+                if streaming:
+                    # No news for ``idle`` seconds: quiet, or its member went silent.
+                    # Open it again (bounded as above) to find out.
+                    _log.debug("watch on %s idle for %g s; opening it again", endpoint, idle)
+                    continue
                 failures += 1
-                self._current = (self._current + 1) % len(self._endpoints)
+                self._failed(index)
                 if failures > self._retry_rounds * len(self._endpoints):
                     raise self._unavailable("/v3/watch", exc) from exc
-                await trio.sleep(self._pause(failures // len(self._endpoints)))
+                continue
+            except (httpx.TransportError, _Retryable, trio.TooSlowError, StopAsyncIteration) as exc:
+                failures += 1
+                self._failed(index)
+                if failures > self._retry_rounds * len(self._endpoints):
+                    raise self._unavailable("/v3/watch", exc) from exc
+                if failures % len(self._endpoints) == 0:
+                    await trio.sleep(self._pause(failures // len(self._endpoints) - 1))
                 continue
             # The server ended the stream (e.g. it is shutting down): resume elsewhere.
             failures += 1
+            self._failed(index)
             if failures > self._retry_rounds * len(self._endpoints):
                 raise RegistryUnavailable(f"etcd at {endpoint} keeps closing the watch stream")
-            self._current = (self._current + 1) % len(self._endpoints)
 
     @asynccontextmanager
     async def _open_stream(
@@ -536,6 +618,26 @@ class EtcdRegistry(Registry):
     def _pause(self, round_index: int) -> float:
         return float(min(self._backoff * (2**round_index), _MAX_BACKOFF))
 
+    def _order(self) -> list[int]:
+        """Endpoint indexes in the order a call tries them now (see :mod:`._endpoints`)."""
+        return endpoint_order(
+            self._health,
+            self._preferred,
+            trio.current_time(),
+            backoff=PASS_OVER_FACTOR * self._request_timeout,
+            max_backoff=MAX_PASS_OVER,
+        )
+
+    def _succeeded(self, index: int, started: float) -> None:
+        self._health[index] = after_success(self._health[index], trio.current_time() - started)
+        self._preferred = index
+
+    def _failed(self, index: int) -> None:
+        health = after_failure(self._health[index], trio.current_time())
+        if health.failures == 1:
+            _log.info("etcd %s failed; trying the other endpoints first", self._endpoints[index])
+        self._health[index] = health
+
     async def _call(
         self,
         path: str,
@@ -548,6 +650,20 @@ class EtcdRegistry(Registry):
         """POST ``body`` to ``path``, moving over endpoints and retrying as the
         module docstring says. ``safe`` marks calls that may be repeated;
         ``lease`` names the lease a "lease not found" refers to."""
+        reply, _ = await self._request(path, body, safe=safe, first_line=first_line, lease=lease)
+        return reply
+
+    async def _request(
+        self,
+        path: str,
+        body: dict[str, Any],
+        *,
+        safe: bool = False,
+        first_line: bool = False,
+        lease: int | None = None,
+    ) -> tuple[dict[str, Any], bool]:
+        """:meth:`_call`, also saying whether the answer came from a repeat after
+        an attempt that may have applied."""
         if self._closed:
             raise trio.ClosedResourceError("this EtcdRegistry is closed")
         if path != _AUTHENTICATE:
@@ -555,16 +671,22 @@ class EtcdRegistry(Registry):
         content = json.dumps(body)
         last: _Retryable | None = None
         token_refused = False
+        repeated = False
         for round_index in range(self._retry_rounds):
             if round_index:
                 await trio.sleep(self._pause(round_index - 1))
-            for _ in range(len(self._endpoints)):
-                endpoint = self._endpoints[self._current]
+            timeout = attempt_timeout(self._request_timeout, round_index, safe)
+            for index in self._order():
+                endpoint = self._endpoints[index]
+                started = trio.current_time()
                 try:
                     while True:
                         token = self._token
                         try:
-                            return await self._attempt(endpoint + path, content, path, first_line)
+                            reply = await self._attempt(
+                                endpoint + path, content, path, first_line, timeout
+                            )
+                            break
                         except _TokenRefused:
                             # Refused before it ran: safe to send again, once.
                             if token_refused:
@@ -572,32 +694,48 @@ class EtcdRegistry(Registry):
                             token_refused = True
                             await self._refresh_token(token)
                 except LeaseNotFound:
+                    self._succeeded(index, started)  # the member answered
                     raise LeaseNotFound(lease if lease is not None else 0) from None
                 except _Retryable as exc:
                     last = exc
+                    self._failed(index)
                     if exc.sent and not safe:
                         raise RegistryUnavailable(
                             f"etcd {endpoint}{path} failed after the request was sent ({exc}); "
                             "the write may or may not have applied: read before retrying"
                         ) from exc
-                    self._current = (self._current + 1) % len(self._endpoints)
+                    repeated = repeated or exc.sent
+                    continue
+                self._succeeded(index, started)
+                return reply, repeated
         raise RegistryUnavailable(
             f"no etcd endpoint answered {path} after {self._retry_rounds} rounds over "
             f"{', '.join(self._endpoints)}: {last}; check that etcd is running and reachable"
             + self._tls_hint()
         )
 
-    async def _attempt(self, url: str, content: str, path: str, first_line: bool) -> dict[str, Any]:
+    async def _attempt(
+        self, url: str, content: str, path: str, first_line: bool, within: float
+    ) -> dict[str, Any]:
+        request = _json_request(
+            self._client,
+            url,
+            content,
+            headers=self._auth_headers(path),
+            timeout=httpx.Timeout(within),
+        )
         try:
             # A streaming call (keepalive) sent one request: the gateway answers one
             # line and ends the response, so a plain POST reads it whole.
-            response = await self._client.send(
-                _json_request(self._client, url, content, headers=self._auth_headers(path))
-            )
+            response = await self._client.send(request)
         except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
             if isinstance(exc, httpx.ConnectError):
                 self._raise_if_tls_failed(url, exc)
             raise _Retryable(f"{type(exc).__name__}: {exc}", sent=False) from exc
+        except httpx.TimeoutException as exc:
+            raise _Retryable(
+                f"no answer within {within:g} s ({type(exc).__name__})", sent=True
+            ) from exc
         except httpx.TransportError as exc:
             raise _Retryable(f"{type(exc).__name__}: {exc}", sent=True) from exc
         if response.status_code != 200:

@@ -18,6 +18,7 @@ async def open_registry(
     *,
     clock: Callable[[], float] | None = None,
     options: RegistryOptions | None = None,
+    lease_ttl: float | None = None,
 ) -> AsyncIterator[Registry]:
     """Open the registry at ``url`` and close it on exit.
 
@@ -27,6 +28,9 @@ async def open_registry(
             (default the host's boot-time clock, which every process of the host
             shares); etcd keeps its own.
         options: TLS files and credentials for etcd.
+        lease_ttl: the shortest lease TTL (seconds) the caller keeps alive; etcd
+            sizes its per-request timeouts from it, so a silent member costs one
+            short attempt before the next (see ``corral.registry._endpoints``).
 
     For SQLite it also runs a lease sweeper in the background while open.
 
@@ -75,6 +79,7 @@ async def open_registry(
         registry = EtcdRegistry(
             parsed.endpoints,
             prefix=parsed.prefix,
+            lease_ttl=lease_ttl,
             tls=options.ssl_context() if parsed.tls else None,
             user=options.user,
             password=options.load_password(),

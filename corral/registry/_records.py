@@ -117,20 +117,52 @@ def validate_name(kind: str, name: str) -> str:
     return name
 
 
+_DOMAIN_RULES = (
+    "use dot-separated labels of 1-63 characters of a-z, 0-9 and '-' (not starting or "
+    "ending with '-'), 253 characters at most"
+)
+# The last label of a name a URL parser reads as an IPv4 address (WHATWG URL's "ends in
+# a number": 127.0.0.1, 2130706433, 0x7f.1, 0x7f000001).
+_NUMERIC_LABEL = re.compile(r"[0-9]+|0x[0-9a-f]*")
+
+
+def _address_problem(domain: str) -> str | None:
+    """Why ``domain`` (syntactically a host name) names an address rather than a
+    site, or None."""
+    last = domain.rsplit(".", 1)[-1]
+    if _NUMERIC_LABEL.fullmatch(last):
+        return (
+            f"it is an IP address (its last label {last!r} is a number), and a tenant "
+            "claiming an address would receive every request made to the proxy by it"
+        )
+    if last == "localhost":
+        return (
+            "localhost and its subdomains name this machine's loopback (RFC 6761), and a "
+            "tenant claiming them would receive every request made to the proxy by that name"
+        )
+    return None
+
+
 def validate_domain(domain: str) -> str:
-    """Check a domain name (dot-separated DNS labels, 253 characters at most).
+    """Check a domain name: dot-separated DNS labels, 253 characters at most, and a
+    name, not an address: neither an IP literal (a last label that is a number, as
+    a URL parser reads ``127.0.0.1`` or ``0x7f.1``; IPv6 literals break the label
+    syntax) nor ``localhost`` or a name under it. The one domain rule: the API, the
+    command line and the routing renderer all check through it.
 
     Raises:
-        InvalidName: naming what is allowed.
+        InvalidName: naming the rule broken and what is allowed.
     """
     if (
         not isinstance(domain, str)
         or not 0 < len(domain) <= 253
         or not all(_DNS_LABEL.fullmatch(label) for label in domain.split("."))
     ):
+        raise InvalidName(f"invalid domain {domain!r}: {_DOMAIN_RULES}")
+    problem = _address_problem(domain)
+    if problem is not None:
         raise InvalidName(
-            f"invalid domain {domain!r}: use dot-separated labels of 1-63 characters of "
-            "a-z, 0-9 and '-' (not starting or ending with '-'), 253 characters at most"
+            f"invalid domain {domain!r}: {problem}; give a host name such as shop.example"
         )
     return domain
 
@@ -256,6 +288,8 @@ def alias_previous_key(domain: str) -> str:
 def domain_key(domain: str) -> str:
     """``domain/<domain>``: the claim that gives a domain to one app."""
     return f"domain/{validate_domain(domain)}"
+
+
 def proxy_key(proxy_id: str) -> str:
     """``proxies/<id>``: what the proxy of that name applied (written by ``corral proxy run``)."""
     return f"{PROXIES_PREFIX}{validate_name('proxy', proxy_id)}"
@@ -1042,9 +1076,19 @@ class PlacementRecord:
     #: The app's :meth:`AppRecord.node_spec` as the coordinator last wrote this record
     #: ("": not known, a record written before it was kept).
     spec: str = ""
+    #: ``(memory_mb, disk_mb)`` each instance in ``nodes`` reserves: the app's declared
+    #: resources when the coordinator placed (or resized) it. A redeploy that changes
+    #: them is placed again by the planner, which compares the two. None: a record
+    #: written before it was kept (its instances reserve what the app declares).
+    reserved: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "nodes", sorted(set(self.nodes)))
+        if self.reserved is not None:
+            memory, disk = self.reserved
+            if memory < 0 or disk < 0:
+                raise ValueError(f"reserved memory_mb and disk_mb must be >= 0: {self.reserved}")
+            object.__setattr__(self, "reserved", (int(memory), int(disk)))
 
     def out_of_table(self) -> frozenset[str]:
         """The nodes the rollout leaves out of the routing table (none without one)."""
@@ -1070,11 +1114,15 @@ class PlacementRecord:
             out["rollout"] = self.rollout.to_json()
         if self.spec:
             out["spec"] = self.spec
+        if self.reserved is not None:
+            out["reserved"] = {"memory_mb": self.reserved[0], "disk_mb": self.reserved[1]}
         return _dump(out)
 
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> PlacementRecord:
         rollout = _field(obj, "rollout", None)
+        reserved = _field(obj, "reserved", None)
+        sizes = None if reserved is None else _obj(reserved, "reserved")
         return cls(
             nodes=_str_list(_field(obj, "nodes"), "nodes"),
             decided_at=_float(_field(obj, "decided_at"), "decided_at"),
@@ -1084,6 +1132,12 @@ class PlacementRecord:
             if rollout is None
             else RolloutRecord.from_json(_obj(rollout, "rollout")),
             spec=_str(_field(obj, "spec", ""), "spec"),
+            reserved=None
+            if sizes is None
+            else (
+                _nonneg(_field(sizes, "memory_mb"), "reserved.memory_mb"),
+                _nonneg(_field(sizes, "disk_mb"), "reserved.disk_mb"),
+            ),
         )
 
 
@@ -1380,6 +1434,10 @@ def _opt_int(value: Any, name: str) -> int | None:
 #: Longest ``ProxyRecord.error`` kept.
 MAX_PROXY_ERROR: Final = 1000
 
+#: Reports a proxy may miss before its record counts as not reporting: one late
+#: write (a slow registry) is not an outage, three in a row are.
+PROXY_MISSED_REPORTS: Final = 3
+
 
 @dataclass(frozen=True, slots=True)
 class ProxyRecord:
@@ -1389,6 +1447,14 @@ class ProxyRecord:
     until one was); ``applied_at`` wall-clock seconds; ``error`` the last apply's
     failure (None once a later apply succeeded); ``seen_*`` the newest version
     offered; ``apply_s`` how long the last apply took; ``reloads`` of the process.
+
+    Supervision: ``restarts`` counts the times the proxy process died and was
+    started again, ``last_error`` says why it last died (or failed to start
+    again), ``since`` is when the running process started serving (None while it
+    is down). Liveness: ``reported_at`` is when the record was last written (it is
+    rewritten every ``report_every`` seconds); ``pid``, ``host`` and
+    ``started_at`` (the process's create time) name the ``corral proxy run`` that
+    owns the id, so a second one can tell a live owner from a dead one.
     """
 
     id: str
@@ -1402,10 +1468,31 @@ class ProxyRecord:
     error: str | None = None
     apply_s: float | None = None
     reloads: int = 0
+    restarts: int = 0
+    last_error: str | None = None
+    since: float | None = None
+    reported_at: float | None = None
+    report_every: float | None = None
+    pid: int | None = None
+    host: str | None = None
+    started_at: float | None = None
 
     @property
     def key(self) -> str:
         return proxy_key(self.id)
+
+    def not_reporting_for(self, now: float) -> float | None:
+        """Seconds since this record was last written, when that is more than
+        :data:`PROXY_MISSED_REPORTS` report intervals ago (its ``corral proxy run``
+        is gone, hung or cut off from the registry); None while it reports, and for
+        a record that does not say when it reports (written by an older version).
+        """
+        if self.reported_at is None or not self.report_every:
+            return None
+        silent = now - self.reported_at
+        if silent <= PROXY_MISSED_REPORTS * self.report_every:
+            return None
+        return round(silent, 1)
 
     def encode(self) -> bytes:
         return _dump(
@@ -1421,6 +1508,16 @@ class ProxyRecord:
                 "error": None if self.error is None else self.error[:MAX_PROXY_ERROR],
                 "apply_s": self.apply_s,
                 "reloads": self.reloads,
+                "restarts": self.restarts,
+                "last_error": None
+                if self.last_error is None
+                else self.last_error[:MAX_PROXY_ERROR],
+                "since": self.since,
+                "reported_at": self.reported_at,
+                "report_every": self.report_every,
+                "pid": self.pid,
+                "host": self.host,
+                "started_at": self.started_at,
             }
         )
 
@@ -1438,6 +1535,14 @@ class ProxyRecord:
             error=_opt_str(_field(obj, "error", None), "error"),
             apply_s=_opt_float(_field(obj, "apply_s", None), "apply_s"),
             reloads=_nonneg(_field(obj, "reloads", 0), "reloads"),
+            restarts=_nonneg(_field(obj, "restarts", 0), "restarts"),
+            last_error=_opt_str(_field(obj, "last_error", None), "last_error"),
+            since=_opt_float(_field(obj, "since", None), "since"),
+            reported_at=_opt_float(_field(obj, "reported_at", None), "reported_at"),
+            report_every=_opt_float(_field(obj, "report_every", None), "report_every"),
+            pid=_opt_int(_field(obj, "pid", None), "pid"),
+            host=_opt_str(_field(obj, "host", None), "host"),
+            started_at=_opt_float(_field(obj, "started_at", None), "started_at"),
         )
 
 

@@ -39,6 +39,14 @@ path.
 Watches poll ``meta.revision`` (every 50 ms by default; a write in this process
 wakes its own watchers at once) and read new rows from ``changes``.
 
+A full disk. Beside the file, ``<file>.reserve`` holds ``reserve_bytes`` (8 MiB by
+default) of the file system back: made at open when twice that is free, and again
+by the sweeper once twice that is free after it was used. A write that fails with
+SQLITE_FULL deletes it (saying so in one log line), checkpoints the WAL (so the next
+writes reuse the WAL's space instead of growing it) and is tried once more, so the
+registry's own small writes — a node's record, lease renewals — go through on a
+disk something else filled.
+
 Durability and the Trio loop. With ``synchronous=NORMAL`` (the default) SQLite
 does not sync on commit in WAL mode; it syncs when checkpointing the WAL into
 the database. Automatic checkpoints are off, and this backend runs checkpoints
@@ -103,6 +111,8 @@ DEFAULT_POLL_INTERVAL: Final = 0.05
 DEFAULT_BUSY_TIMEOUT: Final = 10.0
 DEFAULT_CHECKPOINT_EVERY: Final = 1000
 DEFAULT_SWEEP_INTERVAL: Final = 1.0
+DEFAULT_RESERVE_BYTES: Final = 8 * 1024 * 1024
+RESERVE_SUFFIX: Final = ".reserve"
 _WATCH_BATCH: Final = 1000
 
 _SCHEMA: Final = """
@@ -275,6 +285,53 @@ class _Slot(Generic[T]):
         return value
 
 
+class _Reserve:
+    """A ballast file beside the database: space the file system keeps for the
+    registry, given up when a write finds the disk full. Blocking file work."""
+
+    __slots__ = ("path", "size")
+
+    def __init__(self, path: str, size: int) -> None:
+        self.path = path
+        self.size = size
+
+    def wanted(self) -> bool:
+        """Absent, and twice its size is free: it can be made without filling the disk."""
+        if os.path.exists(self.path):
+            return False
+        try:
+            stat = os.statvfs(os.path.dirname(self.path) or ".")
+        except OSError:
+            return False
+        return stat.f_bavail * stat.f_frsize >= 2 * self.size
+
+    def make(self) -> bool:
+        """Allocate it (when :meth:`wanted`); whether this call made it."""
+        if not self.wanted():
+            return False
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        except OSError:
+            return False  # made by another process meanwhile, or not makeable here
+        try:
+            os.posix_fallocate(fd, 0, self.size)
+        except OSError:
+            os.unlink(self.path)
+            return False
+        finally:
+            os.close(fd)
+        return True
+
+    def release(self) -> int:
+        """Delete it; the bytes it held (0 when there was none)."""
+        try:
+            size = os.stat(self.path).st_size
+            os.unlink(self.path)
+        except FileNotFoundError:
+            return 0
+        return size
+
+
 class SQLiteRegistry(Registry):
     """A :class:`Registry` in one SQLite file (WAL mode), safe to share between
     processes on one machine. Open it with :meth:`open` (or
@@ -295,6 +352,7 @@ class SQLiteRegistry(Registry):
         checkpoint_every: int,
         write_conn: sqlite3.Connection | None,
         identity: tuple[int, int] | None = None,
+        reserve_bytes: int = 0,
     ) -> None:
         self._conn = conn
         # Every statement on a connection goes through one cursor, made once:
@@ -328,6 +386,7 @@ class SQLiteRegistry(Registry):
         self._direct_until = -math.inf  # the smaller of the two: get reads directly before it
         self._reuse = _Reuse()
         self._closed = False
+        self._reserve = _Reserve(path + RESERVE_SUFFIX, reserve_bytes) if reserve_bytes else None
 
     @classmethod
     async def open(
@@ -341,6 +400,7 @@ class SQLiteRegistry(Registry):
         history: int = DEFAULT_HISTORY,
         busy_timeout: float = DEFAULT_BUSY_TIMEOUT,
         checkpoint_every: int = DEFAULT_CHECKPOINT_EVERY,
+        reserve_bytes: int = DEFAULT_RESERVE_BYTES,
     ) -> SQLiteRegistry:
         """Open (creating if needed) the registry file at ``path``.
 
@@ -355,6 +415,8 @@ class SQLiteRegistry(Registry):
             history: how many revisions of watch history to keep.
             busy_timeout: how long to wait for another process's write lock.
             checkpoint_every: commits between WAL checkpoints (NORMAL mode).
+            reserve_bytes: the size of ``<path>.reserve``, the space kept for the
+                registry's writes on a full disk (0: none; see the module docstring).
 
         Raises:
             RegistryUnavailable: the file cannot be opened or is not a registry.
@@ -396,6 +458,8 @@ class SQLiteRegistry(Registry):
                 conn.execute("PRAGMA busy_timeout=0")
                 write_conn = _connect(path, sync, busy_timeout, opened) if threaded else None
                 identity = _file_identity(path)
+                if reserve_bytes:
+                    _Reserve(path + RESERVE_SUFFIX, reserve_bytes).make()
             except BaseException:
                 for each in opened:
                     each.close()
@@ -427,6 +491,7 @@ class SQLiteRegistry(Registry):
             checkpoint_every=checkpoint_every,
             write_conn=write_conn,
             identity=identity,
+            reserve_bytes=reserve_bytes,
         )
 
     @property
@@ -595,12 +660,50 @@ class SQLiteRegistry(Registry):
             await trio.sleep(interval)
             try:
                 await self.sweep()
+                await self.keep_reserve()
             except trio.ClosedResourceError:
                 return
             except RegistryReplaced:  # fatal, logged once; guard_file stops the owner
                 return
             except Exception:  # housekeeping: log, and let the next sweep retry
                 _log.warning("registry sweep of %s failed", self._path, exc_info=True)
+
+    async def keep_reserve(self) -> None:
+        """Make ``<file>.reserve`` again when it is gone and twice its size is free
+        (the sweeper calls this every second; a stat and a statvfs when it is there)."""
+        reserve = self._reserve
+        if reserve is None or not reserve.wanted():
+            await trio.lowlevel.checkpoint()
+            return
+        if await trio.to_thread.run_sync(reserve.make):
+            _log.info(
+                "registry %s: the %d-byte reserve %s is in place again",
+                self._path,
+                reserve.size,
+                reserve.path,
+            )
+
+    async def _make_room(self, exc: sqlite3.Error) -> None:
+        """A write found the disk full: give up the reserve (saying so in one line)
+        and checkpoint, so that the write, tried again, has room: the freed space,
+        or the WAL's own, which a checkpoint lets the next write reuse."""
+        reserve = self._reserve
+        freed = 0 if reserve is None else await trio.to_thread.run_sync(reserve.release)
+        if reserve is not None and freed:
+            _log.warning(
+                "registry %s: the disk is full (%s); released the %d-byte reserve %s so "
+                "the registry's own writes go through: free space on that file system (the "
+                "reserve is made again once %d bytes are free)",
+                self._path,
+                exc,
+                freed,
+                reserve.path,
+                2 * reserve.size,
+            )
+        while self._checkpoint_done is not None:
+            await self._checkpoint_done.wait()
+        with trio.CancelScope(shield=True):
+            await self._checkpoint()
 
     async def guard_file(self, interval: float = DEFAULT_GUARD_INTERVAL) -> NoReturn:
         """Check every ``interval`` seconds that the file at :attr:`path` is still
@@ -826,12 +929,17 @@ class SQLiteRegistry(Registry):
         Once it has committed, nothing here is a cancel point: a write that
         raises Cancelled did not happen."""
         patience: _Patience | None = None
+        made_room = False
         while True:
             self._check_open()
             try:
                 value = transaction(self._cursor, work, self._when())
                 break
             except sqlite3.Error as exc:
+                if _is_full(exc) and not made_room:
+                    made_room = True
+                    await self._make_room(exc)
+                    continue
                 patience = patience or _Patience(self._busy_timeout)
                 if not await patience.wait(exc):  # another process holds the write lock
                     raise _unavailable(self._path, exc) from exc
@@ -859,6 +967,7 @@ class SQLiteRegistry(Registry):
         cur = self._write_cursor
         assert cur is not None
         patience = _Patience(self._busy_timeout, started=trio.current_time())
+        made_room = False
         try:
             with trio.CancelScope(shield=len(batch) > 1):
                 while True:
@@ -866,6 +975,10 @@ class SQLiteRegistry(Registry):
                         await trio.to_thread.run_sync(_run_batch, cur, batch, self._when())
                         break
                     except sqlite3.Error as exc:
+                        if _is_full(exc) and not made_room:
+                            made_room = True
+                            await self._make_room(exc)
+                            continue
                         # SQLite's busy handler waited already; this catches what it
                         # does not cover.
                         if not await patience.wait(exc):
@@ -965,7 +1078,20 @@ class _Patience:
         return True
 
 
+def _is_full(exc: sqlite3.Error) -> bool:
+    """The write needed space the file system does not have (SQLITE_FULL)."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is None:
+        return "disk is full" in str(exc)
+    return int(code) & 0xFF == sqlite3.SQLITE_FULL
+
+
 def _unavailable(path: str, exc: sqlite3.Error) -> RegistryUnavailable:
+    if _is_full(exc):
+        return RegistryUnavailable(
+            f"SQLite registry {path} failed: {exc}; the file system holding it is full "
+            f"and the registry's reserve ({path}{RESERVE_SUFFIX}) is used up: free space there"
+        )
     return RegistryUnavailable(
         f"SQLite registry {path} failed: {exc}; if another process holds the write lock "
         "for long, find it; otherwise check the disk"

@@ -11,7 +11,9 @@ and stops at the first thing wrong:
    :class:`Reply` carrying the outcome (the decoded value, or the error the
    remote side named, as a typed exception where the asker can act on the type);
 3. otherwise the body is decoded against its kind's declared schema (an unknown
-   kind or a schema violation is a :class:`Reject`);
+   kind or a schema violation is a :class:`Reject`), and a kind that names its
+   speaker (``@message(kind, speaker=...)``) must name the peer the transport
+   authenticated: a peer speaks only as itself, never as another node;
 4. the address must name this node and a path in ``targets``, and that target
    must take messages (supervisors do not); then it is a :class:`Deliver`.
 
@@ -43,6 +45,7 @@ from corral.transport import (
     UnknownKind,
     decode_envelope,
     decode_message,
+    message_speaker,
     peek_header,
 )
 
@@ -131,6 +134,15 @@ def route(
         return Reject(peer, ask_id, ErrorCode.UNKNOWN_KIND, str(exc))
     except SchemaError as exc:
         return Reject(peer, ask_id, ErrorCode.SCHEMA, f"{kind}: {exc}")
+    speaker = message_speaker(message)
+    if speaker is not None and speaker != peer:
+        return Reject(
+            peer,
+            ask_id,
+            ErrorCode.SCHEMA,
+            f"{kind}: node {peer!r} sent a message that claims to come from node "
+            f"{speaker[:80]!r}; a node may speak only as itself",
+        )
     node, _, rest = to.partition("/")  # split_address, inlined: every message's path
     path = ("/" + rest).rstrip("/") if rest else "/"
     target = targets.get(path) if node == node_id else None

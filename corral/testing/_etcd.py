@@ -10,6 +10,9 @@
 * :func:`run_secure_etcd` — starts a private etcd on free loopback ports with
   TLS (certificates from ``trustme``, made on the spot, client certificates
   required) and user/password auth on, and stops it by pid on exit.
+* :func:`run_etcd_cluster` — starts a private N-member etcd cluster on free
+  loopback ports (plain HTTP), whose members a test may freeze, resume or kill
+  by pid; all are stopped by pid on exit.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import base64
 import json
 import os
 import shutil
+import signal
 import socket
 import ssl
 import subprocess
@@ -291,3 +295,199 @@ def run_secure_etcd(directory: Path, *, token_ttl: int = 1) -> Iterator[SecureEt
             process.kill()
             process.wait()
         log.close()
+
+
+# ---------------------------------------------------------------- an N-member cluster
+
+
+@dataclass
+class EtcdMember:
+    """One member of a :func:`run_etcd_cluster` cluster."""
+
+    name: str
+    endpoint: str  # host:port of its client URL
+    peer_port: int
+    process: subprocess.Popen[bytes] = field(repr=False)
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def freeze(self) -> None:
+        """SIGSTOP: connections still open into its backlog, but nothing answers."""
+        os.kill(self.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        os.kill(self.pid, signal.SIGCONT)
+
+    def kill(self) -> None:
+        """SIGKILL, and reap it."""
+        if self.process.poll() is None:
+            os.kill(self.pid, signal.SIGCONT)  # a frozen process cannot be reaped promptly
+            self.process.kill()
+        self.process.wait(timeout=10)
+
+
+@dataclass
+class EtcdCluster:
+    """A running private cluster (see :func:`run_etcd_cluster`)."""
+
+    members: list[EtcdMember]
+
+    @property
+    def endpoints(self) -> list[str]:
+        return [member.endpoint for member in self.members]
+
+    @property
+    def url(self) -> str:
+        return "etcd://" + ",".join(self.endpoints)
+
+    def leader(self) -> EtcdMember:
+        """The member that is the raft leader now (asked of the live members).
+
+        Raises:
+            RuntimeError: no live member names a leader.
+        """
+        for member in self.members:
+            if member.process.poll() is not None:
+                continue
+            try:
+                status = _plain_gateway(member.endpoint, "/v3/maintenance/status", {})
+            except (urllib.error.URLError, OSError):
+                continue
+            leader = int(status.get("leader") or 0)
+            member_id = int(status.get("header", {}).get("member_id") or 0)
+            if leader and leader == member_id:
+                return member
+            for other in self.members:
+                if other is member or other.process.poll() is not None:
+                    continue
+                try:
+                    other_status = _plain_gateway(other.endpoint, "/v3/maintenance/status", {})
+                except (urllib.error.URLError, OSError):
+                    continue
+                if int(other_status.get("header", {}).get("member_id") or 0) == leader:
+                    return other
+        raise RuntimeError("no live etcd member names a leader")
+
+    def hand_leadership_to(self, member: EtcdMember, *, timeout: float = 20.0) -> None:
+        """Make ``member`` the raft leader (etcd's leader transfer), and wait until it is.
+
+        Raises:
+            RuntimeError: it did not become the leader within ``timeout`` seconds.
+        """
+        target = _member_id(member)
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                leader = self.leader()
+                if leader is member:
+                    return
+                _plain_gateway(
+                    leader.endpoint, "/v3/maintenance/transfer-leadership", {"targetID": target}
+                )
+            except (RuntimeError, urllib.error.URLError, OSError) as exc:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{member.name} did not become the leader: {exc}") from exc
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{member.name} did not become the leader")
+            time.sleep(0.1)
+
+
+def _member_id(member: EtcdMember) -> str:
+    status = _plain_gateway(member.endpoint, "/v3/maintenance/status", {})
+    return str(status["header"]["member_id"])
+
+
+def _plain_gateway(endpoint: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    request = urllib.request.Request(
+        f"http://{endpoint}{path}",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=2) as response:
+        reply: dict[str, Any] = json.loads(response.read() or b"{}")
+        return reply
+
+
+@contextmanager
+def run_etcd_cluster(directory: Path, *, size: int = 3) -> Iterator[EtcdCluster]:
+    """Start a private ``size``-member etcd cluster on free loopback ports and wait
+    until it has a leader; every member is stopped by pid on exit (resumed first
+    if frozen). Skips the calling test (fails it under ``CORRAL_REQUIRE_ETCD=1``)
+    without an ``etcd`` binary. Never touches the etcd of ``CORRAL_TEST_ETCD``.
+
+    Args:
+        directory: where each member's data dir and log go.
+        size: how many members.
+    """
+    binary = shutil.which("etcd")
+    if binary is None:
+        _missing("no etcd binary on PATH (Debian: apt-get install etcd-server)")
+    assert binary is not None
+    ports = [(_free_port(), _free_port()) for _ in range(size)]
+    names = [f"m{i}" for i in range(size)]
+    initial = ",".join(
+        f"{name}=http://127.0.0.1:{peer}" for name, (_, peer) in zip(names, ports, strict=True)
+    )
+    token = f"corral-test-{uuid.uuid4().hex[:12]}"
+    members: list[EtcdMember] = []
+    logs = []
+    try:
+        for name, (client_port, peer_port) in zip(names, ports, strict=True):
+            log = open(directory / f"etcd-{name}.log", "wb")  # closed below
+            logs.append(log)
+            process = subprocess.Popen(
+                [
+                    binary,
+                    f"--name={name}",
+                    f"--data-dir={directory / f'etcd-{name}'}",
+                    f"--listen-client-urls=http://127.0.0.1:{client_port}",
+                    f"--advertise-client-urls=http://127.0.0.1:{client_port}",
+                    f"--listen-peer-urls=http://127.0.0.1:{peer_port}",
+                    f"--initial-advertise-peer-urls=http://127.0.0.1:{peer_port}",
+                    f"--initial-cluster={initial}",
+                    f"--initial-cluster-token={token}",
+                    "--initial-cluster-state=new",
+                    # Elections within ~1 s on a busy machine, as with etcd's defaults.
+                    "--heartbeat-interval=100",
+                    "--election-timeout=1000",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+            members.append(EtcdMember(name, f"127.0.0.1:{client_port}", peer_port, process))
+        cluster = EtcdCluster(members)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                cluster.leader()
+                # Every member serves linearizable reads (it has caught up).
+                for member in members:
+                    _plain_gateway(member.endpoint, "/v3/kv/range", {"key": _b64(b"\0")})
+                break
+            except (RuntimeError, urllib.error.URLError, OSError) as exc:
+                dead = [m.name for m in members if m.process.poll() is not None]
+                if dead or time.monotonic() > deadline:
+                    tail = "".join(
+                        (directory / f"etcd-{m.name}.log").read_text(errors="replace")[-1500:]
+                        for m in members
+                    )
+                    raise RuntimeError(
+                        f"the etcd cluster did not come up ({exc}; exited: {dead}):\n{tail}"
+                    ) from exc
+                time.sleep(0.1)
+        yield cluster
+    finally:
+        for member in members:
+            if member.process.poll() is None:
+                os.kill(member.pid, signal.SIGCONT)
+                member.process.terminate()
+        for member in members:
+            try:
+                member.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                member.process.kill()
+                member.process.wait()
+        for log in logs:
+            log.close()

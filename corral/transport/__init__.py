@@ -39,6 +39,7 @@ from corral.transport._schema import (
     message,
     message_class,
     message_kind,
+    message_speaker,
     registered_kinds,
 )
 from corral.transport._websocket import (
@@ -90,6 +91,7 @@ __all__ = [
     "message",
     "message_class",
     "message_kind",
+    "message_speaker",
     "open_websocket_transport",
     "peek_header",
     "registered_kinds",

@@ -34,6 +34,7 @@ __all__ = [
     "message",
     "message_class",
     "message_kind",
+    "message_speaker",
     "registered_kinds",
 ]
 
@@ -49,6 +50,8 @@ _registry: dict[str, type] = {}
 # class -> kind of every class registered with @message: message_kind's answer in
 # one lookup (reading a class's own __dict__ builds a mapping proxy each time)
 _kinds: dict[type, str] = {}
+# class -> the field naming the node that speaks the message, for kinds that declare one
+_speakers: dict[type, str] = {}
 _validators: dict[type, _Validator] = {}
 _encoders: dict[type, _Encoder] = {}
 # The hot paths of encode_message and decode_message: one dict lookup each
@@ -57,11 +60,14 @@ _message_encoders: dict[type, tuple[str, _Encoder]] = {}
 _message_validators: dict[str, _Validator] = {}
 
 
-def message(kind: str) -> Callable[[type[_T]], type[_T]]:
+def message(kind: str, *, speaker: str | None = None) -> Callable[[type[_T]], type[_T]]:
     """Register a frozen dataclass as the message of ``kind``.
 
     Args:
         kind: a dotted name such as ``"coordinator.state"``; unique in the process.
+        speaker: the field that names the node the message comes from (a node id).
+            A message from another node whose speaker field is not the node the
+            transport authenticated is refused: a peer may speak only as itself.
 
     Returns:
         A class decorator that returns the class unchanged (apart from a
@@ -69,7 +75,8 @@ def message(kind: str) -> Callable[[type[_T]], type[_T]]:
 
     Raises:
         TypeError: the class is not a frozen dataclass.
-        ValueError: the kind is empty, reserved, or already taken by another class.
+        ValueError: the kind is empty, reserved, or already taken by another class;
+            or ``speaker`` names no field of the class.
     """
     if not kind or not isinstance(kind, str):
         raise ValueError("a message kind must be a non-empty string such as 'coordinator.state'")
@@ -88,9 +95,18 @@ def message(kind: str) -> Callable[[type[_T]], type[_T]]:
                 f"message kind {kind!r} is already registered by {_qualified(existing)}; "
                 f"{_qualified(cls)} must use another kind"
             )
+        if speaker is not None and speaker not in {f.name for f in dataclasses.fields(cls)}:
+            raise ValueError(
+                f"@message({kind!r}, speaker={speaker!r}): {cls.__qualname__} has no field "
+                f"{speaker!r}; name the field that holds the sending node's id"
+            )
         setattr(cls, _KIND_ATTR, kind)
         _registry[kind] = cls
         _kinds[cls] = kind
+        if speaker is None:
+            _speakers.pop(cls, None)
+        else:
+            _speakers[cls] = speaker
         _validators.pop(cls, None)
         _encoders.pop(cls, None)
         _message_encoders.pop(cls, None)
@@ -108,6 +124,13 @@ def message_kind(obj: object) -> str | None:
     """The kind of a registered message instance or class, or None."""
     cls = obj if isinstance(obj, type) else type(obj)
     return _kinds.get(cls)
+
+
+def message_speaker(msg: object) -> str | None:
+    """The node id ``msg`` says it comes from, for kinds registered with a ``speaker``
+    field (None for the others)."""
+    field = _speakers.get(type(msg))
+    return None if field is None else getattr(msg, field)
 
 
 def message_class(kind: str) -> type:

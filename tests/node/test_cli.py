@@ -52,6 +52,11 @@ AUTH = ["--api", "http://127.0.0.1:9", "--token", "t"]
         (["deploy", "APP", "--name", "shop", "--env", "CORRAL_SURELY_UNSET_1"], "env:"),
         (["app", "replicas", "--name", "shop", "--count", "0"], "count: 0 is refused"),
         (["node", "cordon", "Bad_Node"], "node: invalid node name"),
+        (
+            ["app", "domains", "--name", "shop", "--add", "127.0.0.1"],
+            "add: invalid domain '127.0.0.1': it is an IP address",
+        ),
+        (["alias", "set", "localhost", "shop"], "domain: invalid domain 'localhost'"),
     ],
 )
 def test_bad_requests_exit_2_before_any_network(

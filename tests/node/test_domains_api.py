@@ -53,6 +53,9 @@ async def test_deploy_lowers_and_claims_its_domains_and_a_redeploy_keeps_them(
         (["-shop.example"], "invalid domain '-shop.example'"),
         ([("a" * 63 + ".") * 4 + "example"], "253 characters at most"),
         (["shop..example"], "invalid domain"),
+        (["127.0.0.1"], "invalid domain '127.0.0.1': it is an IP address"),
+        (["localhost"], "invalid domain 'localhost': localhost and its subdomains"),
+        (["[::1]"], "invalid domain '[::1]'"),
         ("shop.example", "must be a list of domains"),
         ([7], "7 is not a domain"),
         ([f"d{i}.example" for i in range(65)], "65 domains, more than the 64"),
@@ -208,3 +211,22 @@ async def test_alias_routes_need_the_token(fx: Fixture) -> None:
             assert (await client.request(method, path)).status_code == 401
     async with fx.client(token="wrong") as client:
         assert (await client.get("/v1/aliases")).status_code == 403
+
+
+@pytest.mark.parametrize("address", ["127.0.0.1", "localhost", "2130706433"])
+async def test_an_address_is_refused_as_an_alias_and_as_an_added_domain(
+    fx: Fixture, tmp_path: Path, address: str
+) -> None:
+    async with fx.client() as client:
+        assert (await deploy(client, tmp_path, "shop")).status_code == 201
+        alias = await client.post(f"/v1/aliases/{address}", json={"app": "shop"})
+        added = await client.post("/v1/apps/shop/domains", json={"add": [address]})
+    assert alias.status_code == 400, alias.text
+    assert alias.json()["field"] == "domain"
+    assert added.status_code == 400, added.text
+    assert added.json()["field"] == "add"
+    assert "would receive every request made to the proxy" in added.json()["error"]
+    record = await fx.app_record("shop")
+    assert record is not None
+    assert record.domains == []
+    assert await fx.registry.get(f"alias/{address}") is None

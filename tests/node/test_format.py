@@ -104,6 +104,40 @@ def test_ps_table_and_empty_hint() -> None:
     assert "corral deploy" in ps_table([])
 
 
+def test_ps_says_why_an_instance_is_still_starting() -> None:
+    # Issue 25 item 8: the node's port range is exhausted; the row alone said "starting".
+    reason = (
+        "cannot start: placement-unavailable: port range 24000-24002 has 1 free port(s) for "
+        "app 'web', a pair needs 2 (1 held by apps of this node, 0 in quarantine, 0 found "
+        "taken on this machine or in the registry); widen the range with "
+        "--port-range-start/--port-range-end or delete apps this node no longer needs"
+    )
+    rows = [
+        {
+            "app": "web",
+            "node": "n1",
+            "state": "starting",
+            "public_port": None,
+            "internal_port": None,
+            "restarts": 0,
+            "reloc": "yes",
+            "reason": reason,
+        },
+        {
+            "app": "api",
+            "node": "n1",
+            "state": "starting",
+            "public_port": None,
+            "internal_port": None,
+            "restarts": 0,
+            "reloc": "yes",
+            "reason": None,
+        },
+    ]
+    lines = ps_table(rows).splitlines()
+    assert lines[3:] == [f"starting web on n1: {reason}"]
+
+
 def test_ps_shows_each_revision_and_the_rollout_progress() -> None:
     def row(node: str, revision: str, step: str) -> dict[str, object]:
         return {

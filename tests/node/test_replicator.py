@@ -3,18 +3,20 @@ stale lease holder writes nothing, old revisions and unused bytes are collected.
 
 from __future__ import annotations
 
-import shutil
+import hashlib
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 import trio.testing
 
-from corral.node import pack_directory
-from corral.node._artifact_store import ArtifactStore, run_inline
+from corral.node import ArtifactNotFound, pack_directory
+from corral.node._artifact_store import ArtifactStore, Download, Peer, run_inline
+from corral.node._copy_plan import Site
 from corral.node._replicator import ArtifactReplicator, GetArtifactState
 from corral.registry import (
     COORDINATOR_LEASE_KEY,
@@ -56,6 +58,8 @@ class Fleet:
     downloads: list[tuple[str, str]] = field(default_factory=list)
     broken: set[str] = field(default_factory=set)
     system: Any = None
+    #: what every store fetches with: the peer's copy as the API serves it
+    download: Download | None = None
 
     def apps_dir(self, node: str) -> Path:
         return self.root / node / "apps"
@@ -78,15 +82,25 @@ async def fleet(
     box = Fleet(registry, tmp_path, stores)
 
     def download(base_url: str, digest: str, capability: str, path: Path, limit: int) -> str:
+        """The peer's copy as its API serves it (verified while it is read)."""
         peer = base_url.removeprefix("http://").split(":")[0]
         box.downloads.append((peer, digest))
         if peer in box.broken:
             raise OSError(f"{peer} is unreachable")
-        source = stores[peer].local_path(digest)
-        shutil.copyfile(source, path)
-        from corral.node._artifacts import digest_of
+        copy = stores[peer].open_copy(digest)
+        if copy is None:
+            raise OSError(f"{peer} holds no copy (404)")
+        sha = hashlib.sha256()
+        try:
+            with path.open("wb") as out:
+                for chunk in copy.chunks():
+                    sha.update(chunk)
+                    out.write(chunk)
+        finally:
+            copy.close()
+        return sha.hexdigest()
 
-        return digest_of(path.read_bytes())
+    box.download = download
 
     for node in nodes:
         await registry.put(
@@ -260,3 +274,49 @@ async def test_the_held_key_of_a_node_without_a_record_is_deleted_and_comes_back
         await trio.sleep(3)
         assert await held(box, "n3") == set(box.stores["n3"].held())
         assert await box.registry.get(held_key("n1")) is not None
+
+
+async def test_a_corrupt_copy_is_dropped_by_its_holder_withdrawn_and_fetched_again(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    async with fleet(tmp_path, copies=3) as box:
+        packed = packed_app(tmp_path)
+        digest = await deploy(box, "n2", "web", packed.data)
+        await trio.sleep(5)
+        for node in ("n1", "n2", "n3"):
+            assert digest in await held(box, node)
+        path = box.stores["n3"].local_path(digest)
+        rotten = bytearray(path.read_bytes())
+        rotten[len(rotten) // 2] ^= 0xFF
+        path.write_bytes(bytes(rotten))
+        seen: list[set[str]] = []
+
+        async def follow_held(task_status: trio.TaskStatus[None]) -> None:
+            async with box.registry.watch(held_key("n3")) as events:
+                task_status.started()
+                async for event in events:
+                    record = decode_record(event.kv.key, event.kv.value)
+                    assert isinstance(record, HeldCopies)
+                    seen.append(set(record.copies))
+
+        async with trio.open_nursery() as nursery:
+            await nursery.start(follow_held)
+            # A node fetching from n3 gets no corrupt copy ...
+            assert box.download is not None
+            fetcher = ArtifactStore(
+                box.registry,
+                tmp_path / "n9" / "artifacts",
+                node_id="n9",
+                secret=SECRET,
+                download=box.download,
+                run_blocking=run_inline,
+            )
+            with pytest.raises(ArtifactNotFound, match=r"tried 1: n3 \(CopyCorrupt: "):
+                await fetcher.fetch_copy(digest, [Peer("n3", "n3:1", Site("r2"))])
+            assert fetcher.read_local(digest) is None
+            # ... and n3 drops it, says so in held/n3, then fetches it again.
+            await trio.sleep(3)
+            nursery.cancel_scope.cancel()
+        assert seen[0] == set()
+        assert seen[-1] == {digest}
+        assert box.stores["n3"].read_local(digest) == packed.data

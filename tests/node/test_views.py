@@ -204,6 +204,10 @@ def test_a_pinned_instance_a_forced_drain_stopped_shows_as_stopped_not_pending()
         ("n1", "running", None),
         ("n2", "stopping", stopped_reason("n2")),
     ]
+    # The drain ended, or the app's new resources do not fit n2: still stopped, and why.
+    (row,) = ps_rows(db, only, nodes, {})
+    assert (row.state, row.reason) == ("stopped", stopped_reason("n2", forced_drain=False))
+    assert row.reason.startswith("n2 cannot take it back yet")
     # An app no longer pinned forgets its stopped instances: pending until placed again.
     unpinned = {"web": AppRecord(name="web", replicas=1, deployment=deployment)}
     assert [(r.node, r.state) for r in ps_rows(unpinned, only, nodes, forced)] == [("-", "pending")]
@@ -301,6 +305,17 @@ def test_node_rows_show_what_placements_leave_allocatable() -> None:
     # 100 000 - 1 000 reserved - the 10 000 floor; measured free memory is not counted.
     assert rows[0].allocatable == {"memory_mb": 8192 - 512, "disk_mb": 89_000}
     assert rows[1].allocatable is None  # no capacity reported
+
+
+def test_node_ls_counts_what_was_placed_not_what_a_redeploy_asks() -> None:
+    # Issue 25 item 12: `--memory-mb 999999` on a running app showed -975894/247779 MiB.
+    # Until the planner places the change, the node holds what the placement recorded;
+    # afterwards the placement moves or goes, so it never goes negative.
+    nodes = {"a": NodeRecord("a", capacity=MeasuredCapacity(247_779, 1000, 100_000, 50_000))}
+    apps = {"web": AppRecord("web", memory_mb=999_999)}
+    placements = {"web": PlacementRecord(["a"], 0.0, 1, reserved=(1024, 0))}
+    rows = node_rows(nodes, {}, coordinator="a", apps=apps, placements=placements)
+    assert rows[0].allocatable == {"memory_mb": 247_779 - 1024, "disk_mb": 90_000}
 
 
 def test_ps_rows_carry_each_revision_and_the_rollout() -> None:

@@ -1,5 +1,5 @@
 """A tiny HTTP backend for the proxy tests: answers every GET with its own name
-(``/slow...`` after 0.8 s).
+(``/slow...`` after 0.8 s, ``/wait/MS`` after MS milliseconds).
 
 Run as ``python _backend.py NAME PORT``; listens on 127.0.0.1:PORT until killed.
 """
@@ -21,6 +21,8 @@ def main() -> None:
         def do_GET(self) -> None:
             if self.path.startswith("/slow"):
                 time.sleep(0.8)
+            elif self.path.startswith("/wait/"):
+                time.sleep(int(self.path.removeprefix("/wait/")) / 1000)
             # One write, headers and body together: two small writes on a kept-alive
             # connection stall 40 ms on Nagle and delayed ACKs.
             head = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: %d\r\n\r\n"

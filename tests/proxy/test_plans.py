@@ -14,6 +14,7 @@ from corral.proxy import (
     HaproxyState,
     InvalidProxySetup,
     ProxyStatus,
+    ProxyTimeouts,
     Verdict,
     caddy_document,
     desired_state,
@@ -72,12 +73,19 @@ def run(state: HaproxyState, commands: tuple[str, ...], refuse_delete: bool) -> 
     ready: set[tuple[str, str]] = {
         (b, s) for b, ss in backends.items() for s in ss if (b, s) not in state.parked
     }
+    unchecked: set[tuple[str, str]] = set()
     for line in commands:
         words = line.split()
         if words[:2] == ["add", "server"]:
             b, s = words[2].split("/")
             assert s not in backends[b], line
+            assert "check" in words, f"{line}: a runtime server is never health-checked"
             backends[b][s] = words[3]
+            unchecked.add((b, s))
+        elif words[:2] == ["enable", "health"]:
+            b, s = words[2].split("/")
+            assert s in backends[b], line
+            unchecked.discard((b, s))
         elif words[:2] == ["set", "server"]:
             b, s = words[2].split("/")
             assert s in backends[b], line
@@ -99,6 +107,8 @@ def run(state: HaproxyState, commands: tuple[str, ...], refuse_delete: bool) -> 
             del hosts[words[3]]
         else:
             raise AssertionError(line)
+    # A server added at runtime starts with its checks off: each one is turned on.
+    assert not unchecked, unchecked
     live = {b: {s: a for s, a in ss.items() if (b, s) in ready} for b, ss in backends.items()}
     return HaproxyState(hosts, live)
 
@@ -178,8 +188,13 @@ def test_generated_config_has_retries_the_404_backend_and_every_server() -> None
         "retries 3",
         "option redispatch 1",
         "retry-on conn-failure empty-response response-timeout",
+        "balance leastconn",
+        "timeout server 3000ms",
+        "timeout check 3000ms",  # a check has a request's bound, no tighter
+        "option httpchk HEAD /",
+        "default-server pool-purge-delay 1s check ",
         "http-request return status 404",
-        f"map({MAP},corral-unknown)",
+        "req.hdr(host),lower,field(1,:),regsub('[.]$','')," + f"map({MAP},corral-unknown)",
         f"backend {backend_name('a.test')}",
         f"server {server_name(URLS[0])} 127.0.0.1:24000",
         f"server {server_name(URLS[6])} [::1]:24100",
@@ -204,7 +219,11 @@ def test_caddy_document_ends_with_a_catch_all_404_and_retries() -> None:
         storage="/d/storage",
     )
     routes = doc["apps"]["http"]["servers"]["corral"]["routes"]
-    assert [r["match"][0]["host"] for r in routes[:-1]] == [["a.test"], ["b.test"]]
+    # Caddy's host matcher ignores case and port but not a trailing dot: both spellings.
+    assert [r["match"][0]["host"] for r in routes[:-1]] == [
+        ["a.test", "a.test."],
+        ["b.test", "b.test."],
+    ]
     assert routes[-1] == {
         "handle": [
             {
@@ -217,7 +236,15 @@ def test_caddy_document_ends_with_a_catch_all_404_and_retries() -> None:
     }
     proxy = routes[0]["handle"][0]
     assert [u["dial"] for u in proxy["upstreams"]] == ["127.0.0.1:24000", "[::1]:24100"]
-    assert proxy["load_balancing"]["try_duration"] == "2000ms"
+    balancing = proxy["load_balancing"]
+    # A stalled backend: least connections leaves it, a safe request it held past the
+    # response timeout is tried elsewhere (the try duration outlasts that timeout), and
+    # one failure keeps it out for a while.
+    assert balancing["selection_policy"] == {"policy": "least_conn"}
+    assert balancing["try_duration"] == "5000ms"
+    assert balancing["retry_match"] == [{"method": ["GET", "HEAD", "OPTIONS"]}]
+    assert proxy["transport"]["response_header_timeout"] == "3000ms"
+    assert proxy["health_checks"]["passive"]["max_fails"] == 1
     assert doc["admin"]["listen"] == "127.0.0.1:2019"
 
 
@@ -252,3 +279,35 @@ def test_caddy_bytes_are_the_document_encoded() -> None:
     assert json.loads(caddy_config_bytes(t, **args)) == caddy_document(t, **args)
     empty = RouteTable(1, 2, {})
     assert json.loads(caddy_config_bytes(empty, **args)) == caddy_document(empty, **args)
+
+
+def test_the_response_timeout_setting_reaches_both_proxies_configs() -> None:
+    """``--response-timeout-ms 10000``: HAProxy's server and check timeouts, Caddy's
+    response-header timeout and a try duration past it; the connect bound stays."""
+    timeouts = ProxyTimeouts(response_ms=10_000)
+    files = HaproxyFiles("/d/haproxy.cfg", MAP, "/d/admin.sock", "/d/haproxy.pid", "127.0.0.1:8080")
+    state = desired_state(RouteTable(1, 1, {"a.test": (URLS[0],)}))
+    text = render_config(state, files, timeouts=timeouts)
+    for needle in ("timeout server 10000ms", "timeout check 10000ms", "timeout connect 500ms"):
+        assert needle in text, needle
+    assert "3000ms" not in text
+    table = RouteTable(1, 1, {"a.test": (URLS[0],)})
+    args = {"listen": "127.0.0.1:8080", "admin": "127.0.0.1:2019", "storage": "/d/storage"}
+    for doc in (
+        caddy_document(table, **args, timeouts=timeouts),
+        json.loads(caddy_config_bytes(table, **args, timeouts=timeouts)),
+    ):
+        proxy = doc["apps"]["http"]["servers"]["corral"]["routes"][0]["handle"][0]
+        assert proxy["transport"]["response_header_timeout"] == "10000ms"
+        assert proxy["transport"]["dial_timeout"] == "500ms"
+        assert proxy["load_balancing"]["try_duration"] == "12000ms"
+    # Routes cached under one setting are not served under another.
+    default = json.loads(caddy_config_bytes(table, **args))
+    proxy = default["apps"]["http"]["servers"]["corral"]["routes"][0]["handle"][0]
+    assert proxy["transport"]["response_header_timeout"] == "3000ms"
+
+
+@pytest.mark.parametrize("bad", [0, 99, 86_400_001, -5, True, 2.5])
+def test_a_response_timeout_out_of_range_is_refused_naming_the_flag(bad: object) -> None:
+    with pytest.raises(InvalidProxySetup, match="--response-timeout-ms"):
+        ProxyTimeouts(response_ms=bad)  # type: ignore[arg-type]

@@ -73,6 +73,27 @@ async def test_requests_reach_every_backend_and_an_unknown_host_gets_404(
         assert status == 404
 
 
+@pytest.mark.parametrize(
+    "host", ["shop.test.", "SHOP.test:80", "Shop.Test.:8080", "shop.test.:80", "SHOP.TEST."]
+)
+async def test_a_host_spelled_as_corral_reads_it_reaches_the_domain(
+    kind: str, data_dir: Path, backends: Backends, host: str
+) -> None:
+    """A Host header is normalised as corral normalises a domain (lowercase, port
+    stripped, one trailing dot dropped): each spelling reaches the shop's backend."""
+    await backends.start("shop")
+    listen = f"127.0.0.1:{free_port()}"
+    async with (
+        open_proxy(kind, listen=listen, data_dir=data_dir) as engine,
+        proxy_client(kind) as client,
+    ):
+        await engine.offer(table(1, shop_test=[backends.url("shop")]))
+        assert engine.status.error is None
+        assert await ask(client, listen, host) == (200, "shop")
+        # Two trailing dots are no spelling of shop.test (corral refuses that domain).
+        assert (await ask(client, listen, "shop.test.."))[0] == 404
+
+
 async def test_removing_a_backend_takes_it_out_and_an_older_table_is_ignored(
     kind: str, data_dir: Path, backends: Backends
 ) -> None:

@@ -22,7 +22,9 @@ pytestmark = pytest.mark.slow
 async def _serve(nursery: trio.Nursery, answer: bool, seen: list[str]) -> str:
     """A loopback HTTP server that records each request line; it answers 200 when
     ``answer``, else closes the connection without a word (an instance that died
-    mid-request). Returns its URL."""
+    mid-request). HAProxy's health checks (``HEAD /``) are answered and not recorded:
+    the instance stays in the pool, so the test sees what its retries do. Returns its
+    URL."""
 
     async def one(stream: trio.SocketStream) -> None:
         async with stream:
@@ -32,8 +34,10 @@ async def _serve(nursery: trio.Nursery, answer: bool, seen: list[str]) -> str:
                 if not chunk:
                     return
                 data += chunk
-            seen.append(data.split(b"\r\n", 1)[0].decode())
-            if answer:
+            line = data.split(b"\r\n", 1)[0].decode()
+            if not line.startswith("HEAD "):
+                seen.append(line)
+            if answer or line.startswith("HEAD "):
                 await stream.send_all(
                     b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok"
                 )
@@ -88,3 +92,28 @@ async def test_a_dropped_get_is_retried_elsewhere_and_a_post_is_not_replayed(
     assert len(post_lines) == 6
     assert posts.count(502) == sum(line.startswith("POST") for line in dropped), posts
     assert posts.count(200) == sum(line.startswith("POST") for line in served), posts
+
+
+async def test_caddy_never_replays_a_post_an_instance_dropped(data_dir: Path) -> None:
+    """Caddy replays only GET, HEAD and OPTIONS on another backend once one took the
+    request (``retry_match``); a dropped POST gets 502, sent once."""
+    require_binary("caddy")
+    listen = f"127.0.0.1:{free_port()}"
+    dropped: list[str] = []
+    served: list[str] = []
+    async with trio.open_nursery() as nursery:
+        bad = await _serve(nursery, False, dropped)
+        good = await _serve(nursery, True, served)
+        async with open_proxy("caddy", listen=listen, data_dir=data_dir) as engine:
+            await engine.offer(RouteTable(1, 1, {"shop.test": tuple(sorted((bad, good)))}))
+            assert engine.status.error is None
+            posts: list[int | str] = []
+            # Least connections picks at random between two idle backends: POST until
+            # the dropping one got one (it is then kept out for a while).
+            while not dropped and len(posts) < 40:
+                posts.append(await _post(f"http://{listen}/"))
+        nursery.cancel_scope.cancel()
+    assert dropped == ["POST / HTTP/1.1"], (dropped, posts)
+    assert len(served) == len(posts) - 1  # no POST reached a backend twice
+    assert posts.count(502) == 1, posts
+    assert posts.count(200) == len(posts) - 1, posts

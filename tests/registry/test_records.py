@@ -95,6 +95,7 @@ EXAMPLES: list[tuple[str, Record]] = [
     ),
     (down_key("n2"), NodeDown("n2")),
     (placement_key("web"), PlacementRecord(["n2", "n1"], 5.0, 9, {"n1": 4.0})),
+    (placement_key("db"), PlacementRecord(["n1"], 5.0, 9, reserved=(512, 1000))),
     (COORDINATOR_LEASE_KEY, CoordinatorLease("n1", 3.0)),
     (port_key("n1", 24001), PortClaim("n1", 24001, "web", 2.0)),
     (alias_key("web.example"), AliasRecord("web")),

@@ -30,6 +30,13 @@ class Ping:
     seq: int
 
 
+@message("route.said", speaker="source")
+@dataclass(frozen=True)
+class Said:
+    source: str
+    text: str
+
+
 @dataclass(frozen=True)
 class Place:
     takes_messages: bool
@@ -52,6 +59,19 @@ def ask(to: str, kind: str = "route.ping", body: object = None, ident: int = 7) 
     return frame(
         Envelope(ident, to, "node-a/", kind, {"seq": 1} if body is None else body, None, True)
     )
+
+
+def test_a_message_naming_another_speaker_than_the_authenticated_peer_is_refused() -> None:
+    def said_by(source: str) -> Frame:
+        body = {"source": source, "text": "n2 has left"}
+        return frame(Envelope(4, "node-b/pinger", "node-a/", "route.said", body, None, True))
+
+    said = Said("node-a", "n2 has left")
+    assert decide(said_by("node-a")) == Deliver("node-a", ACTOR, "/pinger", "route.said", said, 4)
+    forged = decide(said_by("node-c"))
+    assert isinstance(forged, Reject)
+    assert (forged.peer, forged.ask_id, forged.code) == ("node-a", 4, ErrorCode.SCHEMA)
+    assert "claims to come from node 'node-c'" in forged.reason
 
 
 def test_a_valid_tell_and_ask_are_delivered_decoded() -> None:

@@ -7,6 +7,7 @@ it with the rest untouched; a rollback rolls back the same way."""
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections import Counter
 from collections.abc import Callable, Sequence
 
@@ -41,6 +42,7 @@ from corral.testing import (
     NodeContext,
     agent_node_children,
     open_cluster,
+    virtual_wall_clock,
 )
 
 APP = "shop"
@@ -352,12 +354,14 @@ async def test_a_one_instance_app_restarts_in_place_without_waiting_on_a_drain(
         assert cluster.instances()[APP] == [node]
 
 
-@pytest.mark.parametrize("applies", [True, False])
+@pytest.mark.parametrize("proxy_does", ["applies", "nothing", "stops-reporting"])
 async def test_a_node_out_of_the_table_waits_for_every_proxy_or_the_drain(
-    autojump_clock: object, applies: bool
+    autojump_clock: object, proxy_does: str
 ) -> None:
     """A registered proxy that applies each table a second late lets the rollout go
-    on a second after the take-out; one that applies nothing holds it the drain."""
+    on a second after the take-out; one that applies nothing holds it the drain;
+    one whose record is no longer refreshed (its process is gone) is not waited for."""
+    applies = proxy_does == "applies"
     drain = 10.0
     options = RolloutOptions(max_parallel=1, drain_ms=int(drain * 1000))
     async with open_cluster(3, lease_ttl=TTL, children=with_routing) as cluster:
@@ -369,6 +373,11 @@ async def test_a_node_out_of_the_table_waits_for_every_proxy_or_the_drain(
             start = await cluster.registry.revision() + 1
             async with cluster.registry.watch(ROUTING_KEY, start) as events:
                 record = ProxyRecord("p1", "haproxy", "127.0.0.1:1", 0, 0)
+                if proxy_does == "stops-reporting":
+                    silent_since = virtual_wall_clock() - 60
+                    record = dataclasses.replace(
+                        record, reported_at=silent_since, report_every=5.0
+                    )
                 await cluster.registry.put(proxy_key("p1"), record.encode())
                 task_status.started()
                 async for event in events:
@@ -399,6 +408,8 @@ async def test_a_node_out_of_the_table_waits_for_every_proxy_or_the_drain(
         draining = next(since for step, since in steps if step == "draining")
         if applies:
             assert 1.0 <= draining - out < 2.0  # the proxy's second, and a pass's debounce
+        elif proxy_does == "stops-reporting":
+            assert draining - out < 1.0  # no live proxy to wait for
         else:
             assert draining - out == drain
 
@@ -477,3 +488,100 @@ async def test_the_last_pass_counts_the_rollout_records_it_moved_on(
         # Passes whose placement inputs had not moved still advanced the rollout, and
         # the state says so instead of showing a pass that did nothing.
         assert any(outcome == "skipped" and writes > 0 for outcome, writes in seen), seen
+
+
+@dataclasses.dataclass(frozen=True)
+class RegistryCut:
+    """The coordinator's host cut from the registry (``hang``: its calls wait and land
+    when it is back; else they fail) for ``cut_for`` seconds, the deploy made
+    ``deploy_after`` seconds into the cut, and every other node's registry access
+    failing for the first ``stall`` seconds of it (a stalled registry endpoint: their
+    node records lapse too)."""
+
+    hang: bool
+    deploy_after: float
+    stall: float
+    cut_for: float
+
+
+def not_serving(cluster: Cluster, nodes: Sequence[str], ready_after: float, since: float) -> int:
+    """The most instances out at once since ``since``: each from its process's exit until
+    its next process is ready (``ready_after`` seconds after its start)."""
+    edges: list[tuple[float, int]] = []
+    for node in nodes:
+        timeline = [e for e in cluster.node(node).launcher.timeline if e.app == APP]
+        for stop in (e.time for e in timeline if e.kind == "exit" and e.time >= since):
+            start = min((e.time for e in timeline if e.kind == "start" and e.time >= stop),
+                        default=math.inf)
+            edges += [(stop, 1), (start + ready_after, -1)]
+    out = most = 0
+    for _, step in sorted(edges):
+        out += step
+        most = max(most, out)
+    return most
+
+
+@pytest.mark.parametrize(
+    "cut",
+    [
+        # a successor begins the rollout from a view the stall emptied of node records
+        RegistryCut(hang=True, deploy_after=1.5, stall=8.0, cut_for=7.5),
+        # the old holder's own record lapsed: it is named nothing until it is back
+        RegistryCut(hang=True, deploy_after=0.9, stall=0.0, cut_for=11.6),
+        RegistryCut(hang=False, deploy_after=1.2, stall=2.0, cut_for=3.0),
+        # the cut comes mid-rollout
+        RegistryCut(hang=False, deploy_after=-3.0, stall=8.0, cut_for=12.0),
+    ],
+)
+async def test_a_registry_cut_moving_the_lease_mid_deploy_keeps_max_parallel(
+    autojump_clock: object, cut: RegistryCut
+) -> None:
+    """Issue 26: a host cut during a rolling deploy moved the lease, and all four
+    instances restarted within 2 s. Node records lapse in the cut and come back without
+    their instances listed; a coordinator took each such node for one running nothing
+    and named it the new revision, so its reconciler restarted it outside the width."""
+    ready_after, lease_ttl = 6.0, 4.0
+    options = RolloutOptions(max_parallel=1, drain_ms=1000, ready_timeout_ms=60_000)
+    async with open_cluster(4, lease_ttl=lease_ttl, children=with_routing) as cluster:
+        nodes = cluster.running
+        app = AppRecord(APP, replicas="all", deployment=V1, domains=["shop.test"],
+                        rollout=options)
+        await cluster.put_app(app)
+        await until(lambda: len(revisions_running(cluster, nodes, R1)) == len(nodes), within=TTL)
+        await trio.sleep(2 * lease_ttl)  # every node record lists its instance
+        for node in nodes:
+            cluster.node(node).launcher.behave(APP, Behaviour(ready_after=ready_after))
+        began = trio.current_time()
+
+        async def deploy() -> None:
+            await trio.sleep(max(0.0, cut.deploy_after))
+            await redeploy(cluster, app, V2)
+
+        async def cut_off() -> None:
+            await trio.sleep(max(0.0, -cut.deploy_after))
+            holder = await cluster.wait_for_coordinator()
+            cluster.cut_registry(holder, hang=cut.hang)
+            others = [node for node in nodes if node != holder]
+            for node in others if cut.stall else ():
+                cluster.cut_registry(node)
+            await trio.sleep(cut.stall)
+            for node in others if cut.stall else ():
+                cluster.restore_registry(node)
+            await trio.sleep(max(0.0, cut.cut_for - cut.stall))
+            cluster.restore_registry(holder)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(deploy)
+            nursery.start_soon(cut_off)
+        await settled(cluster, nodes, R2, within=120)
+
+        assert not_serving(cluster, nodes, ready_after, began) == options.max_parallel
+        for node in nodes:
+            assert starts(cluster, node) == [R1, R2], node
+        # the lease lapsed and was taken again, under a new fence (by another node, or
+        # by the old holder once back), never held twice at once
+        assert len(cluster.assert_single_coordinator()) >= 2
+
+
+def revisions_running(cluster: Cluster, nodes: Sequence[str], revision: str) -> list[str]:
+    return [node for node, running in revisions(cluster, nodes).items() if running == [revision]]

@@ -180,6 +180,13 @@ def test_message_decorator_refuses_bad_declarations() -> None:
         class Impostor:
             pass
 
+    with pytest.raises(ValueError, match="has no field 'source'"):
+
+        @message("test.codec.speakerless", speaker="source")
+        @dataclass(frozen=True)
+        class Speakerless:
+            sender: str
+
 
 def test_frame_size_limit_both_ways() -> None:
     limits = CodecLimits(max_frame_bytes=1000)

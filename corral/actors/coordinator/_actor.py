@@ -11,8 +11,11 @@ is the **fence**: every acquisition creates the key anew, so every fence is
 larger than any before it. The holder renews at a third of the TTL (the tick).
 A renewal that fails — the lease is gone, or the registry cannot be reached —
 ends coordinating at once, before anything else is written, and so does a
-local deadline: nothing is written later than ``lease_ttl`` after the last
-renewal was sent, the moment the registry would let the lease lapse.
+local deadline: the holder steps down (no pass, no write) ``lease_ttl`` minus a
+margin (a tenth of it, at most a second: :func:`step_down_margin`) after the last
+renewal was sent, before the registry could let the lease lapse and hand it to
+another node. A holder that cannot renew so never acts beside its successor, even
+with its clock running a little fast or a write slow on the way.
 
 A pass
 ------
@@ -187,6 +190,18 @@ __all__ = [
 
 #: ``leaseTtlMs`` in seconds (45 000 ms).
 DEFAULT_LEASE_TTL = 45.0
+#: The step-down margin: a tenth of the lease TTL, at most this many seconds.
+_MAX_STEP_DOWN_MARGIN = 1.0
+
+
+def step_down_margin(lease_ttl: float) -> float:
+    """How long before its lease could lapse (``lease_ttl`` after the last renewal was
+    sent) a holder that could not renew stops acting: a tenth of the TTL, at most
+    :data:`_MAX_STEP_DOWN_MARGIN` seconds (room for clock drift and a write in flight;
+    the fence guard still refuses anything that lands later)."""
+    return min(lease_ttl / 10, _MAX_STEP_DOWN_MARGIN)
+
+
 #: How long a burst of registry changes is gathered before one pass looks at them.
 DEFAULT_WATCH_DEBOUNCE = 0.25
 #: Pause before a broken lease watch is opened again.
@@ -250,7 +265,7 @@ class _InputsChanged:
 class _Holding:
     lease: int
     fence: int
-    deadline: float  # trio time after which the lease may have lapsed
+    deadline: float  # trio time from which it no longer acts (before the lease may lapse)
 
 
 class Coordinator(Actor):
@@ -296,6 +311,8 @@ class Coordinator(Actor):
         self._registry = registry
         self._policy = policy if policy is not None else Policy()
         self._lease_ttl = lease_ttl
+        # A renewal sent at t entitles the holder to act until t + this, not t + TTL.
+        self._acts_for = lease_ttl - step_down_margin(lease_ttl)
         self._tick = lease_ttl / 3
         self._wall_clock = wall_clock
         self._max_writes = max_writes
@@ -477,9 +494,7 @@ class Coordinator(Actor):
         assert holding is not None
         sent_at = trio.current_time()
         if sent_at >= holding.deadline:
-            raise LeaseExpired(
-                f"the lease TTL ({self._lease_ttl} s) passed since the last renewal was sent"
-            )
+            raise LeaseExpired(self._past_deadline())
         try:
             await self._registry.keepalive(holding.lease)
         except LeaseNotFound as exc:
@@ -487,7 +502,14 @@ class Coordinator(Actor):
         except RegistryError as exc:
             raise LeaseExpired(f"renewal could not reach the registry: {exc}") from exc
         if self._holding is holding:
-            self._holding = _Holding(holding.lease, holding.fence, sent_at + self._lease_ttl)
+            self._holding = _Holding(holding.lease, holding.fence, sent_at + self._acts_for)
+
+    def _past_deadline(self) -> str:
+        return (
+            f"no renewal for {self._acts_for:g} s: the lease TTL ({self._lease_ttl:g} s) "
+            f"less the step-down margin ({self._lease_ttl - self._acts_for:g} s) passed since "
+            "the last renewal was sent"
+        )
 
     async def _campaign(self) -> bool:
         """Try to take the lease; True when this node holds it now."""
@@ -532,7 +554,7 @@ class Coordinator(Actor):
             if isinstance(created, list) and created
             else result.revision
         )
-        self._holding = _Holding(lease.id, fence, sent_at + self._lease_ttl)
+        self._holding = _Holding(lease.id, fence, sent_at + self._acts_for)
         self._holder, self._holder_fence = self._node_id, fence
         self._last_digest = None
         # Everything after the acquisition is news; the first pass reads it anyway.
@@ -833,7 +855,7 @@ class Coordinator(Actor):
             for app in candidates
             if (current := view.placements.get(app)) is not None
         )
-        routed = self._routed_urls(await self._read_routing()) if rolling else None
+        routed = self._routed_urls(await self._read_routing(), now) if rolling else None
         plans: dict[str, RolloutPlan] = {}
         for app in sorted(candidates):
             current = view.placements.get(app)
@@ -921,10 +943,12 @@ class Coordinator(Actor):
                 if not apps:
                     del self._rest_on[node]
 
-    def _routed_urls(self, kvs: Iterable[KeyValue]) -> frozenset[str] | None:
+    def _routed_urls(self, kvs: Iterable[KeyValue], now: float) -> frozenset[str] | None:
         """Every backend URL of the routing table as read, when every registered proxy
         has applied that table (or a newer one); None when one has not yet (or the
-        table does not decode)."""
+        table does not decode). A proxy whose record is no longer refreshed (its
+        ``corral proxy run`` is gone: :meth:`ProxyRecord.not_reporting_for`) is not
+        waited for: it would only hold every node a drain longer."""
         # Imported here: the routing package imports this one.
         from corral.actors.routing import TableVersion, decode_table_json
 
@@ -938,7 +962,7 @@ class Coordinator(Actor):
                     return None
                 continue
             record = decode_record(kv.key, kv.value)
-            if isinstance(record, ProxyRecord):
+            if isinstance(record, ProxyRecord) and record.not_reporting_for(now) is None:
                 fence, revision = record.applied_fence, record.applied_revision
                 applied.append(
                     None if fence is None or revision is None else TableVersion(fence, revision)
@@ -1078,6 +1102,21 @@ class Coordinator(Actor):
         }
         concerned.update(placed.keys() - decided.keys(), decisions.stopped)
         concerned.update(app for app, p in placed.items() if p.stopped)
+        # Every instance a pass leaves placed reserves what its app declares: a record
+        # that says otherwise (a resource change placed in place) is written too.
+        declared = {
+            app.name: (app.memory_mb, app.disk_mb)
+            for app in inputs.apps
+            if app.name in concerned
+            or ((p := placed.get(app.name)) is not None and p.reserved is not None)
+        }
+        concerned.update(
+            app
+            for app, size in declared.items()
+            if app in decided
+            and (p := placed.get(app)) is not None
+            and p.reserved not in (None, size)
+        )
         targets = {app: decided.get(app) for app in sorted(concerned)}
         written = plan_writes(
             targets,
@@ -1087,6 +1126,7 @@ class Coordinator(Actor):
             max_writes=self._max_writes,
             stopped=decisions.stopped,
             specs=self._input_cache.node_specs(view.apps),
+            reserved=declared,
         )
         if written.superseded:
             newest = max(view.placements[app].record.fence for app in written.superseded)
@@ -1101,9 +1141,7 @@ class Coordinator(Actor):
         changed since it was read."""
         holding = self._holding
         if holding is None or trio.current_time() >= holding.deadline:
-            raise LeaseExpired(
-                f"the lease TTL ({self._lease_ttl} s) passed since the last renewal was sent"
-            )
+            raise LeaseExpired(self._past_deadline())
         result = await self._registry.txn(
             list(compares), list(operations), [Get(COORDINATOR_LEASE_KEY)]
         )

@@ -24,7 +24,10 @@ guarded on, and every key that could not be decoded.
   dead node would pin its work to it for ever;
 * a placement is its sorted nodes and when each was placed, plus the nodes
   where a forced drain stopped a pinned instance: the record keeps those in
-  ``placed_at`` but not in ``nodes`` (see :mod:`._writes`);
+  ``placed_at`` but not in ``nodes`` (see :mod:`._writes`), and what its
+  instances reserve (``reserved``: the resources the app declared when they
+  were placed, so a redeploy asking for other resources is placed again, and
+  is part of the digest like every other field);
 * an undecodable key of any of the four kinds is passed on by name, and the
   planner pauses the pass.
 
@@ -529,6 +532,7 @@ def _placement(record: PlacementRecord) -> Placement:
         nodes=tuple(record.nodes),
         placed_at={node: when for node, when in record.placed_at.items() if node in serving},
         stopped=tuple(sorted(node for node in record.placed_at if node not in serving)),
+        reserved=record.reserved,
     )
 
 

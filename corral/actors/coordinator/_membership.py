@@ -17,13 +17,19 @@ present               none (not wired, or no      the record's own (``alive``)
                       view of this node)
 present               alive / suspect             alive / suspect
 present or lapsed     dead                        ``down``
-present or lapsed     left                        ``left`` (moves at once)
+present               left                        ``alive``: a live, renewing
+                                                  record contradicts the leave
+lapsed                left                        ``left`` (moves at once)
 lapsed                alive                       ``alive``: a registry blip; the
                                                   last known record gives capacity
                                                   and labels
 lapsed                none, suspect               ``down``: the registry lost it
                                                   and SWIM cannot reach it
 ====================  ==========================  ================================
+
+A graceful stop withdraws the node's record, so a leave is believed only once
+the record is gone: a ``left`` said while the record still renews is not the
+node's doing (a forged or stale claim), and moves nothing.
 
 The operator's intent goes on top (:func:`~._inputs.effective_state`):
 draining is ``left``, cordoning an alive or suspect node is ``cordoned``.
@@ -248,7 +254,12 @@ def _base_state(
     if member is not None and member.state == "dead":
         return "down", "membership declared it dead"
     if member is not None and member.state == "left":
-        return "left", "it left the cluster (membership)"
+        if record is None:
+            return "left", "it left the cluster (membership) and withdrew its record"
+        return "alive", (
+            "membership says it left, but its registry record is live and renewing "
+            "(a leave counts once the record is withdrawn)"
+        )
     if record is not None:
         if member is None:
             return record.state, "its registry record is live"

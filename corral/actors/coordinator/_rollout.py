@@ -53,9 +53,22 @@ restarting             it runs the target and is ready: it is put back (done);
   width); one restarting onto the abandoned revision is switched to the new target
   at once; nodes done on the abandoned revision are pending again. A node already
   on the new target (one the abandoned rollout had not reached) is done at once.
-* **Placement changes.** A node newly placed that runs nothing starts the target
-  directly (it has no traffic to drain); one that runs another revision is
-  pending. A node no longer placed leaves the record.
+* **Placement changes.** A node newly placed that runs the target is done; one that
+  runs another revision is pending. A node no longer placed leaves the record.
+* **A node that publishes no instance is not guessed at.** A placed node whose
+  record is not in the view (it lapsed: the node, or the registry, was cut off; a
+  coordinator taking over after a registry stall may find most records gone), or
+  lists no instance of the app (a record just written again after it lapsed does
+  not list the instances yet), may well still run the old revision. It is not added
+  to the record until it publishes an instance (then it is pending, or done if that
+  runs the target): the record names no revision for it, so its reconciler keeps the
+  previous revision if that is what it runs, and starts the app's revision if it
+  runs nothing (a node newly placed has no traffic to drain). The rollout is not done
+  while a placed node is left out so. (Marking such a node done on the target told
+  its reconciler to restart onto it at once, outside the width: a successor that
+  began a rollout, or listed nodes coming back, from a view a registry stall had
+  emptied restarted every instance together.) A node the record already lists keeps
+  its entry whatever it publishes.
 * **RolloutDone.** Once every placed node is done, the plan says :class:`RolloutDone` and the
   record is cleared (None): with no record, nodes run the app's revision.
 * A pinned app rolls in place like any other: the controller never moves an
@@ -218,7 +231,11 @@ def plan_rollout(inputs: RolloutInputs) -> RolloutPlan:
             changed |= _admit(inputs, nodes, actions)
         if not changed:
             break
-    if not halted and all(entry.step == "done" for entry in nodes.values()):
+    if (
+        not halted
+        and all(entry.step == "done" for entry in nodes.values())
+        and not _unlisted(inputs, nodes)
+    ):
         actions.append(RolloutDone(inputs.target))
         return RolloutPlan(None, tuple(actions))
     new = dataclasses.replace(record, nodes=nodes, halted=halted)
@@ -294,27 +311,38 @@ def _begin(inputs: RolloutInputs, actions: list[RolloutAction]) -> RolloutRecord
         nodes = {
             node: record.nodes[node] if node in record.nodes else _newcomer(inputs, node)
             for node in placed
+            if node in record.nodes or node in inputs.instances
         }
         return dataclasses.replace(record, nodes=nodes)
     if record is None and not any(
         node in inputs.instances and inputs.instances[node].revision != inputs.target
         for node in placed
     ):
-        return None  # every placed node runs the target, or nothing yet
+        # every placed node runs the target, or publishes nothing (it keeps what it
+        # runs, or starts the target: no rollout names it)
+        return None
     nodes = {}
     for node in placed:
         entry = None if record is None else record.nodes.get(node)
+        if entry is None and node not in inputs.instances:
+            continue  # listed once it publishes an instance (see _unlisted)
         nodes[node] = _newcomer(inputs, node) if entry is None else _retarget(inputs, entry)
         if entry is not None and entry.step == "restarting" and entry.revision != inputs.target:
             actions.append(SwitchRevision(node, inputs.target))
     return RolloutRecord(inputs.target, nodes, started_at=inputs.now)
 
 
+def _unlisted(inputs: RolloutInputs, nodes: Mapping[str, NodeRollout]) -> bool:
+    """Whether a placed node is left out of the record because it publishes no
+    instance: what it runs is not known, so the rollout is not done."""
+    return any(node not in nodes for node in inputs.placed)
+
+
 def _newcomer(inputs: RolloutInputs, node: str) -> NodeRollout:
-    """A placed node the record does not list yet: done when it runs the target or
-    nothing (the reconciler starts the target there), pending otherwise."""
-    instance = inputs.instances.get(node)
-    if instance is None or instance.revision == inputs.target:
+    """A placed node the record does not list yet, which publishes an instance: done
+    when that runs the target, pending otherwise (one publishing none is not listed)."""
+    instance = inputs.instances[node]
+    if instance.revision == inputs.target:
         return NodeRollout(inputs.target, "done", inputs.now)
     return NodeRollout(instance.revision, "pending", inputs.now)
 

@@ -205,6 +205,7 @@ def plan_writes(
     stopped: Mapping[str, tuple[str, ...]] | None = None,
     apps: Mapping[str, AppRecord] | None = None,
     specs: Mapping[str, str] | None = None,
+    reserved: Mapping[str, tuple[int, int]] | None = None,
 ) -> WritePlan:
     """Plan the transactions that make the placement records match ``targets``.
 
@@ -225,6 +226,11 @@ def plan_writes(
         specs: the node spec of each app, when the caller keeps them (see
             :meth:`~._inputs.InputCache.node_specs`): used instead of computing each
             from ``apps``.
+        reserved: app -> ``(memory_mb, disk_mb)`` its placed instances reserve (what
+            it declares: every instance a pass leaves placed reserves that). A record
+            written for an app named here carries it, and one whose node set is
+            unchanged is rewritten when it recorded another size (a resource change
+            placed in place); the others keep what they recorded.
 
     Returns:
         The plan; ``records`` maps each written app to its new record (None
@@ -251,7 +257,14 @@ def plan_writes(
         held = (stopped or {}).get(app, ())
         spec = _spec_of(app, apps, specs)
         write = _write_for(
-            app, wanted, held, existing, fence=fence, decided_at=decided_at, spec=spec
+            app,
+            wanted,
+            held,
+            existing,
+            fence=fence,
+            decided_at=decided_at,
+            spec=spec,
+            reserved=None if reserved is None else reserved.get(app),
         )
         if write is None:
             unchanged.append(app)
@@ -281,6 +294,7 @@ def _write_for(
     fence: int,
     decided_at: float,
     spec: str | None = None,
+    reserved: tuple[int, int] | None = None,
 ) -> PlacementWrite | None:
     nodes = () if wanted is None else tuple(sorted(set(wanted)))
     held = tuple(sorted(set(stopped) - set(nodes)))
@@ -296,12 +310,19 @@ def _write_for(
             fence=fence,
             placed_at=placed_at,
             spec=spec or "",
+            reserved=reserved,
         )
         return PlacementWrite(app, record, None, 0)
     previous = tuple(existing.record.nodes)
     old_placed = existing.record.placed_at
     previously_held = tuple(sorted(node for node in old_placed if node not in previous))
-    if tuple(sorted(previous)) == nodes and previously_held == held:
+    if reserved is None:
+        reserved = existing.record.reserved
+    if (
+        tuple(sorted(previous)) == nodes
+        and previously_held == held
+        and reserved == existing.record.reserved
+    ):
         return None
     # Kept instances keep their placement time (absent means "long ago", as
     # the planner reads it); added ones are stamped now. A stopped instance
@@ -320,6 +341,7 @@ def _write_for(
         placed_at=placed_at,
         rollout=existing.record.rollout,
         spec=existing.record.spec if spec is None else spec,
+        reserved=reserved,
     )
     return PlacementWrite(app, record, previous, existing.mod_revision)
 

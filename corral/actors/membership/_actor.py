@@ -16,6 +16,13 @@ The view is answered to :class:`GetMembership` and handed to the optional
 is then told its message (without waiting: a full mailbox already holds a
 nudge). On stop the node leaves gracefully: every member hears it left, so
 none waits out a suspicion.
+
+With a seed source, its answer is also the set of node ids the machine admits
+(:meth:`~._swim.Swim.admit`): a node id without a registry record never becomes
+a member. A message from a node not yet admitted makes the actor ask the seed
+source again within a second (it may just have registered). Each life of the
+node starts at :func:`~._swim.life_incarnation` of the wall clock, above every
+incarnation of the lives before it, so a restarted node is alive at once.
 """
 
 from __future__ import annotations
@@ -46,6 +53,8 @@ from corral.actors.membership._swim import (
     Swim,
     SwimConfig,
     Transition,
+    incarnation_ceiling,
+    life_incarnation,
     wire_state,
 )
 from corral.registry import NodeRecord, Registry, RegistryError, read_records
@@ -80,6 +89,9 @@ MEMBERSHIP: Final = "membership"
 DEFAULT_REJOIN_INTERVAL: Final = 10.0
 #: Seconds a graceful leave waits for its goodbyes to go out.
 _LEAVE_WAIT: Final = 1.0
+#: Seconds between early asks of the seed source, made when a node not yet
+#: admitted talks to us (it may have registered since the last ask).
+_EARLY_SEEDS_INTERVAL: Final = 1.0
 
 #: Returns the ids of nodes to join through (this node's own id is skipped).
 SeedSource = Callable[[], Awaitable[Iterable[str]]]
@@ -221,6 +233,8 @@ class SwimMembership(Actor):
         self._timer: TimerHandle | None = None
         self._timer_at = NEVER
         self._in_flight = 0
+        self._seeds_wanted = trio.Event()
+        self._not_admitted = 0
         #: messages that could not be sent, by reason
         self.lost: dict[str, int] = {}
 
@@ -232,15 +246,26 @@ class SwimMembership(Actor):
         return self._swim
 
     async def started(self) -> None:
-        self._swim = Swim(self.ctx.node_id, self._config, self._rng, trio.current_time())
+        # Each life starts above every incarnation of the lives before it: alive at once.
+        start = life_incarnation(self._wall_clock())
+        self._swim = Swim(
+            self.ctx.node_id, self._config, self._rng, trio.current_time(), incarnation=start
+        )
         self._apply(Step((), (), self._swim.next_deadline))
         if self._seeds is not None:
+            # Members are the nodes with a registry record: none until the first read.
+            self._swim.admit(())
             self.ctx.start_task(self._follow_seeds, self._seeds)
 
     async def handle(self, message: object) -> object:
         swim = self.machine
         if isinstance(message, _SWIM_MESSAGES):
+            swim.ceiling = incarnation_ceiling(self._wall_clock())
             self._apply(swim.receive(message, trio.current_time()))
+            refused = swim.stats.get("not admitted", 0)
+            if refused != self._not_admitted:
+                self._not_admitted = refused
+                self._seeds_wanted.set()  # it may have registered since the last read
             return None
         match message:
             case _Tick():
@@ -248,6 +273,7 @@ class SwimMembership(Actor):
                 self._apply(swim.tick(trio.current_time()))
                 return None
             case _Seeds(nodes=nodes):
+                swim.admit(nodes)
                 self._apply(swim.join(nodes, trio.current_time()))
                 return None
             case GetMembership():
@@ -351,13 +377,16 @@ class SwimMembership(Actor):
 
     async def _follow_seeds(self, seeds: SeedSource) -> None:
         while True:
+            self._seeds_wanted = trio.Event()
             try:
                 nodes = tuple(sorted(set(await seeds())))
             except RegistryError as exc:
                 self.ctx.log.warning("cannot read the seed nodes to join through: %s", exc)
             else:
                 await self.ctx.ref.tell(_Seeds(nodes))
-            await trio.sleep(self._rejoin_interval)
+            with trio.move_on_after(self._rejoin_interval):
+                await trio.sleep(_EARLY_SEEDS_INTERVAL)
+                await self._seeds_wanted.wait()
 
 
 def membership_child_spec(

@@ -7,6 +7,14 @@ how many updates ride on one message, how many members one state exchange
 lists, how long a node id is and how large an incarnation may grow. A message
 that breaks one is refused whole (the reason names the field and the limit).
 
+Who speaks. ``source`` is the sending node, and the kernel refuses a message
+whose ``source`` is not the node the transport authenticated (each kind is
+registered with ``speaker="source"``), so the machine can trust it: an update
+about ``source`` itself is *first-hand*, any other is hearsay. Every message
+but :class:`StateSync` (whose own entry says the same) carries ``incarnation``,
+the sender's own incarnation as it sends: each message is a first-hand
+announcement of it.
+
 Pure: no trio, no clock, no I/O.
 """
 
@@ -65,18 +73,24 @@ class Update:
     reporter: str
 
 
-@message("membership.ping")
+@message("membership.ping", speaker="source")
 @dataclass(frozen=True, slots=True)
 class Ping:
-    """A probe: ``target`` answers with an :class:`Ack` carrying ``seq``."""
+    """A probe: ``target`` answers with an :class:`Ack` carrying ``seq``.
+
+    Attributes:
+        incarnation: the sender's own incarnation (every kind but :class:`StateSync`
+            carries it: the sender's first-hand word that it lives at it).
+    """
 
     seq: int
     source: str
     target: str
     updates: tuple[Update, ...] = ()
+    incarnation: int = 0
 
 
-@message("membership.ack")
+@message("membership.ack", speaker="source")
 @dataclass(frozen=True, slots=True)
 class Ack:
     """The answer to a :class:`Ping` (or one relayed for a :class:`PingReq`)."""
@@ -84,9 +98,10 @@ class Ack:
     seq: int
     source: str
     updates: tuple[Update, ...] = ()
+    incarnation: int = 0
 
 
-@message("membership.ping-req")
+@message("membership.ping-req", speaker="source")
 @dataclass(frozen=True, slots=True)
 class PingReq:
     """Ask the receiver to probe ``target`` for ``source`` (SWIM's indirect probe).
@@ -100,27 +115,30 @@ class PingReq:
     target: str
     nack: bool = False
     updates: tuple[Update, ...] = ()
+    incarnation: int = 0
 
 
-@message("membership.nack")
+@message("membership.nack", speaker="source")
 @dataclass(frozen=True, slots=True)
 class Nack:
     """An indirect probe's relay heard nothing from the target in time."""
 
     seq: int
     source: str
+    incarnation: int = 0
 
 
-@message("membership.gossip")
+@message("membership.gossip", speaker="source")
 @dataclass(frozen=True, slots=True)
 class Gossip:
     """Updates sent on the gossip tick to a few members, outside any probe."""
 
     source: str
     updates: tuple[Update, ...]
+    incarnation: int = 0
 
 
-@message("membership.sync")
+@message("membership.sync", speaker="source")
 @dataclass(frozen=True, slots=True)
 class StateSync:
     """A full state exchange: join from a seed, periodic push-pull, reconnect.
@@ -164,6 +182,8 @@ def refusal(msg: SwimMessage) -> str | None:
         return f"target {msg.target[:40]!r} is not a node id"
     if isinstance(msg, Ping | Ack | PingReq | Nack) and not 0 <= msg.seq <= MAX_INCARNATION:
         return f"sequence number {msg.seq} is outside 0..{MAX_INCARNATION}"
+    if not isinstance(msg, StateSync) and not 0 <= msg.incarnation <= MAX_INCARNATION:
+        return f"incarnation {msg.incarnation} is outside 0..{MAX_INCARNATION}"
     if isinstance(msg, StateSync):
         entries, limit, name = msg.members, MAX_MEMBERS_PER_MESSAGE, "members"
     elif isinstance(msg, Nack):

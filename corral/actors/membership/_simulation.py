@@ -31,7 +31,14 @@ from typing import Final
 import cbor2
 
 from corral.actors.membership._messages import SwimMessage
-from corral.actors.membership._swim import MemberState, Step, Swim, SwimConfig, Transition
+from corral.actors.membership._swim import (
+    MemberState,
+    Step,
+    Swim,
+    SwimConfig,
+    Transition,
+    life_incarnation,
+)
 from corral.transport import decode_message, encode_message
 
 __all__ = ["Observed", "SwimSimulation"]
@@ -123,7 +130,8 @@ class SwimSimulation:
             self._push(at, _WAKE, node, ("join", seed_list))
 
     def restart(self, node: str, seeds: Iterable[str]) -> None:
-        """Bring a killed node back as a new life (incarnation 0) joining ``seeds``."""
+        """Bring a killed node back as a new life joining ``seeds`` (its incarnation
+        starts at :func:`~._swim.life_incarnation` of the virtual time)."""
         self.killed.discard(node)
         self._create(node, list(seeds))
 
@@ -207,7 +215,13 @@ class SwimSimulation:
         heapq.heappush(self._events, (at, self._counter, kind, node, data))
 
     def _create(self, node: str, seeds: list[str]) -> None:
-        machine = Swim(node, self.config, random.Random(self._rng.random()), self.now)
+        machine = Swim(
+            node,
+            self.config,
+            random.Random(self._rng.random()),
+            self.now,
+            incarnation=life_incarnation(self.now),
+        )
         self.machines[node] = machine
         self._wake.pop(node, None)
         self._apply(node, machine.join(seeds, self.now))

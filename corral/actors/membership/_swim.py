@@ -29,6 +29,33 @@ raises its incarnation past the claim's and spreads alive at the new one. A
 claim about an incarnation X has already refuted means someone missed the
 refutation: X spreads its current alive again (no new incarnation).
 
+**Who may say what.** Each message's ``source`` is the node the transport
+authenticated (the kernel refuses any other), and each message carries the
+sender's own incarnation. So a node tells a member's own word about itself
+(*first-hand*: sent by X about X) from *hearsay* (a third node relaying a claim
+about X), and keeps for each member the highest incarnation it *announced*
+first-hand:
+
+* only X raises X's incarnation: hearsay above what X announced is not
+  believed and not spread, and a claim about this node above its own
+  incarnation is refuted past only while it is near this life's start (an
+  earlier life's, started moments before): no claim drives a node to the cap;
+* only X says X left: hearsay of a leave is not believed;
+* hearsay not believed is checked with X itself: a direct ping (one per probe
+  interval per member), whose ack carries X's incarnation first-hand;
+* a member first known by hearsay is alive at incarnation 0 until it speaks;
+* a member's own word above :attr:`Swim.ceiling` (:func:`incarnation_ceiling`
+  of the wall clock, set by the shell) is not believed either: a node id's
+  impostor cannot push it out of reach of that node's next life;
+* with :meth:`Swim.admit`, a node id outside the admitted set (the registry's
+  node records) never becomes a member, and its messages are dropped.
+
+Suspect and dead from others at or below what X announced are ordinary SWIM,
+as is our own verdict after our suspicion timer. A new life of a node starts
+at :func:`life_incarnation` of its start time, above every incarnation an
+earlier life reached, so it is alive at once and no claim about an earlier
+life binds it (incarnations cannot be capped out by others).
+
 **Probing.** Every probe interval the node pings the next member of a
 shuffled round-robin list (memberlist's order: reshuffled at each wrap, a new
 member inserted at a random place). No ack within the probe timeout: it asks
@@ -103,6 +130,8 @@ __all__ = [
     "Swim",
     "SwimConfig",
     "Transition",
+    "incarnation_ceiling",
+    "life_incarnation",
     "retransmit_limit",
     "suspicion_bounds",
     "suspicion_timeout",
@@ -224,6 +253,41 @@ def suspicion_bounds(config: SwimConfig, members: int) -> tuple[float, float, in
     return low, config.suspicion_max_timeout_mult * low, k
 
 
+#: Incarnations a life may use per millisecond it lived before the next life's start.
+_LIFE_STEP: Final = 1024
+#: A claim about this node above its incarnation but within this much of its life's
+#: start (about 25 days of lives) is taken for an earlier life's and refuted past;
+#: beyond it, the claim is nobody's to make. Claims cannot drive a node further than
+#: this above its start: far from MAX_INCARNATION (2**53 - 1).
+_EARLIER_LIVES: Final = 2**41
+#: Clocks of two nodes may disagree by this much (seconds) for incarnation_ceiling.
+_CLOCK_SKEW: Final = 86400.0
+#: Refutations one life may make, for incarnation_ceiling (skew + this < _EARLIER_LIVES).
+_REFUTATIONS: Final = 2**40
+
+
+def life_incarnation(unix_time: float) -> int:
+    """The first incarnation of a life that starts at ``unix_time`` (seconds).
+
+    Each life starts above every incarnation an earlier life reached (unless that
+    one refuted more than 1024 times per millisecond it ran), so a restarted node
+    is alive at once. Fits ``MAX_INCARNATION`` until the year 2248.
+    """
+    return min(MAX_INCARNATION, max(0, int(unix_time * 1000)) * _LIFE_STEP)
+
+
+def incarnation_ceiling(unix_time: float) -> int:
+    """The highest incarnation an honest node can announce at ``unix_time``.
+
+    Its life started before now (a day of clock skew allowed) and it refuted fewer
+    than 2**40 times since. A node that claims more for itself (an impostor holding
+    the secret, under its id) is not believed, so no claim outlives the next
+    restart of the node it names: that life refutes past it
+    (``_EARLIER_LIVES`` > skew + ``_REFUTATIONS``).
+    """
+    return min(MAX_INCARNATION, life_incarnation(unix_time + _CLOCK_SKEW) + _REFUTATIONS)
+
+
 def retransmit_limit(config: SwimConfig, members: int) -> int:
     """How often one update is sent: ``RetransmitMult * ceil(log10(N + 1))``."""
     return config.retransmit_mult * math.ceil(math.log10(members + 1))
@@ -312,6 +376,8 @@ class _Member:
     incarnation: int
     since: float
     reporter: str
+    #: the highest incarnation the member said itself (-1: it never spoke to us yet)
+    announced: int = -1
 
 
 @dataclass
@@ -359,7 +425,8 @@ class Swim:
         config: the settings.
         rng: the only source of randomness (seed it for repeatable runs).
         now: the current time, on the caller's clock.
-        incarnation: start at this incarnation (a restart may pass a stored one).
+        incarnation: start at this incarnation (a new life passes
+            :func:`life_incarnation` of its start time).
         known: members assumed alive at incarnation 0 from the start, without
             transitions or broadcasts (a cluster that settled long ago; simulations).
 
@@ -379,7 +446,17 @@ class Swim:
         self.me = me
         self.config = config
         self._rng = rng
-        self._members: dict[str, _Member] = {me: _Member(MemberState.ALIVE, incarnation, now, me)}
+        self._members: dict[str, _Member] = {
+            me: _Member(MemberState.ALIVE, incarnation, now, me, incarnation)
+        }
+        self._life_start = incarnation
+        #: first-hand announcements above this are not believed (the shell sets
+        #: :func:`incarnation_ceiling` of its wall clock; MAX_INCARNATION: no limit)
+        self.ceiling = MAX_INCARNATION
+        # Node ids that may become members (None: any); see admit().
+        self._admitted: frozenset[str] | None = None
+        # Members asked directly about hearsay we did not believe: until when we wait.
+        self._verifying: dict[str, float] = {}
         self._suspicions: dict[str, _Suspicion] = {}
         self._order: list[str] = []
         self._index = 0
@@ -401,7 +478,7 @@ class Swim:
         # Other members' ids by state, kept as each changes (sampled every gossip tick).
         self._groups: dict[MemberState, _IdSet] = {state: _IdSet() for state in MemberState}
         for node in sorted(set(known) - {me}):
-            self._members[node] = _Member(MemberState.ALIVE, 0, now, node)
+            self._members[node] = _Member(MemberState.ALIVE, 0, now, node, 0)
             self._groups[MemberState.ALIVE].add(node)
         #: messages sent and refused, by kind (for the node's state and the bench)
         self.stats: dict[str, int] = {}
@@ -487,6 +564,16 @@ class Swim:
             self._send(seed, StateSync(self.me, self._state_entries(), reply=True))
         return self._step(now)
 
+    def admit(self, nodes: Iterable[str] | None) -> None:
+        """Only these node ids may become members from now on (None: any).
+
+        The shell passes the ids that have a record in the registry: a node id
+        without one is not admitted, whoever vouches for it, and messages from a
+        node that is neither a member nor admitted are dropped unread. Members
+        already known stay (a record that lapses in a registry blip evicts nobody).
+        """
+        self._admitted = None if nodes is None else frozenset(nodes)
+
     def leave(self, now: float) -> Step:
         """Leave gracefully: tell every alive and suspect member at once, then go quiet."""
         me = self._members[self.me]
@@ -497,7 +584,7 @@ class Swim:
             goodbye = Update(self.me, "left", me.incarnation, self.me)
             groups = self._by_state()
             for node in sorted(groups[MemberState.ALIVE] + groups[MemberState.SUSPECT]):
-                self._send(node, Gossip(self.me, (goodbye,)))
+                self._send(node, Gossip(self.me, (goodbye,), me.incarnation))
         self._probe = None
         self._relays.clear()
         return self._step(now)
@@ -513,28 +600,38 @@ class Swim:
         if why is not None:
             self._count("refused")
             return self._step(now)
+        source = msg.source
+        if source == self.me or (source not in self._members and not self._admits(source)):
+            self._count("not admitted")
+            return self._step(now)
         match msg:
             case Ping():
-                self._merge(msg.updates, now)
+                self._merge(msg.updates, source, now)
                 if msg.target == self.me:
-                    self._send(msg.source, Ack(msg.seq, self.me, self._piggyback(msg.source)))
+                    self._send(
+                        msg.source,
+                        Ack(msg.seq, self.me, self._piggyback(msg.source), self.incarnation),
+                    )
             case Ack():
-                self._merge(msg.updates, now)
+                self._merge(msg.updates, source, now)
                 self._on_ack(msg.seq, now)
             case PingReq():
-                self._merge(msg.updates, now)
+                self._merge(msg.updates, source, now)
                 self._on_ping_req(msg, now)
             case Nack():
                 probe = self._probe
                 if probe is not None and probe.seq == msg.seq and probe.indirect:
                     probe.nacks += 1
             case Gossip():
-                self._merge(msg.updates, now)
+                self._merge(msg.updates, source, now)
             case StateSync():
-                self._merge_state(msg.members, now)
+                self._merge_state(msg.members, source, now)
                 if msg.reply:
                     self._send(msg.source, StateSync(self.me, self._state_entries(), reply=False))
-        self._tell_the_dead(msg.source)
+        if not isinstance(msg, StateSync):
+            # Whatever a member sends says first-hand that it lives, at this incarnation.
+            self._apply(Update(source, "alive", msg.incarnation, source), now, source)
+        self._tell_the_dead(source)
         return self._step(now)
 
     def _tell_the_dead(self, source: str) -> None:
@@ -543,7 +640,8 @@ class Swim:
         push-pull (one short gossip per message it sends while we hold it dead)."""
         m = self._members.get(source)
         if source != self.me and m is not None and m.state is MemberState.DEAD:
-            self._send(source, Gossip(self.me, (Update(source, "dead", m.incarnation, self.me),)))
+            told = Update(source, "dead", m.incarnation, self.me)
+            self._send(source, Gossip(self.me, (told,), self.incarnation))
 
     def tick(self, now: float) -> Step:
         """Run every timer that is due at ``now``."""
@@ -594,7 +692,7 @@ class Swim:
             # The buddy system: tell the suspect first, so it can refute at once.
             told = Update(target, "suspect", m.incarnation, m.reporter)
             updates = (told, *(u for u in updates if u.node != target))[: self.config.max_piggyback]
-        self._send(target, Ping(self._seq, self.me, target, updates))
+        self._send(target, Ping(self._seq, self.me, target, updates, self.incarnation))
 
     def _next_target(self, now: float) -> str | None:
         checked = 0
@@ -623,6 +721,7 @@ class Swim:
         for node in reap:
             self._groups[self._members.pop(node).state].discard(node)
             self._drop_broadcast(node)
+            self._verifying.pop(node, None)
         groups = self._by_state()
         self._order = sorted(groups[MemberState.ALIVE] + groups[MemberState.SUSPECT])
         self._rng.shuffle(self._order)
@@ -637,7 +736,14 @@ class Swim:
         for relay in relays:
             self._send(
                 relay,
-                PingReq(probe.seq, self.me, probe.target, nack, self._piggyback(relay)),
+                PingReq(
+                    probe.seq,
+                    self.me,
+                    probe.target,
+                    nack,
+                    self._piggyback(relay),
+                    self.incarnation,
+                ),
             )
 
     def _on_ack(self, seq: int, now: float) -> None:
@@ -647,7 +753,8 @@ class Swim:
             return
         relay = self._relays.pop(seq, None)
         if relay is not None and now <= relay.expires_at:
-            self._send(relay.origin, Ack(relay.origin_seq, self.me, self._piggyback(relay.origin)))
+            updates = self._piggyback(relay.origin)
+            self._send(relay.origin, Ack(relay.origin_seq, self.me, updates, self.incarnation))
 
     def _finish_probe(self, probe: _Probe, now: float) -> None:
         if probe.acked:
@@ -660,24 +767,26 @@ class Swim:
         m = self._members.get(probe.target)
         if m is not None and m.state in (MemberState.ALIVE, MemberState.SUSPECT):
             # On a suspect member, our failed probe is an independent confirmation.
-            self._apply(Update(probe.target, "suspect", m.incarnation, self.me), now)
+            self._apply(Update(probe.target, "suspect", m.incarnation, self.me), now, self.me)
 
     def _on_ping_req(self, req: PingReq, now: float) -> None:
         if req.target == self.me:
-            self._send(req.source, Ack(req.seq, self.me, self._piggyback(req.source)))
+            updates = self._piggyback(req.source)
+            self._send(req.source, Ack(req.seq, self.me, updates, self.incarnation))
             return
         self._seq += 1
         timeout = self.config.probe_timeout
         nack_at = now + _NACK_SHARE * timeout if req.nack else None
         self._relays[self._seq] = _Relay(req.source, req.seq, nack_at, now + timeout)
-        self._send(req.target, Ping(self._seq, self.me, req.target, self._piggyback(req.target)))
+        updates = self._piggyback(req.target)
+        self._send(req.target, Ping(self._seq, self.me, req.target, updates, self.incarnation))
 
     def _tick_relays(self, now: float) -> None:
         for seq in sorted(self._relays):
             relay = self._relays[seq]
             if relay.nack_at is not None and now >= relay.nack_at:
                 relay.nack_at = None
-                self._send(relay.origin, Nack(relay.origin_seq, self.me))
+                self._send(relay.origin, Nack(relay.origin_seq, self.me, self.incarnation))
             if now >= relay.expires_at:
                 del self._relays[seq]
 
@@ -705,40 +814,69 @@ class Swim:
         self._suspicions.pop(node, None)
         m = self._members.get(node)
         if m is not None and m.state is MemberState.SUSPECT:
-            self._apply(Update(node, "dead", m.incarnation, self.me), now)
+            self._apply(Update(node, "dead", m.incarnation, self.me), now, self.me)
 
     # ------------------------------------------------------------------ updates
 
-    def _merge(self, updates: Sequence[Update], now: float) -> None:
+    def _merge(self, updates: Sequence[Update], source: str, now: float) -> None:
         for update in updates:
-            self._apply(update, now)
+            self._apply(update, now, source)
 
-    def _merge_state(self, entries: Sequence[Update], now: float) -> None:
-        """A full view from another node: alive and left as said; dead only suspected.
+    def _merge_state(self, entries: Sequence[Update], source: str, now: float) -> None:
+        """A full view from ``source``: alive and left as said; dead only suspected.
 
         Another node's verdict of death is not ours to copy: we suspect, and our
         own timer (or the member's refutation) decides.
         """
         for entry in entries:
-            if entry.state in ("dead", "suspect"):
-                reporter = self.me if entry.node != self.me else entry.reporter
-                self._apply(Update(entry.node, "suspect", entry.incarnation, reporter), now)
+            if entry.state in ("dead", "suspect") and entry.node != self.me:
+                update = Update(entry.node, "suspect", entry.incarnation, self.me)
+                self._apply(update, now, source)
             else:
-                self._apply(entry, now)
+                self._apply(entry, now, source)
 
-    def _apply(self, update: Update, now: float) -> None:
+    def _admits(self, node: str) -> bool:
+        return self._admitted is None or node in self._admitted
+
+    def _apply(self, update: Update, now: float, said_by: str) -> None:
+        """Take ``update`` if it is believed: ``said_by`` is who said it to us (the
+        authenticated sender, or this node for its own verdicts).
+
+        A member's word about itself (first-hand) sets the highest incarnation it
+        announced. Hearsay (a third node's word) is believed only at or below that
+        incarnation and never for ``left``: only the member raises its incarnation
+        and only the member says it left. Hearsay not believed is not spread; we ask
+        the member itself instead (:meth:`_verify`).
+        """
         node, inc = update.node, update.incarnation
+        if node == self.me:
+            self._apply_about_me(update)
+            return
         m = self._members.get(node)
+        if said_by == node:
+            if update.state in ("suspect", "dead"):
+                return  # no member says that of itself
+            if inc > self.ceiling:
+                self._count("incarnation above the ceiling")
+                return
+            if m is None and not (update.state == "alive" and self._admits(node)):
+                return
+            if m is not None and inc > m.announced:
+                m.announced = inc
+        elif said_by != self.me:
+            if m is None:
+                if update.state == "alive" and self._admits(node):
+                    # Known by hearsay: alive, at no incarnation it announced to us yet.
+                    self._add_member(node, Update(node, "alive", 0, update.reporter), now, -1)
+                return
+            if update.state == "left" or inc > m.announced:
+                self._count("hearsay not believed")
+                self._verify(node, now)
+                return
         if update.state == "alive":
             self._apply_alive(update, m, now)
             return
-        if m is None:
-            return
-        if inc < m.incarnation:
-            if node == self.me and not self._leaving:
-                # A stale accusation still travels: someone missed our refutation.
-                # Repeat it (same incarnation); the ack to a buddy ping carries it home.
-                self._enqueue(Update(self.me, "alive", m.incarnation, self.me))
+        if m is None or inc < m.incarnation:
             return
         if update.state == "suspect":
             if node in self._suspicions:
@@ -746,9 +884,6 @@ class Swim:
                     self._enqueue(update)
                 return
             if m.state is not MemberState.ALIVE:
-                return
-            if node == self.me:
-                self._refute(inc)
                 return
             self._change(node, m, MemberState.SUSPECT, inc, update.reporter, now)
             self._enqueue(update)
@@ -758,28 +893,58 @@ class Swim:
         target = MemberState.LEFT if update.state == "left" else MemberState.DEAD
         if m.state is MemberState.LEFT or m.state is target:
             return
-        if node == self.me:
-            self._refute(inc)
-            return
         self._suspicions.pop(node, None)
         self._change(node, m, target, inc, update.reporter, now)
         self._enqueue(update)
 
+    def _apply_about_me(self, update: Update) -> None:
+        """A claim about this node: refute an accusation of our current incarnation.
+
+        A claim above our incarnation can only be about an earlier life that started
+        moments before this one (:func:`life_incarnation`): within
+        ``_EARLIER_LIVES`` of our start we move past it; beyond, it is nobody's to
+        make (only we raise our incarnation) and moves nothing.
+        """
+        me = self._members[self.me]
+        if update.incarnation > me.incarnation:
+            if update.incarnation - self._life_start >= _EARLIER_LIVES or self._leaving:
+                self._count("claim above own incarnation")
+                return
+            self._refute(update.incarnation)
+            return
+        if update.state == "alive" or self._leaving:
+            return
+        if update.incarnation < me.incarnation:
+            # A stale accusation still travels: someone missed our refutation.
+            # Repeat it (same incarnation); the ack to a buddy ping carries it home.
+            self._enqueue(Update(self.me, "alive", me.incarnation, self.me))
+            return
+        self._refute(update.incarnation)
+
+    def _verify(self, node: str, now: float) -> None:
+        """Ping ``node`` directly (once per probe interval at most): its ack says
+        first-hand which incarnation it is at, and that it is alive."""
+        until = self._verifying.get(node)
+        if until is not None and now < until:
+            return
+        self._verifying[node] = now + self.config.probe_interval
+        self._seq += 1
+        updates = self._piggyback(node)
+        self._send(node, Ping(self._seq, self.me, node, updates, self.incarnation))
+
+    def _add_member(self, node: str, update: Update, now: float, announced: int) -> None:
+        inc = update.incarnation
+        self._members[node] = _Member(MemberState.ALIVE, inc, now, update.reporter, announced)
+        self._groups[MemberState.ALIVE].add(node)
+        self._insert_in_order(node)
+        born = Transition(node, None, MemberState.ALIVE, inc, update.reporter, now)
+        self._transitions.append(born)
+        self._enqueue(update)
+
     def _apply_alive(self, update: Update, m: _Member | None, now: float) -> None:
         node, inc = update.node, update.incarnation
-        if node == self.me:
-            if m is not None and inc > m.incarnation:
-                # Others remember a later life of ours (we restarted): move past it.
-                self._refute(inc)
-            return
         if m is None:
-            self._members[node] = m = _Member(MemberState.ALIVE, inc, now, update.reporter)
-            self._groups[MemberState.ALIVE].add(node)
-            self._insert_in_order(node)
-            self._transitions.append(
-                Transition(node, None, MemberState.ALIVE, inc, update.reporter, now)
-            )
-            self._enqueue(update)
+            self._add_member(node, update, now, inc)
             return
         if inc <= m.incarnation:
             return
@@ -874,7 +1039,7 @@ class Swim:
             updates = self._piggyback(node)
             if not updates:
                 return
-            self._send(node, Gossip(self.me, updates))
+            self._send(node, Gossip(self.me, updates, self.incarnation))
 
     def _state_entries(self) -> tuple[Update, ...]:
         entries = [

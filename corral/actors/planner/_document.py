@@ -12,7 +12,8 @@ Input (every field but ``now``, ``nodes[].id`` and ``apps[].name`` may be left o
      "apps": [{"name": "shop", "replicas": "all", "selector": {"region": "eu"},
                "memory_mb": 0, "disk_mb": 0, "pinned": false, "retired": false,
                "blocked": false}],
-     "placements": {"shop": {"nodes": ["n1"], "placed_at": {"n1": 900.0}, "stopped": []}},
+     "placements": {"shop": {"nodes": ["n1"], "placed_at": {"n1": 900.0}, "stopped": [],
+                             "reserved": {"memory_mb": 0, "disk_mb": 0}}},
      "undecodable": []}
 
 ``capacity`` left out means the node has not reported any; ``state`` left out is
@@ -22,7 +23,9 @@ A node being drained is ``"state": "left"``; a drain forced with ``--force`` add
 ``"drain": "forced"`` (``state`` may then be left out: it can only be ``left``), and its
 pinned instances are stopped instead of the drain being refused. A placement's
 ``stopped`` lists the nodes where a forced drain stopped an instance of that pinned app
-(see ``Placement.stopped``). Parsing is strict: a field of the wrong
+(see ``Placement.stopped``); its ``reserved`` is what each of its instances reserves,
+as placed (left out: what the app declares; an app declaring other resources is a
+resource change, see ``Placement.reserved``). Parsing is strict: a field of the wrong
 type, an unknown field, a replica count below one, an unknown node state or a duplicate
 id raises :class:`InvalidPlanInput` naming the field (``apps[1].replicas``).
 
@@ -58,7 +61,8 @@ _POLICY = ("grace_period_s", "cooldown_s", "disruption_budget", "min_usable_frac
 _NODE = ("id", "state", "labels", "rack", "datacenter", "down_since", "capacity", "drain")
 _CAPACITY = ("memory_mb", "memory_free_mb", "disk_mb", "disk_free_mb")
 _APP = ("name", "replicas", "selector", "memory_mb", "disk_mb", "pinned", "retired", "blocked")
-_PLACEMENT = ("nodes", "placed_at", "stopped")
+_PLACEMENT = ("nodes", "placed_at", "stopped", "reserved")
+_RESERVED = ("memory_mb", "disk_mb")
 _DRAIN_FORCED = "forced"
 
 
@@ -270,7 +274,16 @@ def _placement(value: object, where: str) -> Placement:
             )
         seen.add(node)
         stopped.append(node)
-    return Placement(nodes=tuple(nodes), placed_at=placed_at, stopped=tuple(stopped))
+    reserved: tuple[int, int] | None = None
+    if obj.get("reserved") is not None:
+        sizes = _object(obj["reserved"], f"{where}.reserved", _RESERVED)
+        reserved = (
+            _whole(sizes.get("memory_mb", 0), f"{where}.reserved.memory_mb"),
+            _whole(sizes.get("disk_mb", 0), f"{where}.reserved.disk_mb"),
+        )
+    return Placement(
+        nodes=tuple(nodes), placed_at=placed_at, stopped=tuple(stopped), reserved=reserved
+    )
 
 
 def _unique(items: list[_T], where: str, problem: str, *, key: Callable[[_T], str]) -> list[_T]:

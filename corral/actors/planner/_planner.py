@@ -69,6 +69,21 @@ scale-down's surplus, an excluded instance whose relocation the budget is sure t
 so a larger app planned early sees the room a smaller one planned later frees: applying the
 output and planning again then places nothing more.
 
+**Resource changes.** A placement records what its instances reserve
+(:attr:`Placement.reserved`: the app's declared resources when they were placed), and
+reservations are counted at that size. An app declaring other resources now (a redeploy
+with another ``--memory-mb`` or ``--disk-mb``) is placed like a new app, before anything
+else is released or placed (apps largest first): each instance on a node it may keep
+stays if what grows fits there (allocatable and measured free room, its own reservation
+counted as its own; what shrinks always fits), and is counted at the new size from then
+on; otherwise it gives its room back and is removed, and its replacement is placed as
+new work wherever the new size fits, or the app is reported unplaced with the reason.
+That replacement is not a relocation: the instance cannot stay at a size its node cannot
+hold, so neither the cooldown nor the disruption budget holds it back. A pinned app's
+instance is stopped on its node instead (as a forced drain's is), and starts there again
+once the new size fits. So the nodes never commit more than they have. Every instance a
+pass leaves placed reserves what its app declares: that is what the caller records.
+
 **Pinned, retired, blocked, deleted.** A pinned app never loses an instance to the planner;
 its instances on gone nodes are reported stranded. The one exception is the operator's: a
 forced drain stops the pinned instances on its node. Such an instance is removed from the
@@ -510,8 +525,15 @@ class _Pass:
         self.alloc_disk10: dict[str, int] = {}
         self.free_mem: dict[str, int] = {}
         self.free_disk10: dict[str, int] = {}
-        # Per resource app, the instances whose room release_certain gave back.
+        # Per resource app, the instances whose room was given back before the app was
+        # planned (by release_certain, or because a resource change does not fit there).
         self.released: dict[str, frozenset[str]] = {}
+        # Resource changes (see resize): per app, its instances the new size does not
+        # fit, and the size each of its instances is counted at when it differs from
+        # what its placement recorded.
+        self.misfits: dict[str, frozenset[str]] = {}
+        self.counted: dict[tuple[str, str], tuple[int, int]] = {}
+        self.resized: set[str] = set()
         self.views: dict[Selector, _View] = {}
 
         # Drains that would interrupt pinned work are refused: the node keeps its work.
@@ -681,12 +703,20 @@ class _Pass:
         """
         app = result.app
         lost_set = set(lost)
+        misfits = self.misfits.get(app.name, _EMPTY_SET)
         keep: list[str] = []
         for host in result.hosts:
             node = self.nodes.get(host)
             if app.pinned and node is not None and node.forced:
                 result.stopped.append(host)
                 result.stranded.append((host, self.forced_stop_reason(app, host)))
+                continue
+            if host in misfits:
+                # The resource change does not fit where it runs: a pinned instance
+                # stops there (and starts again once it fits); any other is removed.
+                if app.pinned:
+                    result.stopped.append(host)
+                    result.stranded.append((host, self.forced_stop_reason(app, host)))
                 continue
             keep.append(host)
             if host in lost_set:
@@ -717,16 +747,17 @@ class _Pass:
         )
 
     def forced_stop_reason(self, app: AppSpec, node_id: str) -> str:
-        text = (
-            f"the forced drain of {node_id} stopped it; {app.name} is pinned, "
-            "so it is not started elsewhere"
-        )
+        """Why a pinned instance is stopped on its node (a forced drain, or a resource
+        change that does not fit there), and what starts it again."""
         node = self.nodes.get(node_id)
         if node is not None and node.forced:
-            return text + (
+            return (
+                f"the forced drain of {node_id} stopped it; {app.name} is pinned, "
+                "so it is not started elsewhere"
                 f" (end the drain to start it on {node_id} again, or unpin {app.name} "
                 "to have it placed elsewhere)"
             )
+        text = f"stopped on {node_id}; {app.name} is pinned, so it is not started elsewhere"
         if node is None:
             status = f"{node_id} is absent from the nodes this pass sees"
         elif not node.takes:
@@ -734,8 +765,22 @@ class _Pass:
         elif not _matches(tuple(app.selector.items()), node.labels):
             status = f"{node_id} no longer carries the labels {app.name} requires"
         else:
-            status = f"{node_id} lacks the room {app.name} needs"
+            status = f"{node_id} lacks the room {app.name} needs ({self.room_text(app, node_id)})"
         return text + f"; it starts there again once it can, but {status}"
+
+    def room_text(self, app: AppSpec, node_id: str) -> str:
+        """What ``app`` asks and what ``node_id`` can still promise, in words."""
+        asks = []
+        if app.memory_mb:
+            left = self.avail_mem.get(node_id, 0)
+            asks.append(f"{app.memory_mb} MiB of memory, {max(left, 0)} MiB left")
+        if app.disk_mb:
+            left10 = self.avail_disk10.get(node_id, 0)
+            asks.append(
+                f"{app.disk_mb} MiB of disk, {max(left10, 0) // 10} MiB left above its "
+                f"free-disk floor ({_FLOOR})"
+            )
+        return "; ".join(asks) or "it has not reported its capacity"
 
     def stranded_reason(self, app: AppSpec, node_id: str) -> str:
         gone = self.gone_reason(node_id) or f"node {node_id} is gone"
@@ -1057,6 +1102,61 @@ class _Pass:
             app, [h for h in result.hosts if h not in final and h not in early], taken=-1, freed=0
         )
 
+    def resize(
+        self, resource_apps: Sequence[tuple[AppSpec, Placement | None, tuple[str, ...]]]
+    ) -> None:
+        """Place every resource change like a new app, where each instance runs.
+
+        An app whose placement recorded other resources than it declares now (a redeploy
+        with another ``--memory-mb`` or ``--disk-mb``) has each instance on a node it
+        may keep checked first, in planning order (largest first): what grows must fit
+        in that node's allocatable room and its measured free room, with the instance's
+        own reservation counted as its own (what shrinks always fits). An instance that
+        fits is counted at its new size from then on and stays where it is. One that
+        does not gives its room back and is removed; the pass then places its
+        replacement like a new instance, wherever the new size fits, or reports the app
+        unplaced with the reason. The replacement is new work, not a relocation: the
+        instance cannot stay at a size its node cannot hold, so neither the cooldown nor
+        the disruption budget holds it back (deferring it would only leave the app short
+        for a pass). A pinned app's instance is stopped on its node instead and starts
+        there again once the new size fits.
+        """
+        for app, placement, hosts in resource_apps:
+            if placement is None or placement.reserved is None or not hosts:
+                continue
+            was_mem, was_disk = placement.reserved
+            grow_mem, grow_disk10 = app.memory_mb - was_mem, 10 * (app.disk_mb - was_disk)
+            if not (grow_mem or grow_disk10):
+                continue
+            self.resized.add(app.name)
+            keepable, _lost, excluded = self.classify(hosts, tuple(app.selector.items()))
+            misfits: list[str] = []
+            # An instance the selector now excludes may stay too (pinned, relocations
+            # refused, a move deferred): it is checked like the others.
+            for host in keepable + excluded:
+                if self.grows_in_place(host, grow_mem, grow_disk10):
+                    self.counted[(app.name, host)] = (app.memory_mb, app.disk_mb)
+                    self._adjust_size(grow_mem, grow_disk10, (host,), taken=1, freed=1)
+                else:
+                    misfits.append(host)
+            if misfits:
+                self.misfits[app.name] = frozenset(misfits)
+                self.released[app.name] = self.released.get(app.name, _EMPTY_SET).union(misfits)
+                self._adjust(app, misfits, taken=-1, freed=0)
+
+    def grows_in_place(self, node: str, grow_mem: int, grow_disk10: int) -> bool:
+        """Whether ``node`` holds an instance ``grow_mem`` MiB of memory and
+        ``grow_disk10`` tenths of a MiB of disk larger (either may be negative)."""
+        if grow_mem <= 0 and grow_disk10 <= 0:
+            return True
+        if node not in self.avail_mem:
+            return False  # takes no work, or reports no capacity
+        if grow_mem > 0 and min(self.alloc_mem[node], self.free_mem[node]) < grow_mem:
+            return False
+        return grow_disk10 <= 0 or min(self.alloc_disk10[node], self.free_disk10[node]) >= (
+            grow_disk10
+        )
+
     def release_certain(
         self, resource_apps: Sequence[tuple[AppSpec, Placement | None, tuple[str, ...]]]
     ) -> None:
@@ -1077,6 +1177,10 @@ class _Pass:
                 continue
             selector: Selector = tuple(app.selector.items())
             keepable, lost, excluded = self.classify(hosts, selector)
+            misfits = self.misfits.get(app.name, _EMPTY_SET)
+            if misfits:
+                keepable = [h for h in keepable if h not in misfits]
+                excluded = [h for h in excluded if h not in misfits]
             certain: list[str] = []
             if app.replicas == "all":
                 certain = excluded
@@ -1098,7 +1202,7 @@ class _Pass:
                     kept = set(self.scale_down(app, keepable, want))
                     certain.extend(h for h in keepable if h not in kept)
             if certain:
-                self.released[app.name] = frozenset(certain)
+                self.released[app.name] = self.released.get(app.name, _EMPTY_SET).union(certain)
                 self._adjust(app, certain, taken=-1, freed=0)
 
     def scale_down(self, app: AppSpec, keepable: Sequence[str], want: int) -> list[str]:
@@ -1119,7 +1223,24 @@ class _Pass:
         return chosen[0]
 
     def _adjust(self, app: AppSpec, nodes: Iterable[str], *, taken: int, freed: int) -> None:
-        mem, disk10 = app.memory_mb, 10 * app.disk_mb
+        """Count ``taken`` (allocatable) and ``freed`` (measured free room) instances of
+        ``app`` more on each node: new ones at the size it declares, existing ones
+        (``taken`` < 0) at the size they are counted at."""
+        if taken < 0:
+            for node in nodes:
+                mem, disk = self.counted_size(app, node)
+                self._adjust_size(mem, 10 * disk, (node,), taken=taken, freed=freed)
+        else:
+            self._adjust_size(app.memory_mb, 10 * app.disk_mb, nodes, taken=taken, freed=freed)
+
+    def counted_size(self, app: AppSpec, node: str) -> tuple[int, int]:
+        """The size the instance of ``app`` on ``node`` is counted at in this pass."""
+        size = self.counted.get((app.name, node))
+        return _held(app, self.placements.get(app.name)) if size is None else size
+
+    def _adjust_size(
+        self, mem: int, disk10: int, nodes: Iterable[str], *, taken: int, freed: int
+    ) -> None:
         if not (mem or disk10):
             return
         for node in nodes:
@@ -1177,6 +1298,7 @@ class _Pass:
                 and old.clean
                 and hosts == old.target
                 and (old.app is app or old.app == app)
+                and app.name not in self.resized
                 and not any(c.node in old.target_set for c in self.delta)
             ):
                 # Every instance stands where it stood and the app is full: keeping them
@@ -1190,6 +1312,10 @@ class _Pass:
         selector: Selector = tuple(app.selector.items())
         view = self.view(selector)
         keepable, lost, excluded = self.classify(hosts, selector)
+        misfits = self.misfits.get(app.name, _EMPTY_SET)
+        if misfits:
+            keepable = [h for h in keepable if h not in misfits]
+            excluded = [h for h in excluded if h not in misfits]
         hosts_set = set(hosts)
         if app.replicas == "all":
             if _SHORTCUTS:
@@ -1358,6 +1484,7 @@ class _Pass:
                 self.spend(result, result.lost_moves)
         # ...then apps declaring resources, largest first, each reserving what it takes...
         resource_apps.sort(key=lambda r: (-r[0].memory_mb, -r[0].disk_mb, r[0].name))
+        self.resize(resource_apps)
         self.release_certain(resource_apps)
         for app, placement, hosts in resource_apps:
             planned = self.plan_resource(app, placement, hosts)
@@ -1457,8 +1584,11 @@ def reserved_by_placements(
     """Declared memory and disk (MiB) of every placed instance, per node.
 
     Every instance a placement names counts, running or not yet started, the way
-    Kubernetes counts requests; stopped instances (a forced drain's) and those of retired,
-    blocked or deleted apps (the pass removes them) count nothing.
+    Kubernetes counts requests, with what the placement recorded it reserves
+    (:attr:`Placement.reserved`; what the app declares when it recorded nothing), so a
+    redeploy asking for more counts only once the planner has placed it; stopped
+    instances (a forced drain's) and those of retired, blocked or deleted apps (the pass
+    removes them) count nothing.
 
     Returns:
         ``(memory_mb, disk_mb)``: two maps from node id to the MiB reserved there.
@@ -1471,12 +1601,21 @@ def reserved_by_placements(
         placement = placements.get(app.name)
         if placement is None:
             continue
+        mem, disk_mb = _held(app, placement)
         for node in placement.nodes:
-            if app.memory_mb:
-                memory[node] = memory.get(node, 0) + app.memory_mb
-            if app.disk_mb:
-                disk[node] = disk.get(node, 0) + app.disk_mb
+            if mem:
+                memory[node] = memory.get(node, 0) + mem
+            if disk_mb:
+                disk[node] = disk.get(node, 0) + disk_mb
     return memory, disk
+
+
+def _held(app: AppSpec, placement: Placement | None) -> tuple[int, int]:
+    """What each placed instance of ``app`` reserves: what the placement recorded, or
+    what the app declares when it recorded nothing."""
+    if placement is None or placement.reserved is None:
+        return app.memory_mb, app.disk_mb
+    return placement.reserved
 
 
 def allocatable(cap: NodeCapacity, reserved_mem: int, reserved_disk: int) -> tuple[int, int]:

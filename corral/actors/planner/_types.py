@@ -10,7 +10,7 @@ own dict afterwards cannot change an input behind the planner's back.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Final, Literal
@@ -229,11 +229,18 @@ class Placement:
     is never started elsewhere): it counts towards the replica count, is reported
     stranded, and starts there again once the node takes work. An app no longer pinned
     forgets them (its missing replicas are then placed as usual).
+
+    ``reserved`` is ``(memory_mb, disk_mb)`` each instance in ``nodes`` reserves: the
+    app's declared resources when it was placed there, or last resized in place. When
+    the app now declares other resources the pass places the change like a new app (see
+    the planner's theory of operation). None: not recorded (the instances reserve what
+    the app declares now).
     """
 
     nodes: tuple[str, ...] = ()
     placed_at: Mapping[str, float] = field(default_factory=dict, hash=False)
     stopped: tuple[str, ...] = ()
+    reserved: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         nodes = tuple(sorted(self.nodes))
@@ -262,6 +269,13 @@ class Placement:
                 "a stopped instance is not running anywhere",
             )
         object.__setattr__(self, "stopped", stopped)
+        if self.reserved is not None:
+            if not isinstance(self.reserved, tuple) or len(self.reserved) != 2:
+                raise InvalidPlanInput(
+                    "placement.reserved", f"must be (memory_mb, disk_mb), got {self.reserved!r}"
+                )
+            _check_count(self.reserved[0], "placement.reserved.memory_mb")
+            _check_count(self.reserved[1], "placement.reserved.disk_mb")
 
 
 @dataclass(frozen=True, slots=True)
@@ -413,7 +427,10 @@ class Decisions:
 
 
 def next_placements(
-    previous: Mapping[str, Placement], decisions: Decisions, now: float
+    previous: Mapping[str, Placement],
+    decisions: Decisions,
+    now: float,
+    apps: Iterable[AppSpec] | None = None,
 ) -> dict[str, Placement]:
     """The placements after applying ``decisions``: what the next pass should be given.
 
@@ -425,12 +442,17 @@ def next_placements(
         previous: the placements the pass was given.
         decisions: what the pass returned.
         now: the time the decisions are applied (the pass's ``now``).
+        apps: the apps the pass was given; when named, each placement records what its
+            instances reserve (``reserved``: every instance a pass leaves placed
+            reserves what its app declares). Without them, ``reserved`` is kept as it
+            was.
 
     Returns:
         A new mapping, app name to :class:`Placement`, sorted by name.
     """
     if decisions.paused is not None:
         return dict(sorted(previous.items()))
+    declared = {} if apps is None else {a.name: (a.memory_mb, a.disk_mb) for a in apps}
     result: dict[str, Placement] = {}
     for app in sorted(set(decisions.placements) | set(decisions.stopped)):
         nodes = decisions.placements.get(app, ())
@@ -443,7 +465,11 @@ def next_placements(
                 placed_at[node] = now
             elif node in kept_since:
                 placed_at[node] = kept_since[node]
+        reserved = declared.get(app, None if before is None else before.reserved)
         result[app] = Placement(
-            nodes=nodes, placed_at=placed_at, stopped=decisions.stopped.get(app, ())
+            nodes=nodes,
+            placed_at=placed_at,
+            stopped=decisions.stopped.get(app, ()),
+            reserved=reserved,
         )
     return result

@@ -34,6 +34,7 @@ from corral.actors.reconciler._backoff import (
 )
 from corral.actors.reconciler._plan import (
     Action,
+    BlockedStart,
     PassInputs,
     Remove,
     Replace,
@@ -311,6 +312,8 @@ class Reconciler(Actor):
         self._materialize_timeout = materialize_timeout
         self._backoff = (materialize_backoff, materialize_backoff_cap)
         self._failed: dict[str, FailedRevision] = {}
+        # Starts no port pair could be given for (published starting, with the reason).
+        self._blocked: dict[str, BlockedStart] = {}
         self._wake = trio.Event()
         self._force = False
         self._reasons: list[str] = []
@@ -597,14 +600,15 @@ class Reconciler(Actor):
         processes = process_views(rows)
         running = {app: p.revision for app, p in processes.items() if p.phase == "live"}
         views = app_views(self._node_id, records.values(), by_app, running)
-        self._failed = forget_settled(
-            self._failed,
-            {
-                name: view.revision
-                for name, view in views.items()
-                if view.should_run and view.revision is not None
-            },
-        )
+        wanted = {
+            name: view.revision
+            for name, view in views.items()
+            if view.should_run and view.revision is not None
+        }
+        self._failed = forget_settled(self._failed, wanted)
+        self._blocked = {
+            app: start for app, start in self._blocked.items() if wanted.get(app) == start.revision
+        }
         actions = plan_pass(
             PassInputs(
                 apps=views,
@@ -636,7 +640,7 @@ class Reconciler(Actor):
         self._draining -= stopping  # stopped now: no longer in the serving set
         if summary.actions or stopping:  # the table as the actions left it
             rows = await self._processes.ask(ListProcesses(), self._ask_timeout)
-        serving = serving_set(rows, self._failed.values())
+        serving = serving_set(rows, self._failed.values(), self._blocked.values())
         summary.serving = len(serving)
         summary.published = await self._publish(serving, summary, own)
         self._assigned = {name for name, view in views.items() if view.assigned}
@@ -754,10 +758,13 @@ class Reconciler(Actor):
         verify = isinstance(action, Start) and not action.after_stop
         reply = await self._ports.ask(EnsurePair(app, verify=verify), self._ask_timeout)
         if not reply.get("ok"):
-            self.ctx.emit(
-                "placement.unavailable", app=app, node=self._node_id, message=reply.get("message")
-            )
-            return f"app {app}: {reply.get('message')}"
+            message = str(reply.get("message"))
+            self.ctx.emit("placement.unavailable", app=app, node=self._node_id, message=message)
+            # Published with the instance (ps shows it); the pass error has the next pass
+            # try again.
+            self._blocked[app] = BlockedStart(app, deployment.revision, message)
+            return f"app {app}: {message}"
+        self._blocked.pop(app, None)
         accepted = await self._processes.ask(
             StartProcess(
                 app=app,
@@ -834,7 +841,7 @@ class Reconciler(Actor):
         (no proxy routes to this node's record then either)."""
         if rows is None:
             rows = await self._processes.ask(ListProcesses(), self._ask_timeout)
-        serving = serving_set(rows, self._failed.values())
+        serving = serving_set(rows, self._failed.values(), self._blocked.values())
         # Ready as published: one already withdrawn has nothing left to drain.
         ready = sorted(
             app

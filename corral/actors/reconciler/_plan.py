@@ -289,8 +289,23 @@ def process_views(rows: Iterable[Mapping[str, Any]]) -> dict[str, ProcessView]:
 # --------------------------------------------------------------------------- publishing
 
 
+@dataclass(frozen=True, slots=True)
+class BlockedStart:
+    """A start of ``app``'s ``revision`` this node could not make for a reason of its
+    own rather than the revision's: no pair of ports could be given (``reason`` says why,
+    naming the range). It is tried again every pass, at no cost worth backing off from,
+    and starts once ports free up; meanwhile the instance is published ``starting``
+    with the reason."""
+
+    app: str
+    revision: str
+    reason: str
+
+
 def serving_set(
-    rows: Iterable[Mapping[str, Any]], unpack_failures: Iterable[FailedRevision] = ()
+    rows: Iterable[Mapping[str, Any]],
+    unpack_failures: Iterable[FailedRevision] = (),
+    blocked: Iterable[BlockedStart] = (),
 ) -> dict[str, ServingEntry]:
     """What this node serves, from its process-table rows: every live process with its
     revision, ports, restarts and state (``failed`` when it could not be started,
@@ -299,7 +314,8 @@ def serving_set(
     and passing its readiness check: only ready instances are routed to). An app
     with no live process whose revision could not be got onto disk
     (``unpack_failures``) is ``failed`` too, with the reason and no ports (0): it
-    never got that far."""
+    never got that far. One whose start is ``blocked`` (no ports) is ``starting``
+    with the reason, and no ports."""
     serving = {}
     for row in rows:
         state = row["state"]
@@ -331,6 +347,15 @@ def serving_set(
                 internal_port=0,
                 state="starting" if failure.starting else "failed",
                 reason=f"cannot get revision {failure.revision[:12]} onto disk: {failure.reason}",
+            )
+    for start in blocked:
+        if start.app not in serving:
+            serving[start.app] = ServingEntry(
+                revision=start.revision,
+                public_port=0,
+                internal_port=0,
+                state="starting",
+                reason=f"cannot start: {start.reason}",
             )
     return serving
 

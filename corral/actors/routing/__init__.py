@@ -12,7 +12,11 @@ Each node publishes, per app, whether its instance runs and is ready
 (``ServingEntry.ready``); :func:`node_routes_from_record` reads it.
 :class:`RoutingRenderer` is the actor: on the coordinator lease holder it
 renders on every change of its inputs (debounced), writes the table, emits
-``routing.changed`` and pushes the table to configured Caddy admin endpoints.
+``routing.changed`` and pushes the table to configured Caddy admin endpoints; with
+the node's SWIM view, instances on a node SWIM holds suspect leave the table
+(:class:`MembershipChanged` renders at once). A render that would drop a domain the
+last table served is held while the records of nodes placed for it are still
+arriving (``_hold.decide_publish``: after a hand-over or a registry stall).
 :func:`routes_answer` (pure) is what ``corral routes`` shows, with each proxy's
 lag (:func:`proxy_lag`) from its ``proxies/<id>`` record.
 """
@@ -21,6 +25,7 @@ from corral.actors.routing._actor import (
     DEFAULT_DEBOUNCE,
     DEFAULT_RESYNC,
     GetRoutingState,
+    MembershipChanged,
     PushTarget,
     RoutingRenderer,
     RoutingState,
@@ -67,6 +72,7 @@ __all__ = [
     "GetRoutingState",
     "HeldBack",
     "Instance",
+    "MembershipChanged",
     "NodeRoutes",
     "Published",
     "PushTarget",

@@ -15,6 +15,19 @@ configured push target (the seed's push to Caddy admin endpoints, see
 ``corral.proxy.caddy_pusher``). Every ``resync`` seconds it renders anyway, so a
 missed watch event costs at most that long.
 
+With ``membership`` (the node's SWIM view, as the coordinator gets it) each
+pass renders with every node's SWIM state, so an instance on a node SWIM holds
+suspect leaves the table while it keeps its work; the membership actor tells
+:class:`MembershipChanged` on every change of its view, which renders at once.
+
+Right after it becomes the holder its inputs may still be arriving (node
+records lapsed in a registry stall and are being written again): a render that
+would drop a domain the last table served is held, writing nothing, while a
+node placed for that domain's app has no record yet (or one that does not yet
+name the app's instance), SWIM does not hold it dead
+or left, and it has been missing for less than ``settle`` seconds (see
+``_hold``); the pass after the record arrives, or the settle time ends, decides again.
+
 Registry trouble is logged and retried on the next pass; it never crashes the
 actor, and a failing push target never delays the others or the table.
 """
@@ -23,18 +36,23 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import trio
 
-from corral.actors.routing._publish import publish_routes
+from corral.actors.routing._hold import DEFAULT_SETTLE
+from corral.actors.routing._publish import Published, publish_routes
 from corral.actors.routing._render import (
     RoutesChanged,
     RouteTable,
     TableVersion,
     decode_table_json,
 )
+from corral.actors.routing._view import newly_silent
 from corral.registry import (
     ALIAS_PREFIX,
     APPS_PREFIX,
@@ -51,14 +69,19 @@ from corral.registry import (
     RegistryError,
     RevisionCompacted,
     decode_record,
+    read_records,
 )
 from corral.supervision import Actor, ChildSpec, Restart
 from corral.transport import SchemaError, message
+
+if TYPE_CHECKING:  # the coordinator imports this package
+    from corral.actors.coordinator import MemberStatus
 
 __all__ = [
     "DEFAULT_DEBOUNCE",
     "DEFAULT_RESYNC",
     "GetRoutingState",
+    "MembershipChanged",
     "PushTarget",
     "RoutingRenderer",
     "RoutingState",
@@ -74,6 +97,12 @@ DEFAULT_RESYNC = 10.0
 #: Seconds one push may take.
 DEFAULT_PUSH_TIMEOUT = 10.0
 _WATCH_RETRY = 1.0
+#: Seconds between two looks, by the lease holder, for proxies no longer reporting.
+DEFAULT_PROXY_CHECK = 5.0
+
+#: What a node last saw of a proxy's record: (applied version, apply error,
+#: restarts, why its process is down (None while it runs)).
+_ProxySeen = tuple[TableVersion | None, str | None, int, str | None]
 
 #: The prefixes (and key) whose changes may change the table.
 WATCHED: tuple[str, ...] = (APPS_PREFIX, PLACEMENT_PREFIX, NODES_PREFIX, ALIAS_PREFIX)
@@ -86,6 +115,12 @@ PushTarget = Callable[[RouteTable], Awaitable[None]]
 @dataclass(frozen=True)
 class GetRoutingState:
     """Ask the RoutingRenderer what it did last; replies a :class:`RoutingState`."""
+
+
+@message("routing.membership_changed")
+@dataclass(frozen=True)
+class MembershipChanged:
+    """The node's SWIM view changed: render now (told by the membership actor)."""
 
 
 @message("routing.state")
@@ -127,9 +162,16 @@ class RoutingRenderer(Actor):
         node_id: this node's id (compared with the lease holder).
         registry: the shared registry.
         pushers: push target name (e.g. ``caddy=http://127.0.0.1:2019``) -> push.
+        membership: node id -> its SWIM status (anything with a ``state``), read on
+            every pass; None: records alone decide.
         debounce: shortest time between the starts of two renders.
         resync: seconds between renders when nothing changed.
         push_timeout: seconds one push may take.
+        proxy_check: seconds between two looks for proxies whose record is no
+            longer refreshed (told once each as ``proxy.failed`` by the lease holder).
+        wall_clock: wall time, to judge how old a proxy's record is.
+        settle: seconds a placed node's missing record is awaited before a table
+            may drop the domains only it served.
     """
 
     mailbox_size = 16
@@ -140,11 +182,24 @@ class RoutingRenderer(Actor):
         registry: Registry,
         *,
         pushers: Mapping[str, PushTarget] | None = None,
+        membership: Callable[[], Mapping[str, MemberStatus]] | None = None,
         debounce: float = DEFAULT_DEBOUNCE,
         resync: float = DEFAULT_RESYNC,
         push_timeout: float = DEFAULT_PUSH_TIMEOUT,
+        proxy_check: float = DEFAULT_PROXY_CHECK,
+        wall_clock: Callable[[], float] = time.time,
+        settle: float = DEFAULT_SETTLE,
     ) -> None:
         super().__init__()
+        self._settle = settle
+        #: placed node -> when (trio time) this holder first saw its record missing.
+        self._missing_since: dict[str, float] = {}
+        #: when a held render must be decided again though nothing changed.
+        self._recheck_at = math.inf
+        self._last_hold = ""
+        self._proxy_check = proxy_check
+        self._wall = wall_clock
+        self._membership = membership
         self._node_id = node_id
         self._registry = registry
         self._pushers = dict(pushers or {})
@@ -166,12 +221,15 @@ class RoutingRenderer(Actor):
         self.ctx.start_task(self._watch_lease)
         self.ctx.start_task(self._render_loop)
         self.ctx.start_task(self._watch_proxies)
+        self.ctx.start_task(self._look_for_silent_proxies)
         if self._pushers:
             self.ctx.start_task(self._push_loop)
 
     async def handle(self, message: object) -> object:
         if isinstance(message, GetRoutingState):
             return self._state
+        if isinstance(message, MembershipChanged):
+            self._dirty.set()
         return None
 
     # ------------------------------------------------------------------ watching
@@ -223,14 +281,15 @@ class RoutingRenderer(Actor):
 
     async def _watch_proxies(self) -> None:
         """Tell this node's event log what ``corral proxy run`` processes report:
-        ``proxy.applied`` when one applies a new version, ``proxy.failed`` on a new error."""
-        seen: dict[str, tuple[TableVersion | None, str | None]] = {}
+        ``proxy.applied`` when one applies a new version, ``proxy.failed`` on a new error
+        or outage of its process, ``proxy.restarted`` when its process was restarted."""
+        seen: dict[str, _ProxySeen] = {}
         while True:
             try:
                 async with self._registry.watch(PROXIES_PREFIX) as events:
                     async for event in events:
                         if not event.kv.value:
-                            seen.pop(event.kv.key, None)
+                            seen.pop(event.kv.key.removeprefix(PROXIES_PREFIX), None)
                             continue
                         record = decode_record(event.kv.key, event.kv.value)
                         if isinstance(record, ProxyRecord):
@@ -241,8 +300,35 @@ class RoutingRenderer(Actor):
                 return
             await trio.sleep(_WATCH_RETRY)
 
+    async def _look_for_silent_proxies(self) -> None:
+        """While this node holds the lease, tell each proxy whose record stopped being
+        refreshed (its ``corral proxy run`` died, hangs or lost the registry) as one
+        ``proxy.failed``; nothing else would: such a proxy writes no more events."""
+        told: frozenset[str] = frozenset()
+        while True:
+            await trio.sleep(self._proxy_check)
+            try:
+                if await self._fence() is None:
+                    told = frozenset()
+                    continue
+                records, _ = await read_records(self._registry, PROXIES_PREFIX)
+            except RegistryError as exc:
+                log.debug("could not read the proxies (%s); looking again later", exc)
+                continue
+            proxies = [r for r in records.values() if isinstance(r, ProxyRecord)]
+            silent, told = newly_silent(proxies, now=self._wall(), flagged=told)
+            for record, seconds in silent:
+                self.ctx.emit(
+                    "proxy.failed",
+                    proxy=record.id,
+                    proxy_kind=record.kind,
+                    error=f"not reporting for {seconds:.0f} s (pid {record.pid} on "
+                    f"{record.host}): check its corral proxy run; its state is unknown",
+                    not_reporting_s=seconds,
+                )
+
     def _note_proxy(
-        self, record: ProxyRecord, seen: dict[str, tuple[TableVersion | None, str | None]]
+        self, record: ProxyRecord, seen: dict[str, _ProxySeen]
     ) -> None:
         applied = (
             None
@@ -250,7 +336,9 @@ class RoutingRenderer(Actor):
             else TableVersion(record.applied_fence, record.applied_revision)
         )
         before = seen.get(record.id)
-        seen[record.id] = (applied, record.error)
+        # An outage: the process died and is not started again yet.
+        down = record.last_error if record.since is None else None
+        seen[record.id] = (applied, record.error, record.restarts, down)
         if applied is not None and (before is None or before[0] != applied):
             self.ctx.emit(
                 "proxy.applied",
@@ -264,10 +352,20 @@ class RoutingRenderer(Actor):
             self.ctx.emit(
                 "proxy.failed", proxy=record.id, proxy_kind=record.kind, error=record.error
             )
+        if down and (before is None or before[3] != down):
+            self.ctx.emit("proxy.failed", proxy=record.id, proxy_kind=record.kind, error=down)
+        if before is not None and record.restarts > before[2]:
+            self.ctx.emit(
+                "proxy.restarted",
+                proxy=record.id,
+                proxy_kind=record.kind,
+                restarts=record.restarts,
+                error=record.last_error,
+            )
 
     async def _render_loop(self) -> None:
         while True:
-            with trio.move_on_after(self._resync):
+            with trio.move_on_at(min(trio.current_time() + self._resync, self._recheck_at)):
                 await self._dirty.wait()
             # The first change after a calm renders at once (an alias flip is served as
             # soon as it can be); what changes during a pass, or within ``debounce`` of
@@ -295,12 +393,25 @@ class RoutingRenderer(Actor):
                 if state.fence is not None:
                     log.info("not the coordinator any more: the routing table is left alone")
                 self._state = _replace(self._state, fence=None, last_error=None)
+                self._missing_since = {}  # a new term waits for the records afresh
+                self._recheck_at = math.inf
                 return
-            published = await publish_routes(self._registry, fence=fence)
+            if fence != state.fence:
+                self._missing_since = {}
+            now = trio.current_time()
+            published = await publish_routes(
+                self._registry,
+                fence=fence,
+                member_states=self._member_states(),
+                missing_since=self._missing_since,
+                now=now,
+                settle=self._settle,
+            )
         except RegistryError as exc:
             log.warning("routing pass failed (%s); trying again on the next change", exc)
             self._state = _replace(self._state, last_error=str(exc))
             return
+        self._note_missing(published, now)
         written = published.written
         if written is None and published.why.startswith("guard failed"):
             self._lease_known = False  # read the lease again next time
@@ -327,6 +438,29 @@ class RoutingRenderer(Actor):
         )
         if self._table is not None and self._pushers:
             self._push_wanted.set()
+
+    def _note_missing(self, published: Published, now: float) -> None:
+        """Remember since when each placed node's record is missing; on a held render,
+        say why once and look again when the first awaited record's settle time ends."""
+        self._missing_since = {n: self._missing_since.get(n, now) for n in published.missing}
+        if not published.held:
+            self._recheck_at = math.inf
+            if self._last_hold:
+                log.info("routing table no longer held: the awaited node records are in")
+            self._last_hold = ""
+            return
+        # The earliest settle time still ahead (one already past would wake it at once).
+        ends = [t + self._settle for t in self._missing_since.values() if t + self._settle > now]
+        self._recheck_at = min(ends, default=math.inf)
+        if published.why != self._last_hold:
+            log.warning("routing table %s", published.why)
+            self.ctx.emit("routing.held", why=published.why)
+        self._last_hold = published.why
+
+    def _member_states(self) -> dict[str, str] | None:
+        if self._membership is None:
+            return None
+        return {node: status.state for node, status in self._membership().items()}
 
     async def _stored(self, fence: int) -> RouteTable | None:
         kv = await self._registry.get(ROUTING_KEY)
@@ -407,15 +541,27 @@ def routing_renderer_child_spec(
     registry: Registry,
     *,
     pushers: Mapping[str, PushTarget] | None = None,
+    membership: Callable[[], Mapping[str, MemberStatus]] | None = None,
     name: str = "routing",
     debounce: float = DEFAULT_DEBOUNCE,
     resync: float = DEFAULT_RESYNC,
+    proxy_check: float = DEFAULT_PROXY_CHECK,
+    wall_clock: Callable[[], float] = time.time,
+    settle: float = DEFAULT_SETTLE,
 ) -> ChildSpec:
     """A ChildSpec running :class:`RoutingRenderer` (PERMANENT) for the node assembly."""
     return ChildSpec(
         name=name,
         factory=lambda: RoutingRenderer(
-            node_id, registry, pushers=pushers, debounce=debounce, resync=resync
+            node_id,
+            registry,
+            pushers=pushers,
+            membership=membership,
+            debounce=debounce,
+            resync=resync,
+            proxy_check=proxy_check,
+            wall_clock=wall_clock,
+            settle=settle,
         ),
         restart=Restart.PERMANENT,
         shutdown_grace=1.0,

@@ -16,6 +16,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from corral.actors.routing._hold import (
+    DEFAULT_SETTLE,
+    awaited_nodes,
+    decide_publish,
+    incomplete_records,
+)
 from corral.actors.routing._render import (
     NodeRoutes,
     Rendered,
@@ -67,6 +73,7 @@ def inputs_from_records(
     aliases: Mapping[str, AliasRecord],
     *,
     ready: Mapping[str, Mapping[str, bool]] | None = None,
+    member_states: Mapping[str, str] | None = None,
 ) -> RoutingInputs:
     """Routing inputs from decoded registry records (pure).
 
@@ -77,6 +84,8 @@ def inputs_from_records(
         aliases: domain -> ``alias/<domain>`` (not the ``previous`` records).
         ready: node id -> app -> readiness, when known apart from the record
             (see :func:`node_routes_from_record`).
+        member_states: node id -> state in the lease holder's SWIM view (see
+            :class:`RoutingInputs`).
     """
     node_routes: dict[str, NodeRoutes] = {}
     for node_id, record in nodes.items():
@@ -90,6 +99,7 @@ def inputs_from_records(
         out_of_table={
             name: p.out_of_table() for name, p in placements.items() if p.rollout is not None
         },
+        member_states=dict(member_states or {}),
     )
 
 
@@ -99,8 +109,12 @@ class Published:
 
     ``written`` is the table written (None: nothing was); ``diff`` what it
     changed; ``rendered`` the render itself; ``why`` says why nothing was
-    written (``"unchanged"``, ``"fence lost"``, ``"routing moved"``);
-    ``undecodable`` names input keys that were skipped.
+    written (``"unchanged"``, ``"fence lost"``, ``"guard failed..."``, or
+    ``"held: ..."`` when the render would drop served domains while node records
+    are still awaited, see :func:`~corral.actors.routing._hold.decide_publish`);
+    ``undecodable`` names input keys that were skipped; ``missing`` the placed
+    nodes whose record was missing or named no instance of an app placed on them
+    (the caller remembers since when).
     """
 
     rendered: Rendered
@@ -108,6 +122,12 @@ class Published:
     diff: RoutesChanged | None = None
     why: str = ""
     undecodable: tuple[str, ...] = field(default_factory=tuple)
+    missing: frozenset[str] = frozenset()
+
+    @property
+    def held(self) -> bool:
+        """The render was not published: inputs it would need are still arriving."""
+        return self.why.startswith("held:")
 
 
 def _kind(key: str) -> KeyKind | None:
@@ -133,6 +153,10 @@ async def publish_routes(
     *,
     fence: int,
     ready: Mapping[str, Mapping[str, bool]] | None = None,
+    member_states: Mapping[str, str] | None = None,
+    missing_since: Mapping[str, float] | None = None,
+    now: float = 0.0,
+    settle: float = DEFAULT_SETTLE,
 ) -> Published:
     """Render the routing table from the registry and write it if it changed.
 
@@ -140,6 +164,12 @@ async def publish_routes(
         registry: the shared registry.
         fence: the caller's coordinator fence (``lease/coordinator``'s create revision).
         ready: optional readiness per node and app (see :func:`inputs_from_records`).
+        member_states: node id -> state in this node's SWIM view (instances on a
+            suspect node leave the table, see :class:`RoutingInputs`).
+        missing_since: node id -> when the caller first saw its record missing or
+            incomplete (None: records are taken as complete, as before).
+        now: the caller's clock, in the same unit as ``missing_since``.
+        settle: seconds after which a missing node record counts as gone.
 
     Returns:
         What was rendered and written.
@@ -179,11 +209,22 @@ async def publish_routes(
             undecodable.append(kv.key)
     current = responses[4][0] if responses[4] else None
     previous = _previous_table(current)
-    rendered = render_routes(inputs_from_records(apps, placements, nodes, aliases, ready=ready))
+    inputs = inputs_from_records(
+        apps, placements, nodes, aliases, ready=ready, member_states=member_states
+    )
+    rendered = render_routes(inputs)
+    missing = incomplete_records(inputs)
     table = next_table(previous, rendered, fence)
     if table is None:
         why = "unchanged" if previous is None or previous.fence <= fence else "fence lost"
-        return Published(rendered, why=why, undecodable=tuple(undecodable))
+        return Published(rendered, why=why, undecodable=tuple(undecodable), missing=missing)
+    if missing_since is not None:
+        awaited = awaited_nodes(inputs, missing_since=missing_since, now=now, settle=settle)
+        decision = decide_publish(previous, inputs, rendered, awaited)
+        if not decision.publish:
+            return Published(
+                rendered, why=decision.why, undecodable=tuple(undecodable), missing=missing
+            )
     guard = (
         Compare.absent(ROUTING_KEY)
         if current is None
@@ -200,10 +241,15 @@ async def publish_routes(
             rendered,
             why="guard failed: the fence was lost, or routing changed since it was read",
             undecodable=tuple(undecodable),
+            missing=missing,
         )
     old = None if previous is None or not previous.domains else previous
     return Published(
-        rendered, written=table, diff=changed(old, table), undecodable=tuple(undecodable)
+        rendered,
+        written=table,
+        diff=changed(old, table),
+        undecodable=tuple(undecodable),
+        missing=missing,
     )
 
 

@@ -20,6 +20,14 @@ of these is *held back* with the reason, never listed. A domain whose app has no
 backend is left out entirely: a proxy then answers 404 for it, where an empty
 list would make it answer 503 forever.
 
+**Suspect nodes.** The lease holder's SWIM view (``member_states``) may hold a
+node ``suspect`` (or ``dead`` while its record lasts): it keeps its work (its
+placement does not change) but no traffic should wait on it, so its instances
+are held back, and are listed again as soon as SWIM holds the node alive. When
+*every* instance of an app that would otherwise serve is on such a node, they
+are all kept: a suspect node may only be slow, and a proxy's own health checks
+still skip one that stalled, where leaving the domain out is a certain 404.
+
 The output is deterministic: domains and URLs are sorted, held-back entries are
 sorted by (app, node, why). Bad input from one app (a malformed domain, an
 alias to nothing, a domain two owners claim) is held back with the cause and
@@ -62,6 +70,7 @@ __all__ = [
     "backend_address",
     "backend_url",
     "changed",
+    "claimed_domains",
     "decode_table_cbor",
     "decode_table_json",
     "encode_table_cbor",
@@ -143,6 +152,8 @@ class RoutingInputs:
         placements: app name -> the nodes chosen to serve it.
         nodes: node id -> what that node publishes (a missing node has no record).
         out_of_table: app -> nodes its rollout leaves out (``PlacementRecord.out_of_table``).
+        member_states: node id -> SWIM state; instances on a ``suspect`` or ``dead``
+            node are held back unless no other instance of the app serves.
     """
 
     app_domains: Mapping[str, Sequence[str]] = field(default_factory=dict)
@@ -151,6 +162,9 @@ class RoutingInputs:
     nodes: Mapping[str, NodeRoutes] = field(default_factory=dict)
     #: app -> the placed nodes a rolling deploy has taken out of the table.
     out_of_table: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    #: node id -> its state in the lease holder's SWIM view (``alive``, ``suspect``,
+    #: ``dead``, ``left``); a node not named counts as alive (its record decides).
+    member_states: Mapping[str, str] = field(default_factory=dict)
 
 
 def node_routes_from_record(
@@ -293,8 +307,15 @@ def _valid_host(host: str) -> bool:
     return bool(host) and len(host) <= 253 and not any(c in host for c in "/?#@ \t\r\n")
 
 
+#: SWIM states of a node no request should wait on.
+UNREACHABLE_STATES: Final = frozenset({"suspect", "dead"})
+
+
 def _app_backends(app: str, inputs: RoutingInputs, held: list[HeldBack]) -> tuple[str, ...]:
     urls: set[str] = set()
+    # node -> (URL, SWIM state) of the instances that would serve but are on a node
+    # SWIM cannot reach.
+    unreachable: dict[str, tuple[str, str]] = {}
     rolling = inputs.out_of_table.get(app, frozenset())
     for node_id in sorted(set(inputs.placements.get(app, ()))):
         node = inputs.nodes.get(node_id)
@@ -329,7 +350,24 @@ def _app_backends(app: str, inputs: RoutingInputs, held: list[HeldBack]) -> tupl
                 )
             )
             continue
-        urls.add(backend_url(node.advertise_host, port))
+        url = backend_url(node.advertise_host, port)
+        member = inputs.member_states.get(node_id, "alive")
+        if member in UNREACHABLE_STATES:
+            unreachable[node_id] = (url, member)
+        else:
+            urls.add(url)
+    if urls:
+        for node_id, (_url, member) in sorted(unreachable.items()):
+            held.append(
+                HeldBack(
+                    app,
+                    node_id,
+                    f"SWIM holds the node {member}: out of the table, keeping its work, "
+                    "until it is alive again",
+                )
+            )
+    else:  # every instance is on an unreachable node: better a slow backend than a 404
+        urls.update(url for url, _member in unreachable.values())
     ordered = tuple(sorted(urls))
     if len(ordered) > MAX_BACKENDS_PER_DOMAIN:
         held.append(
@@ -390,6 +428,12 @@ def _claims(inputs: RoutingInputs, held: list[HeldBack]) -> dict[str, str]:
             continue
         owner[domain] = target
     return owner
+
+
+def claimed_domains(inputs: RoutingInputs) -> dict[str, str]:
+    """Domain -> the app serving it, as :func:`render_routes` decides it (app domains,
+    then aliases; what is held back for a bad name or a conflict is left out)."""
+    return _claims(inputs, [])
 
 
 def render_routes(inputs: RoutingInputs) -> Rendered:

@@ -550,7 +550,8 @@ def test_the_digest_is_the_sha256_of_the_canonical_document() -> None:
              "drain_forced": False},
         ],
         "placements": {
-            "b": {"nodes": ["n1", "n2"], "placed_at": {"n1": 3}, "stopped": []},
+            "b": {"nodes": ["n1", "n2"], "placed_at": {"n1": 3}, "stopped": [],
+                  "reserved": None},
         },
         "undecodable": ["apps/x"],
     }

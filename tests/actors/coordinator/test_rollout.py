@@ -255,9 +255,14 @@ def test_placement_changes_mid_rollout() -> None:
     instances = {"a": ready(NEW), "b": ready(OLD), "gone": ready(OLD)}
     plan = plan_rollout(inputs(record, instances, now=T0 + 1, placed=("a", "b", "fresh")))
     assert plan.record is not None
-    assert set(plan.record.nodes) == {"a", "b", "fresh"}
-    assert plan.record.nodes["fresh"] == NodeRollout(NEW, "done", T0 + 1)
+    # "fresh" publishes nothing yet: it is listed once it does (its reconciler starts
+    # the app's revision there meanwhile: no rollout names it)
+    assert set(plan.record.nodes) == {"a", "b"}
     assert changes(plan) == [TakeOut("b")]
+    fresh = {**instances, "fresh": ObservedInstance(NEW, ready=False, state="starting")}
+    later = plan_rollout(inputs(plan.record, fresh, now=T0 + 2, placed=("a", "b", "fresh")))
+    assert later.record is not None
+    assert later.record.nodes["fresh"] == NodeRollout(NEW, "done", T0 + 2)
 
 
 def test_a_record_that_breaks_its_schema_is_undecodable() -> None:

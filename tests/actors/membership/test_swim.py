@@ -272,10 +272,14 @@ def test_the_suspect_refutes_with_a_higher_incarnation() -> None:
     assert swim.health == 1
     ping, _, _ = run_probe_until_ping(swim, 5.0)
     assert Update("a", "alive", 1, "a") in ping.updates
-    # A claim of death about an incarnation ahead of ours: jump past it.
+    # A claim of death about an incarnation ahead of ours (an earlier life's): jump past it.
     swim.receive(Gossip("c", (Update("a", "dead", 6, "c"),)), 6.0)
     assert swim.incarnation == 7
     assert swim.member("a").state is ALIVE  # type: ignore[union-attr]
+    # One far beyond this life's start is nobody's to make: it moves nothing (jumping
+    # past it would let others drive us to the cap).
+    swim.receive(Gossip("c", (Update("a", "dead", 2**45, "c"),)), 7.0)
+    assert swim.incarnation == 7
 
 
 def test_a_refutation_clears_the_suspicion_at_the_others() -> None:
@@ -288,37 +292,52 @@ def test_a_refutation_clears_the_suspicion_at_the_others() -> None:
 
 
 @pytest.mark.parametrize(
-    ("have", "claim", "result"),
+    ("have", "claim", "speaker", "result"),
     [
-        (("alive", 2), ("alive", 1), (ALIVE, 2)),
-        (("alive", 2), ("alive", 3), (ALIVE, 3)),
-        (("alive", 2), ("suspect", 1), (ALIVE, 2)),
-        (("alive", 2), ("suspect", 2), (SUSPECT, 2)),
-        (("alive", 2), ("dead", 1), (ALIVE, 2)),
-        (("alive", 2), ("dead", 2), (DEAD, 2)),
-        (("suspect", 2), ("alive", 2), (SUSPECT, 2)),
-        (("suspect", 2), ("alive", 3), (ALIVE, 3)),
-        (("suspect", 2), ("dead", 2), (DEAD, 2)),
-        (("dead", 2), ("alive", 2), (DEAD, 2)),
-        (("dead", 2), ("suspect", 3), (DEAD, 2)),
-        (("dead", 2), ("alive", 3), (ALIVE, 3)),
-        (("dead", 2), ("left", 2), (LEFT, 2)),
-        (("left", 2), ("dead", 3), (LEFT, 2)),
-        (("left", 2), ("alive", 3), (ALIVE, 3)),
-        (("alive", 2), ("left", 2), (LEFT, 2)),
+        # hearsay: y relays a claim about b
+        (("alive", 2), ("alive", 1), "y", (ALIVE, 2)),
+        (("alive", 2), ("alive", 3), "y", (ALIVE, 2)),  # above what b announced
+        (("alive", 2), ("suspect", 1), "y", (ALIVE, 2)),
+        (("alive", 2), ("suspect", 2), "y", (SUSPECT, 2)),
+        (("alive", 2), ("suspect", 3), "y", (ALIVE, 2)),  # above what b announced
+        (("alive", 2), ("dead", 1), "y", (ALIVE, 2)),
+        (("alive", 2), ("dead", 2), "y", (DEAD, 2)),
+        (("alive", 2), ("left", 2), "y", (ALIVE, 2)),  # only b says b left
+        (("suspect", 2), ("alive", 2), "y", (SUSPECT, 2)),
+        (("suspect", 2), ("alive", 3), "y", (SUSPECT, 2)),
+        (("suspect", 2), ("dead", 2), "y", (DEAD, 2)),
+        (("dead", 2), ("alive", 2), "y", (DEAD, 2)),
+        (("dead", 2), ("suspect", 3), "y", (DEAD, 2)),
+        (("dead", 2), ("alive", 3), "y", (DEAD, 2)),
+        (("dead", 2), ("left", 2), "y", (DEAD, 2)),
+        (("left", 2), ("dead", 3), "y", (LEFT, 2)),
+        (("left", 2), ("alive", 3), "y", (LEFT, 2)),
+        # first-hand: b about itself
+        (("alive", 2), ("alive", 3), "b", (ALIVE, 3)),
+        (("suspect", 2), ("alive", 2), "b", (SUSPECT, 2)),
+        (("suspect", 2), ("alive", 3), "b", (ALIVE, 3)),
+        (("dead", 2), ("alive", 3), "b", (ALIVE, 3)),
+        (("dead", 2), ("left", 2), "b", (LEFT, 2)),
+        (("left", 2), ("alive", 3), "b", (ALIVE, 3)),
+        (("alive", 2), ("left", 2), "b", (LEFT, 2)),
+        (("alive", 2), ("dead", 2), "b", (ALIVE, 2)),  # no member says that of itself
     ],
 )
 def test_incarnation_ordering(
-    have: tuple[str, int], claim: tuple[str, int], result: tuple[MemberState, int]
+    have: tuple[str, int],
+    claim: tuple[str, int],
+    speaker: str,
+    result: tuple[MemberState, int],
 ) -> None:
     swim = Swim("a", LAN, random.Random(0), 0.0)
-    swim.receive(Gossip("x", (Update("b", "alive", 0, "b"),)), 0.0)
-    if have[0] != "alive" or have[1]:
-        swim.receive(Gossip("b", (Update("b", "alive", have[1], "b"),)), 0.0)
-        if have[0] != "alive":
-            swim.receive(Gossip("x", (Update("b", have[0], have[1], "x"),)), 0.0)  # type: ignore[arg-type]
+    swim.receive(Gossip("b", (Update("b", "alive", have[1], "b"),), have[1]), 0.0)
+    if have[0] == "left":
+        swim.receive(Gossip("b", (Update("b", "left", have[1], "b"),), have[1]), 0.0)
+    elif have[0] != "alive":
+        swim.receive(Gossip("x", (Update("b", have[0], have[1], "x"),)), 0.0)  # type: ignore[arg-type]
     assert swim.member("b").state.value == have[0]  # type: ignore[union-attr]
-    swim.receive(Gossip("y", (Update("b", claim[0], claim[1], "y"),)), 1.0)  # type: ignore[arg-type]
+    update = Update("b", claim[0], claim[1], speaker)  # type: ignore[arg-type]
+    swim.receive(Gossip(speaker, (update,)), 1.0)
     view = swim.member("b")
     assert view is not None
     assert (view.state, view.incarnation) == result

@@ -6,23 +6,43 @@ own SWIM view, as ``corral node run`` wires them.
 * a killed member goes down (SWIM dead), and its work moves exactly once, after the grace;
 * a coordinator hand-off during the grace keeps ``down_since``;
 * the registry cut off from one live node moves nothing: SWIM still reaches it;
-* a clean stop leaves: its work moves at once, no grace.
+* a clean stop leaves: its work moves at once, no grace;
+* a peer holding the secret forges evictions (issue 25, item 1): a made-up node id is
+  not admitted, a message claiming another node's id is refused by the kernel, a
+  registered forger's hearsay above the victim's own incarnation is not believed, and
+  its dead/suspect at the real incarnation is refuted within one suspicion timeout;
+  no placement moves;
+* a node restarted right after a clean stop is alive everywhere at once, and an
+  impostor under a stopped node's id cannot push it out of reach of its next life.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 
 import trio
 
 from corral.actors.coordinator import NodeStatus
-from corral.actors.membership import SwimConfig, suspicion_bounds
+from corral.actors.membership import (
+    GetMembership,
+    Gossip,
+    MembershipView,
+    Ping,
+    StateSync,
+    SwimConfig,
+    SwimMessage,
+    Update,
+    suspicion_bounds,
+)
+from corral.actors.membership._messages import MAX_INCARNATION
+from corral.actors.membership._swim import incarnation_ceiling
 from corral.actors.planner import Policy
-from corral.registry import AppRecord, NodeDown, decode_record, down_key
+from corral.registry import AppRecord, NodeDown, NodeRecord, decode_record, down_key, node_key
+from corral.supervision import ActorSystem, SupervisionError, open_actor_system
 from corral.testing import Cluster, open_cluster, virtual_wall_clock
-from corral.transport import MemoryNetwork
+from corral.transport import MemoryNetwork, TransportError
 
 TTL = 45.0  # coordinator lease
 NODE_TTL = 15.0  # node records
@@ -268,5 +288,197 @@ async def test_a_killed_member_back_within_the_grace_is_alive_and_kept_its_work(
         assert await placed_on(cluster, victim) == apps
 
 
+async def test_a_node_restarted_after_a_clean_stop_is_alive_at_once_everywhere(
+    autojump_clock: object,
+) -> None:
+    async with cluster_of() as cluster:
+        _holder, victim, _apps = await setup(cluster)
+        before = max(inc for _, inc in incarnations_of(cluster, victim).values())
+        await cluster.stop(victim)
+
+        def left_everywhere() -> bool:
+            seen = incarnations_of(cluster, victim).values()
+            return all(state == "left" for state, _ in seen)
+
+        await until(left_everywhere, within=2.0)
+        await cluster.restart(victim)  # at once: the same virtual millisecond, maybe
+        restarted = trio.current_time()
+
+        def alive_everywhere() -> bool:
+            seen = incarnations_of(cluster, victim).values()
+            return all(state == "alive" and inc > before for state, inc in seen)
+
+        back = await until(alive_everywhere, within=SWIM.probe_interval * 10)
+        # Its new life starts above the old one's goodbye: no refutation round is needed.
+        assert back - restarted <= SWIM.probe_interval
+
+
 async def _no_entry(cluster: Cluster, node: str) -> bool:
     return await down_entry(cluster, node) is None
+
+
+# ---------------------------------------------------------------------- forging peers
+
+MEMBERSHIP_PATH = "/node/membership"
+
+
+async def forge(
+    system: ActorSystem, targets: Sequence[str], messages: Sequence[SwimMessage]
+) -> None:
+    """Tell each target node's membership actor every message (losses are the forger's)."""
+    for target in targets:
+        for msg in messages:
+            try:
+                await system.ref(MEMBERSHIP_PATH, node=target).tell(msg)
+            except (TransportError, SupervisionError):
+                pass
+
+
+async def forge_for(
+    system: ActorSystem, cluster: Cluster, messages: Sequence[SwimMessage], seconds: float
+) -> None:
+    """Forge every second for ``seconds``."""
+    end = trio.current_time() + seconds
+    while trio.current_time() < end:
+        await forge(system, cluster.running, messages)
+        await trio.sleep(1.0)
+
+
+def incarnations_of(cluster: Cluster, node: str) -> dict[str, tuple[str, int]]:
+    """Every other running node's (state, incarnation) of ``node``."""
+    return {
+        observer: (status.state, status.incarnation)
+        for observer in cluster.running
+        if observer != node
+        for member, status in cluster.feeds[observer].statuses().items()
+        if member == node
+    }
+
+
+async def views_of(cluster: Cluster, node: str) -> dict[str, tuple[str, int]]:
+    """Every other running node's (state, incarnation) of ``node``, asked of its
+    membership actor."""
+    seen: dict[str, tuple[str, int]] = {}
+    for observer in cluster.running:
+        if observer == node:
+            continue
+        view = await cluster.node(observer).membership.ask(GetMembership())
+        assert isinstance(view, MembershipView)
+        for member in view.members:
+            if member.node == node:
+                seen[observer] = (member.state, member.incarnation)
+    return seen
+
+
+def evictions(victim: str, forger: str, claimer: str) -> list[SwimMessage]:
+    """The issue's forgery and its variants, sent by ``forger``; the last two claim to
+    come from ``claimer`` and from the victim itself."""
+    cap = MAX_INCARNATION
+    return [
+        Gossip(forger, (Update(victim, "left", cap, victim),)),
+        Gossip(forger, (Update(victim, "dead", cap, forger),)),
+        Gossip(forger, (Update(victim, "suspect", cap, forger),)),
+        Gossip(forger, (Update(victim, "alive", cap, victim),)),
+        Gossip(forger, (Update(victim, "dead", 2**40, forger), Update(victim, "left", 0, victim))),
+        StateSync(forger, (Update(victim, "left", cap, victim),), reply=True),
+        Gossip(claimer, (Update(victim, "left", cap, victim),), cap),
+        Ping(1, victim, claimer, (Update(victim, "left", cap, victim),), cap),
+    ]
+
+
+async def test_a_made_up_node_id_forging_evictions_moves_nothing(autojump_clock: object) -> None:
+    async with cluster_of() as cluster:
+        holder, victim, apps = await setup(cluster)
+        claimer = next(n for n in cluster.running if n not in (holder, victim))
+        before = await views_of(cluster, victim)
+        assert {state for state, _ in before.values()} == {"alive"}
+        cluster.registry.reset()
+        async with open_actor_system("evil", cluster.network.connect("evil")) as evil:
+            await forge_for(evil, cluster, evictions(victim, "evil", claimer), MAX_SUSPICION + 5)
+        await trio.sleep(MAX_SUSPICION)
+        assert await views_of(cluster, victim) == before
+        assert states_seen(cluster, victim) == {"alive"}
+        assert all("evil" not in cluster.member_states(n) for n in cluster.running)
+        assert cluster.registry.writes_under("placement/") == 0
+        assert await placed_on(cluster, victim) == apps
+        # The kernel refused every message that spoke as another node.
+        refused = [
+            event
+            for _, event in cluster.events("transport.rejected")
+            if "may speak only as itself" in str(event.fields.get("reason"))
+        ]
+        assert refused
+
+
+async def test_a_registered_forgers_hearsay_moves_nothing(autojump_clock: object) -> None:
+    async with cluster_of() as cluster:
+        holder, victim, apps = await setup(cluster)
+        claimer = next(n for n in cluster.running if n not in (holder, victim))
+        # The forger has a record: it is admitted as a member, and every claim it makes
+        # about another node is hearsay.
+        await cluster.registry.put(node_key("mallory"), NodeRecord(id="mallory").encode())
+        before = await views_of(cluster, victim)
+        cluster.registry.reset()
+        async with open_actor_system("mallory", cluster.network.connect("mallory")) as mallory:
+            await forge_for(
+                mallory, cluster, evictions(victim, "mallory", claimer), MAX_SUSPICION + 5
+            )
+            assert await views_of(cluster, victim) == before
+            assert states_seen(cluster, victim) == {"alive"}
+            # Suspect and dead at the victim's real incarnation are ordinary SWIM: the
+            # victim hears it and refutes, within one suspicion timeout.
+            (incarnation,) = {inc for _, inc in before.values()}
+            accused = trio.current_time()
+            await forge(
+                mallory,
+                cluster.running,
+                [
+                    Gossip("mallory", (Update(victim, "dead", incarnation, "mallory"),)),
+                    Gossip("mallory", (Update(victim, "suspect", incarnation, "mallory"),)),
+                ],
+            )
+
+            async def all_alive_again() -> bool:
+                seen = (await views_of(cluster, victim)).values()
+                return all(state == "alive" and inc > incarnation for state, inc in seen)
+
+            back = await until(all_alive_again, within=MIN_SUSPICION)
+            assert back - accused < MIN_SUSPICION
+        assert states_seen(cluster, victim) <= {"alive", "suspect", "down"}
+        assert "left" not in states_seen(cluster, victim)
+        assert cluster.registry.writes_under("placement/") == 0
+        assert await placed_on(cluster, victim) == apps
+
+
+async def test_an_impostor_under_a_stopped_nodes_id_does_not_outlive_its_restart(
+    autojump_clock: object,
+) -> None:
+    async with cluster_of() as cluster:
+        _holder, victim, _apps = await setup(cluster)
+        await cluster.stop(victim)
+        # A process holding the secret takes the stopped node's id (it is still a known
+        # member): its word about that id is first-hand, so it is capped by the ceiling
+        # an honest node could reach, not by anything it says.
+        ceiling = incarnation_ceiling(virtual_wall_clock())
+        async with open_actor_system(victim, cluster.network.connect(victim)) as impostor:
+            await forge(
+                impostor,
+                cluster.running,
+                [
+                    Gossip(victim, (), MAX_INCARNATION),
+                    Gossip(victim, (Update(victim, "alive", MAX_INCARNATION, victim),), ceiling),
+                ],
+            )
+            await trio.sleep(1.0)
+        assert all(inc <= ceiling for _, inc in (await views_of(cluster, victim)).values())
+        await cluster.restart(victim)
+        restarted = trio.current_time()
+
+        async def alive_above_the_impostor() -> bool:
+            # Asked of each membership actor: a raised incarnation with no change of state
+            # is no transition, so the feed may still show the one before.
+            seen = (await views_of(cluster, victim)).values()
+            return bool(seen) and all(state == "alive" and inc > ceiling for state, inc in seen)
+
+        back = await until(alive_above_the_impostor, within=MIN_SUSPICION)
+        assert back - restarted < MIN_SUSPICION
