@@ -6,8 +6,9 @@ Three corral hosts (each an etcd member and a node labelled ``host=<name>``) and
 Three single-replica apps (``solo-hN``, wherever the planner puts them) and one on
 every host (``everywhere``, ``replicas all``). The counts are printed (run with
 ``-s`` to see them) and asserted: nothing relocates, restarts or changes port, and
-the ``replicas all`` app's requests fail over to the other hosts (0 failed). The issue asks for five hosts at 200 req/s;
-this machine (2 shared cores) runs three at 100 req/s.
+the ``replicas all`` app's requests fail over to the other hosts (0 failed). The
+issue asks for five hosts at 200 req/s; this machine (2 shared cores) runs three at
+100 req/s.
 
 Measured (2026-12-08): 0 relocations, 0 restarts, 0 port changes, 0 failed of about
 4,500 requests, but about 1,000 of the 3,000 sent during the cut (h1's share) took
