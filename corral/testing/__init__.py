@@ -65,7 +65,7 @@ from corral.testing._fleet import (
     open_fleet,
     random_faults,
 )
-from corral.testing._hosts import EtcdMember, Host, HostBed, HostNode, open_hosts
+from corral.testing._hosts import Host, HostBed, HostEtcdMember, HostNode, open_hosts
 from corral.testing._hosts_faults import LinkFaults
 from corral.testing._hosts_net import HostBedError, require_netns
 from corral.testing._placements import sync_app_specs, write_placement
@@ -88,7 +88,6 @@ __all__ = [
     "ClusterNode",
     "CoordinatorInterval",
     "CountingRegistry",
-    "EtcdMember",
     "Fault",
     "FaultKind",
     "Fleet",
@@ -96,6 +95,7 @@ __all__ = [
     "Host",
     "HostBed",
     "HostBedError",
+    "HostEtcdMember",
     "HostNode",
     "InvariantChecker",
     "LinkFaults",

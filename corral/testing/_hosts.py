@@ -54,7 +54,7 @@ from corral.testing._hosts_net import (
     remove_namespaces,
 )
 
-__all__ = ["EtcdMember", "Host", "HostBed", "HostNode", "open_hosts"]
+__all__ = ["Host", "HostBed", "HostEtcdMember", "HostNode", "open_hosts"]
 
 NODE_API_PORT = 7400
 NODE_PEER_PORT = 7401
@@ -146,7 +146,7 @@ class HostNode(LocalNode):
 
 
 @dataclass
-class EtcdMember:
+class HostEtcdMember:
     """One member of the bed's etcd cluster, inside its host."""
 
     name: str
@@ -239,8 +239,8 @@ class HostBed:
         initial = ",".join(
             f"e-{name}=http://{self.hosts[name].address}:{ETCD_PEER_PORT}" for name in etcd_hosts
         )
-        self.etcd: dict[str, EtcdMember] = {
-            name: EtcdMember(f"e-{name}", self.hosts[name], initial, f"bed-{claim.index}")
+        self.etcd: dict[str, HostEtcdMember] = {
+            name: HostEtcdMember(f"e-{name}", self.hosts[name], initial, f"bed-{claim.index}")
             for name in etcd_hosts
         }
         self.cluster = LocalCluster(

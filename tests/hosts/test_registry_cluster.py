@@ -20,8 +20,7 @@ import pytest
 
 from corral.node import pack_directory
 from corral.node._local_cluster import wait_for
-from corral.testing import HostBed
-from corral.testing._hosts import EtcdMember
+from corral.testing import HostBed, HostEtcdMember
 
 pytestmark = pytest.mark.slow
 
@@ -29,7 +28,7 @@ GREETER = Path(__file__).resolve().parents[2] / "examples" / "apps" / "greeter"
 STEP = 30.0
 
 
-def status(member: EtcdMember) -> dict[str, Any]:
+def status(member: HostEtcdMember) -> dict[str, Any]:
     """etcd's maintenance status of the member (its id and its leader's)."""
     request = urllib.request.Request(
         f"http://{member.endpoint}/v3/maintenance/status", data=b"{}", method="POST"
