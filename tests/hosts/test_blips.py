@@ -10,15 +10,14 @@ the ``replicas all`` app's requests fail over to the other hosts (0 failed). The
 issue asks for five hosts at 200 req/s; this machine (2 shared cores) runs three at
 100 req/s.
 
-Measured (2026-12-08): 0 relocations, 0 restarts, 0 port changes, 0 failed of about
-4,500 requests, but about 1,000 of the 3,000 sent during the cut (h1's share) took
-HAProxy's whole 2 s connect timeout before its redispatch answered them: the cut
-host's instance stays in the routing table for the whole cut. With a 2 s client
-timeout those ~1,100 requests fail instead. 2 of 8 runs failed (both beside other
-work); in the one whose output was kept the lease moved twice, to h2 during the cut
-and to the healed h1 after it, and h1's first table had 0 domains for 4.4 s: 438
-requests answered 404 (the issue's first defect; xfail until the coordinator renders
-only from a complete view).
+Measured (2026-12-08), before main's issue 26 fixes (f1ef5c0): 0 relocations, 0
+restarts, 0 port changes, 0 failed of about 4,500 requests, but about 1,100 of the
+3,000 sent during the cut (h1's share) waited HAProxy's whole 2 s connect timeout
+before its redispatch answered them (with a 2 s client timeout they failed); 2 of 8
+runs failed, one with the lease moving twice and the healed h1's first table holding
+0 domains for 4.4 s (438 requests 404). On f1ef5c0: every count 0 and no request
+waited (p99 during the cut 23 ms) in 5 of 7 runs; the 2 others failed before the
+cut: ``everywhere`` was not placed by the lease holder within 40 s.
 """
 
 from __future__ import annotations
@@ -133,9 +132,9 @@ async def drive(bed: HostBed, traffic: TrafficGenerator, seen: set[tuple[str, st
 @pytest.mark.xfail(
     strict=False,
     reason=(
-        "issue 26 defect 1, core fix in progress elsewhere: 2 of 8 runs failed; in the one "
-        "whose output was kept the lease moved twice (to h2 during the cut, to h1 after the "
-        "heal) and the new coordinator published 0 domains for 4.4 s: 438 requests 404"
+        "issue 26: on main f1ef5c0 5 of 7 runs pass with every count 0; 2 failed before "
+        "the cut: the lease holder never placed the replicas-all app in 40 s (the next "
+        "holder placed it at once). Before that merge: a 0-domain table after the heal"
     ),
 )
 def test_one_host_cut_off_for_30_s_moves_restarts_and_fails_nothing(blip_bed: HostBed) -> None:
