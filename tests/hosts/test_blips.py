@@ -16,8 +16,9 @@ restarts, 0 port changes, 0 failed of about 4,500 requests, but about 1,100 of t
 before its redispatch answered them (with a 2 s client timeout they failed); 2 of 8
 runs failed, one with the lease moving twice and the healed h1's first table holding
 0 domains for 4.4 s (438 requests 404). On f1ef5c0: every count 0 and no request
-waited (p99 during the cut 23 ms) in 5 of 7 runs; the 2 others failed before the
-cut: ``everywhere`` was not placed by the lease holder within 40 s.
+waited (p99 during the cut 23 ms) in 6 of 8 runs; 2 failed before the cut (in the
+one whose logs were kept, ``everywhere`` was not placed by the lease holder within
+40 s; the next holder placed it at once).
 """
 
 from __future__ import annotations
@@ -132,9 +133,9 @@ async def drive(bed: HostBed, traffic: TrafficGenerator, seen: set[tuple[str, st
 @pytest.mark.xfail(
     strict=False,
     reason=(
-        "issue 26: on main f1ef5c0 5 of 7 runs pass with every count 0; 2 failed before "
-        "the cut: the lease holder never placed the replicas-all app in 40 s (the next "
-        "holder placed it at once). Before that merge: a 0-domain table after the heal"
+        "issue 26: on main f1ef5c0 6 of 8 runs pass with every count 0; 2 failed before "
+        "the cut (in the one with logs kept the lease holder never placed the replicas-all "
+        "app in 40 s). Before that merge: a 0-domain table after the heal"
     ),
 )
 def test_one_host_cut_off_for_30_s_moves_restarts_and_fails_nothing(blip_bed: HostBed) -> None:
