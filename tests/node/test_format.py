@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import corral.node
-from corral.node._cli import drain_message
-from corral.node._format import (
+from corral.node.cli._cli import drain_message
+from corral.node.cli._format import (
     duration,
     event_line,
     nodes_table,

@@ -16,7 +16,7 @@ import trio
 
 from corral.actors.process_supervisor import Behaviour
 from corral.actors.routing import decode_table_json, routing_renderer_child_spec
-from corral.node._operations import apply_rollback
+from corral.node.server._operations import apply_rollback
 from corral.registry import (
     OUT_OF_TABLE_STEPS,
     ROUTING_KEY,

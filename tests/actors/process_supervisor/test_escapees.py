@@ -285,8 +285,8 @@ def test_a_real_node_stops_its_escaped_daemons_on_sigterm_and_after_sigkill(
     tmp_path: Path,
 ) -> None:
     # `corral node run` itself: a subreaper, and the marker sweep of its next life.
-    from corral.node._artifacts import pack_directory
-    from corral.node._local_cluster import LocalCluster, wait_for
+    from corral.node.artifacts._artifacts import pack_directory
+    from corral.node.cli._local_cluster import LocalCluster, wait_for
 
     app_dir = tmp_path / "app"
     app_dir.mkdir()

@@ -23,8 +23,8 @@ from corral.actors.process_supervisor import (
     StartProcess,
 )
 from corral.actors.reconciler import serving_set
-from corral.node._format import ps_table, state_summary
-from corral.node._views import ps_rows
+from corral.node.cli._format import ps_table, state_summary
+from corral.node.server._views import ps_rows
 from corral.registry import (
     AppRecord,
     Deployment,

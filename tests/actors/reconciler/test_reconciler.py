@@ -35,8 +35,8 @@ from corral.actors.reconciler import (
     RunPass,
 )
 from corral.node import Manifest
-from corral.node._operations import deploy as deploy_app
 from corral.node._requests import DeployRequest
+from corral.node.server._operations import deploy as deploy_app
 from corral.registry import (
     AppRecord,
     DecodedRecords,
