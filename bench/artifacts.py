@@ -34,10 +34,10 @@ from typing import Any
 import httpx
 import trio
 
-from corral.node._artifact_store import ArtifactStore, Peer, artifact_capability
-from corral.node._artifacts import pack_directory
-from corral.node._copy_plan import Site
-from corral.node._local_cluster import LocalCluster, LocalNode, wait_for
+from corral.node.artifacts._artifact_store import ArtifactStore, Peer, artifact_capability
+from corral.node.artifacts._artifacts import pack_directory
+from corral.node.artifacts._copy_plan import Site
+from corral.node.cli._local_cluster import LocalCluster, LocalNode, wait_for
 from corral.registry import AppRecord, Deployment, MemoryRegistry, app_key
 from corral.registry._sqlite import SQLiteRegistry
 

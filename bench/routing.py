@@ -451,8 +451,8 @@ def _median(values: list[float]) -> float:
 async def bench_e2e(kind: str, figures: dict[str, object]) -> None:
     """Three real nodes and ``corral proxy run --kind KIND``: flip, lost, ready."""
     from corral.actors.routing import decode_table_json
-    from corral.node._artifacts import pack_directory
-    from corral.node._local_cluster import LocalCluster
+    from corral.node.artifacts._artifacts import pack_directory
+    from corral.node.cli._local_cluster import LocalCluster
     from corral.registry import ROUTING_KEY, ProxyRecord, decode_record, proxy_key
 
     binary = DEFAULT_HAPROXY if kind == "haproxy" else DEFAULT_CADDY

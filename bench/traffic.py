@@ -51,7 +51,7 @@ from typing import Any
 
 import trio
 
-from corral.node._local_cluster import LocalCluster, LocalNode, free_port, wait_for
+from corral.node.cli._local_cluster import LocalCluster, LocalNode, free_port, wait_for
 from corral.proxy import DEFAULT_HAPROXY
 from corral.proxy._local import LocalProxy
 from corral.testing import PhaseSummary, RequestOutcome, TrafficGenerator, summarize

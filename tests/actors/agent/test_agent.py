@@ -11,7 +11,7 @@ import shutil
 import socket
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,7 +36,7 @@ from corral.registry import (
     node_key,
 )
 from corral.supervision import ActorRef, ActorSystem, open_actor_system
-from corral.testing import write_placement
+from corral.testing import until, write_placement
 
 pytestmark = pytest.mark.slow
 
@@ -60,11 +60,6 @@ def gone(pid: int) -> bool:
         return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return True
-
-
-async def until(predicate: Callable[[], Any]) -> None:
-    while not predicate():
-        await trio.sleep(0.05)
 
 
 @dataclass
