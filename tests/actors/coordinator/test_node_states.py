@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -64,7 +66,10 @@ TABLE = [
     (True, MemberStatus("alive", 3), None, True, "alive", None, "none"),
     (True, MemberStatus("suspect", 3), None, True, "suspect", None, "none"),
     (True, MemberStatus("dead", 3), None, True, "down", NOW, "entry"),
-    (True, MemberStatus("dead", 3), ENTRY, True, "down", 900.0, "none"),
+    # The same spell goes on; the incarnation it did not know is filled in.
+    (True, MemberStatus("dead", 3), ENTRY, True, "down", 900.0, "entry"),
+    (True, MemberStatus("dead", 3), dataclasses.replace(ENTRY, incarnation=3), True, "down",
+     900.0, "none"),
     # A live, renewing record contradicts a leave: only a withdrawn record confirms it.
     (True, MemberStatus("left", 3), None, True, "alive", None, "none"),
     # Back before the grace lapsed: alive again, the entry goes.
@@ -97,7 +102,7 @@ def test_the_state_table(
     write: str,
 ) -> None:
     decided = decide(record=record, member=member, entry=entry, placed=placed)
-    death = member.incarnation if member is not None and member.state == "dead" else None
+    incarnation = None if member is None or state != "down" else member.incarnation
     (info,) = decided.nodes
     assert (info.state, info.down_since) == (state, down_since)
     # MeasuredCapacity and labels come from the record, or the last known one.
@@ -107,7 +112,7 @@ def test_the_state_table(
     expected = {
         "none": {},
         "delete": {"n1": None},
-        "entry": {"n1": NodeDown("n1", down_since, {"zone": "a"}, "r1", "d1", CAP, death)},
+        "entry": {"n1": NodeDown("n1", down_since, {"zone": "a"}, "r1", "d1", CAP, incarnation)},
         "lapsed-entry": {"n1": LAPSED_ENTRY},
     }[write]
     assert dict(decided.down_writes) == expected
