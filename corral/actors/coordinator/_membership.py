@@ -49,14 +49,15 @@ holder stalled on the registry, or no node held the lease, while the node came
 back and went down again), and the old clock would then move the work of a node
 lost moments ago at once. So the entry says which spell it is (:func:`_spell`):
 the node's membership incarnation when the spell began and its life (the
-record's instance token). Only a node raises its own incarnation (hearsay above
-what it announced is not believed) and a new life starts above every earlier
-one, so a node seen at a higher incarnation than the entry's spoke since the
-spell began; a live record of another life means it restarted. Either way it
-came back, and its clock starts now (:func:`_earlier_spell`). A lower incarnation
-(a successor that knows the node only by hearsay, at 0) is no evidence and keeps
-the clock; with no evidence at all (no membership view, the record lapsed) the
-clock is kept, as before.
+instance token of its live record; a remembered record may be a life ago). Only
+a node raises its own incarnation (hearsay above what it announced is not
+believed) and a new life starts above every earlier one, so a node seen at a
+higher incarnation than the entry's spoke since the spell began; a live record
+of another life means it restarted. Either way it came back, and its clock
+starts now (:func:`_earlier_spell`). A lower incarnation (a successor that knows
+the node only by hearsay, at 0) is no evidence and keeps the clock; with no
+evidence at all (no membership view, the record lapsed) the clock is kept, as
+before.
 
 The entry also carries the node's last known labels, rack, datacenter and
 capacity, so a successor knows a node whose record had already lapsed when it
@@ -247,7 +248,6 @@ def _from_entry(entry: NodeDown) -> NodeRecord:
         rack=entry.rack,
         datacenter=entry.datacenter,
         capacity=entry.capacity,
-        instance=entry.instance,
     )
 
 
@@ -276,18 +276,19 @@ def _spell(
     entry: NodeDown | None,
     member: MemberStatus | None,
     record: NodeRecord | None,
-    last: NodeRecord,
     now: float,
 ) -> tuple[float, int | None, str]:
     """A down node's ``(down_since, incarnation, instance)``: the entry's own while
-    its spell lasts (filling in what it did not know), else a new spell's, from now."""
+    its spell lasts (filling in what it did not know), else a new spell's, from now.
+    The life is taken from a live record only: a remembered one may be a life ago."""
     incarnation = None if member is None else member.incarnation
+    instance = "" if record is None else record.instance
     if entry is None or entry.down_since is None or _earlier_spell(entry, member, record):
-        return now, incarnation, last.instance
+        return now, incarnation, instance
     return (
         entry.down_since,
         entry.incarnation if entry.incarnation is not None else incarnation,
-        entry.instance or last.instance,
+        entry.instance or instance,
     )
 
 
@@ -384,7 +385,7 @@ def node_states(
         base, reason = _base_state(record, member)
         down_since: float | None = None
         incarnation: int | None = None
-        instance = last.instance
+        instance = ""
         # A live record that itself says "down" (no node writes one today) is its
         # own source: its down_since is used as it is, and no entry is kept.
         self_declared = record is not None and member is None and base == "down"
@@ -392,7 +393,7 @@ def node_states(
             assert record is not None
             down_since = record.down_since
         elif base == "down":
-            down_since, incarnation, instance = _spell(entry, member, record, last, now)
+            down_since, incarnation, instance = _spell(entry, member, record, now)
         wanted: NodeDown | None = None
         if not self_declared and (base == "down" or (record is None and base != "left")):
             wanted = NodeDown(
