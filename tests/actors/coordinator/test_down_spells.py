@@ -214,8 +214,11 @@ async def test_a_comeback_no_coordinator_saw_starts_a_new_grace(autojump_clock: 
         # grace after the kill.
         second = await moves_a_grace_after_its_spell_began(cluster, victim, killed_at)
         # The new spell is reported as such.
-        downs = [e.fields["down_since"] for _, e in cluster.events("node.down")
-                 if e.fields["node"] == victim]
+        downs = [
+            e.fields["down_since"]
+            for _, e in cluster.events("node.down")
+            if e.fields["node"] == victim
+        ]
         assert downs == [first.down_since, second.down_since]
 
 
@@ -226,6 +229,7 @@ async def test_a_one_way_cut_of_another_host_then_a_kill_moves_after_the_grace(
         holder, victim, _ = await setup(cluster)
         cut = next(n for n in cluster.running if n not in (holder, victim))
         cut_apps = await placed_on(cluster, cut)
+        assert cut_apps
         others = [n for n in cluster.running if n != cut]
         # The cut host hears the others, nobody hears it: the others find it dead ...
         cluster.network.cut_one_way([cut], others)
