@@ -142,13 +142,14 @@ def test_sigstop_under_the_grace_moves_nothing_and_sigkill_moves_after_it(
     assert serving(observer, "single") == [victim_id]
 
     # SIGKILL: down within probe + suspicion time, long before its record would lapse ...
-    killed_at = time.monotonic()
+    killed_at, killed_wall = time.monotonic(), time.time()
     cluster.kill(victim)
     down = wait_for(
         f"{victim_id} down after the kill", lambda: in_state(observer, victim_id, "down"),
         timeout=STEP, interval=0.1,
     )  # fmt: skip
     detected = time.monotonic() - killed_at
+    assert down["down_since"] >= killed_wall  # this spell's clock, not the SIGSTOP's
     assert detected <= DETECT_BOUND
     assert detected < NODE_TTL_MS / 1000
     # ... and its app moves only after the grace.
