@@ -7,8 +7,12 @@ more: exact revision arithmetic (an etcd's revision counts every namespace's wri
 or a compaction (which cuts every namespace's history). It waits until no other test
 uses that etcd, and none starts until it is done: a readers-writer lock held in files
 named after the endpoint, so it holds across workers and across pytest runs that
-share the etcd. Those few tests come first in the run, before the workers reach the
-long end-to-end tests that share the etcd, so they seldom wait.
+share the etcd. Those few tests come first in the run, and the long tests on the
+shared etcd come after the other long ones, so they seldom wait.
+
+The order of the collection starts each worker on its share of the slow tests (see
+:func:`deal_tests`), so that the run does not end waiting on a long test that one worker
+reached last.
 """
 
 from __future__ import annotations
@@ -79,6 +83,50 @@ def _etcd_turn(request: pytest.FixtureRequest) -> Iterator[None]:
         yield
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The tests that need the shared etcd alone run first (see the module's doc)."""
-    items.sort(key=lambda item: item.get_closest_marker("etcd_alone") is None)
+def _marked(item: pytest.Item, name: str) -> bool:
+    return item.get_closest_marker(name) is not None
+
+
+def worker_chunks(total: int, workers: int) -> list[int]:
+    """How many of ``total`` tests each of ``workers`` is first given: pytest-xdist's
+    worksteal scheduler deals the collection out in contiguous chunks, in order, each
+    ``remaining // workers left`` long (idle workers then steal from busy ones' tails)."""
+    sizes = []
+    for left in range(workers, 0, -1):
+        sizes.append((total - sum(sizes)) // left)
+    return sizes
+
+
+def deal_tests(
+    alone: list[pytest.Item], slow: list[pytest.Item], rest: list[pytest.Item], workers: int
+) -> list[pytest.Item]:
+    """The collection in the order that starts every worker on long tests.
+
+    Each worker's first chunk (see :func:`worker_chunks`) begins with its share of the
+    ``slow`` tests, dealt round the workers, and is filled up with ``rest``; the first
+    begins with the ``alone`` ones. A worker then ends on short tests, which idle
+    workers can steal, instead of on a long one started late. The order is the same
+    on every worker (xdist requires it); without xdist it is alone, slow, rest."""
+    chunks: list[list[pytest.Item]] = [list(alone)] + [[] for _ in range(workers - 1)]
+    for index, item in enumerate(slow):
+        chunks[index % workers].append(item)
+    sizes = worker_chunks(len(alone) + len(slow) + len(rest), workers)
+    if any(len(chunk) > size for chunk, size in zip(chunks, sizes, strict=True)):
+        return [*alone, *slow, *rest]
+    remaining = iter(rest)
+    for chunk, size in zip(chunks, sizes, strict=True):
+        chunk.extend(next(remaining) for _ in range(size - len(chunk)))
+    return [item for chunk in chunks for item in chunk]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The tests that need the shared etcd alone first (see the module's doc), and every
+    worker's share of the slow ones at the start of its chunk (see :func:`deal_tests`):
+    those on the shared etcd last among them, so the first ones seldom wait for a turn.
+    """
+    workers = int(getattr(config, "workerinput", {}).get("workercount", 1))
+    alone = [item for item in items if _marked(item, "etcd_alone")]
+    others = [item for item in items if not _marked(item, "etcd_alone")]
+    slow = sorted((i for i in others if _marked(i, "slow")), key=lambda i: _marked(i, "etcd"))
+    rest = [item for item in others if not _marked(item, "slow")]
+    items[:] = deal_tests(alone, slow, rest, workers)
