@@ -93,6 +93,8 @@ class Bench:
         self.proxy_dir = proxy_dir
         self.proxy: LocalProxy | None = None
         self.revision = 0
+        #: What web answers (its GREETING): the redeploy phase changes it.
+        self.web_says = "web-1"
 
     @property
     def nodes(self) -> list[LocalNode]:
@@ -167,7 +169,7 @@ class Bench:
     def start(self) -> dict[str, str]:
         self.cluster.start_all()
         revisions = {
-            "web": self.deploy("web", "web-1", "--replicas", "3", "--domain", "web.test"),
+            "web": self.deploy("web", self.web_says, "--replicas", "3", "--domain", "web.test"),
             "web-b": self.deploy("web-b", "b", "--replicas", "3", "--domain", "webb.test"),
             "solo": self.deploy("solo", "solo-1", "--replicas", "1", "--domain", "solo.test"),
         }
@@ -184,7 +186,7 @@ class Bench:
         self.wait_settled("solo", revisions["solo"], 1, "solo.test", "solo on one node")
         wait_for(
             "www.test to answer through the proxy",
-            lambda: self.proxy_says(HOST) == {"web-1"},
+            lambda: self.proxy_says(HOST) == {self.web_says},
             timeout=STEP,
         )
         return revisions
@@ -205,7 +207,8 @@ class Bench:
     # ------------------------------------------------------------------ phases
 
     def redeploy(self) -> None:
-        revision = self.deploy("web", "web-2")
+        self.web_says = "web-2"
+        revision = self.deploy("web", self.web_says)
         self.wait_settled("web", revision, 3, HOST, "web's new revision on three nodes")
         wait_for(
             "www.test to answer as web-2", lambda: self.proxy_says(HOST) == {"web-2"}, timeout=STEP
@@ -218,7 +221,9 @@ class Bench:
         )
         time.sleep(SETTLE)
         self.cli("alias", "rollback", HOST)
-        wait_for("www.test back on web", lambda: self.proxy_says(HOST) == {"web-2"}, timeout=STEP)
+        wait_for(
+            "www.test back on web", lambda: self.proxy_says(HOST) == {self.web_says}, timeout=STEP
+        )
 
     def drain(self) -> None:
         node = self.nodes[1]
