@@ -16,7 +16,9 @@ Two ``corral node run`` processes share a SQLite registry on loopback.
   node-2 answering on its API until all 100 are on its disk; printed beside a bare
   sequential httpx download of the same 100 artifacts from node-1.
 
-The last line is one JSON object of the figures.
+Figures (the last line, one JSON object): ``fetch_mib``, ``fetch_s``, ``raw_fetch_s``,
+``fetch_mib_per_s``, ``raw_mib_per_s``, ``fetch_ratio``, ``join_revisions``, ``join_mib``,
+``join_catchup_s``, ``raw_join_download_s``.
 """
 
 from __future__ import annotations

@@ -35,8 +35,10 @@ PROBE_TIMEOUT_MS = 100
 SWIM = SwimConfig(probe_interval=PROBE_INTERVAL_MS / 1000, probe_timeout=PROBE_TIMEOUT_MS / 1000)
 _, MAX_SUSPICION, _ = suspicion_bounds(SWIM, 3)
 #: A kill is noticed within a probe round (three members) plus the suspicion timeout; the
-#: rest is the coordinator's pass, node ls polling and a shared, busy machine.
-DETECT_BOUND = 3 * SWIM.probe_interval + MAX_SUSPICION + 3.0
+#: rest is the coordinator's pass, node ls polling and a shared, busy machine (Lifeguard
+#: itself stretches a busy observer's probes). Still well under NODE_TTL_MS: it is SWIM,
+#: not the record's lapse, that finds the node.
+DETECT_BOUND = 3 * SWIM.probe_interval + MAX_SUSPICION + 5.0
 STEP = 30.0
 
 
