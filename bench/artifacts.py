@@ -16,7 +16,9 @@ Two ``corral node run`` processes share a SQLite registry on loopback.
   node-2 answering on its API until all 100 are on its disk; printed beside a bare
   sequential httpx download of the same 100 artifacts from node-1.
 
-The last line is one JSON object of the figures.
+Figures (the last line, one JSON object): ``fetch_mib``, ``fetch_s``, ``raw_fetch_s``,
+``fetch_mib_per_s``, ``raw_mib_per_s``, ``fetch_ratio``, ``join_revisions``, ``join_mib``,
+``join_catchup_s``, ``raw_join_download_s``.
 """
 
 from __future__ import annotations
@@ -34,10 +36,10 @@ from typing import Any
 import httpx
 import trio
 
-from corral.node._artifact_store import ArtifactStore, Peer, artifact_capability
-from corral.node._artifacts import pack_directory
-from corral.node._copy_plan import Site
-from corral.node._local_cluster import LocalCluster, LocalNode, wait_for
+from corral.node.artifacts._artifact_store import ArtifactStore, Peer, artifact_capability
+from corral.node.artifacts._artifacts import pack_directory
+from corral.node.artifacts._copy_plan import Site
+from corral.node.cli._local_cluster import LocalCluster, LocalNode, wait_for
 from corral.registry import AppRecord, Deployment, MemoryRegistry, app_key
 from corral.registry._sqlite import SQLiteRegistry
 

@@ -3,6 +3,7 @@
     python bench/fleet.py                    # 50 nodes x 500 apps, and 5 x 50
     python bench/fleet.py --nodes 100 --apps 1000     # ~16 s CPU
     python bench/fleet.py --nodes 1000 --apps 10000   # ~3 min alone, peak ~1.1 GiB
+    python bench/fleet.py --quick                     # 20 x 100, and 2 x 10: seconds
 
 Measured on this 2-core machine shared with other jobs, so read ``cpu_s`` (this
 process's CPU seconds) beside ``wall_s``. At 1,000 x 10,000 quiet runs took 190-208 s
@@ -40,7 +41,15 @@ readiness is checked every 60 s (see ``HEALTH``). Scenarios:
 
 The baseline is the same fleet at a tenth of the size, run first:
 ``idle_flat_ratio`` is the per-node idle cost at full size over that at a tenth
-(flat = 1.0). The last line is one JSON object of the figures.
+(flat = 1.0).
+
+Figures (the last line, one JSON object, the full size's): ``nodes``, ``apps``,
+``initial_converge_s``, ``idle_writes_per_node_min``, ``idle_reads_per_node_min``,
+``idle_full_reads``, ``idle_applied_passes``, ``deploy_converge_s``,
+``deploy_ops_per_app``, ``loss_converge_s``, ``instances_on_lost_nodes``,
+``loss_applied_passes``, ``extra_moves``, ``fault_seed``, ``invariant_violations``,
+``wall_s``, ``cpu_s`` (and ``wall_<phase>_s``, ``cpu_<phase>_s`` per phase),
+``idle_flat_ratio``, ``peak_mib``.
 """
 
 from __future__ import annotations
@@ -282,8 +291,9 @@ def run(nodes: int, apps: int, seed: int) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--nodes", type=int, default=50)
-    parser.add_argument("--apps", type=int, default=500)
+    parser.add_argument("--nodes", type=int, default=None, help="50 (--quick: 20)")
+    parser.add_argument("--apps", type=int, default=None, help="500 (--quick: 100)")
+    parser.add_argument("--quick", action="store_true", help="20 nodes x 100 apps: seconds")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument(
         "--no-freeze", action="store_true", help="leave the garbage collector as it is"
@@ -292,13 +302,15 @@ def main() -> None:
         "--gc-default", action="store_true", help="CPython's collection thresholds"
     )
     args = parser.parse_args()
+    nodes = args.nodes or (20 if args.quick else 50)
+    apps = args.apps or (100 if args.quick else 500)
     global FREEZE, GC_THRESHOLD
     FREEZE = not args.no_freeze
     if args.gc_default:
         GC_THRESHOLD = None
 
-    small = run(max(1, args.nodes // 10), max(1, args.apps // 10), args.seed)
-    full = run(args.nodes, args.apps, args.seed)
+    small = run(max(1, nodes // 10), max(1, apps // 10), args.seed)
+    full = run(nodes, apps, args.seed)
     small_cost = small["idle_reads_per_node_min"] + small["idle_writes_per_node_min"]
     full_cost = full["idle_reads_per_node_min"] + full["idle_writes_per_node_min"]
     figures = {key: full[key] for key in full}

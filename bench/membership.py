@@ -24,17 +24,24 @@ here but wall time. Three measures:
   probe interval, plus a push-pull exchange (two messages) per push-pull
   interval (30 s, scaled up above 32 members as memberlist does).
 
-Run: ``python bench/membership.py`` (about a minute). The last line is one JSON
-object of the figures.
+Run: ``python bench/membership.py`` (about a minute); ``--quick`` (seconds) runs N = 8
+and 32 with fewer trials and shorter simulated spans.
+
+Figures (the last line, one JSON object): ``detect_ratio``, ``detect_ratio_by_n``,
+``fp_per_member_hour_plain``, ``fp_per_member_hour_lifeguard``,
+``lifeguard_fp_reduction``, ``lifeguard_fp_reduction_is_lower_bound``,
+``msgs_per_member_s``, ``memberlist_msgs_per_member_s``, ``msgs_ratio``.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import random
 import sys
 import time
+from dataclasses import dataclass
 
 from corral.actors.membership import (
     MemberState,
@@ -44,10 +51,29 @@ from corral.actors.membership import (
     suspicion_timeout,
 )
 
-SIZES = (8, 64, 256)
-DETECT_TRIALS = {8: 12, 64: 6, 256: 3}
-FP_SECONDS = {8: 1800.0, 64: 600.0, 256: 120.0}
-LOAD_SECONDS = 60.0
+
+@dataclass(frozen=True)
+class Plan:
+    """The cluster sizes measured, and how long or how often at each."""
+
+    sizes: tuple[int, ...]
+    detect_trials: dict[int, int]
+    fp_seconds: dict[int, float]
+    load_seconds: float
+
+
+FULL = Plan(
+    sizes=(8, 64, 256),
+    detect_trials={8: 12, 64: 6, 256: 3},
+    fp_seconds={8: 1800.0, 64: 600.0, 256: 120.0},
+    load_seconds=60.0,
+)
+QUICK = Plan(
+    sizes=(8, 32),
+    detect_trials={8: 3, 32: 2},
+    fp_seconds={8: 300.0, 32: 120.0},
+    load_seconds=20.0,
+)
 SETTLE = 10.0
 E_FACTOR = math.e / (math.e - 1)
 
@@ -63,13 +89,13 @@ def settled(n: int, config: SwimConfig, seed: int) -> SwimSimulation:
     return sim
 
 
-def detection(n: int, config: SwimConfig, seed: int) -> list[float]:
+def detection(n: int, config: SwimConfig, seed: int, trials: int) -> list[float]:
     """Seconds from each kill until every other member has the victim down."""
     sim = settled(n, config, seed)
     rng = random.Random(seed)
     seeds = ids(n)[:3]
     times: list[float] = []
-    for _ in range(DETECT_TRIALS[n]):
+    for _ in range(trials):
         victim = rng.choice([v for v in sim.live() if v not in seeds])
         sim.kill(victim)
         killed_at = sim.now
@@ -87,13 +113,13 @@ def detection(n: int, config: SwimConfig, seed: int) -> list[float]:
     return times
 
 
-def false_positives(n: int, config: SwimConfig, seed: int) -> dict[str, float]:
+def false_positives(n: int, config: SwimConfig, seed: int, seconds: float) -> dict[str, float]:
     """Down transitions about healthy members while a few members stall in bursts."""
     sim = settled(n, config, seed)
     rng = random.Random(seed + 1)
     slow = sorted(rng.sample(ids(n), max(2, n // 32)))  # a list: set order varies per run
     start = sim.now
-    end = start + FP_SECONDS[n]
+    end = start + seconds
     next_stall = {s: start + rng.uniform(0.0, 10.0) for s in slow}
     first = len(sim.observed)
     while sim.now < end:
@@ -124,12 +150,12 @@ def false_positives(n: int, config: SwimConfig, seed: int) -> dict[str, float]:
     }
 
 
-def load(n: int, config: SwimConfig, seed: int) -> tuple[float, float]:
+def load(n: int, config: SwimConfig, seed: int, seconds: float) -> tuple[float, float]:
     """(messages per member per second, memberlist's expected figure)."""
     sim = settled(n, config, seed)
     before = sim.messages_sent()
-    sim.run_for(LOAD_SECONDS)
-    measured = (sim.messages_sent() - before) / n / LOAD_SECONDS
+    sim.run_for(seconds)
+    measured = (sim.messages_sent() - before) / n / seconds
     push_pull = config.push_pull_interval
     if n > 32:
         push_pull *= math.ceil(math.log2(n) - math.log2(32)) + 1
@@ -137,7 +163,7 @@ def load(n: int, config: SwimConfig, seed: int) -> tuple[float, float]:
     return measured, expected
 
 
-def main() -> int:
+def main(plan: Plan) -> int:
     wall = time.perf_counter()
     lifeguard = SwimConfig()
     plain = lifeguard.plain()
@@ -146,17 +172,17 @@ def main() -> int:
     fp_guard = {"views": 0.0, "declared": 0.0, "member_hours": 0.0}
     ratios = []
     loads = []
-    for n in SIZES:
-        times = detection(n, lifeguard, seed=n)
+    for n in plan.sizes:
+        times = detection(n, lifeguard, seed=n, trials=plan.detect_trials[n])
         model = E_FACTOR * lifeguard.probe_interval + suspicion_timeout(lifeguard, n)
         mean = sum(times) / len(times)
         ratios.append(mean / model)
-        fp_p = false_positives(n, plain, seed=n)
-        fp_l = false_positives(n, lifeguard, seed=n)
+        fp_p = false_positives(n, plain, seed=n, seconds=plan.fp_seconds[n])
+        fp_l = false_positives(n, lifeguard, seed=n, seconds=plan.fp_seconds[n])
         for total, part in ((fp_plain, fp_p), (fp_guard, fp_l)):
             for key in total:
                 total[key] += part[key]
-        measured, expected = load(n, lifeguard, seed=n)
+        measured, expected = load(n, lifeguard, seed=n, seconds=plan.load_seconds)
         loads.append((measured, expected))
         rows.append((n, mean, max(times), model, fp_p, fp_l, measured, expected))
 
@@ -188,7 +214,7 @@ def main() -> int:
     print(f"wall time {time.perf_counter() - wall:.1f} s")
     figures = {
         "detect_ratio": round(max(ratios), 3),
-        "detect_ratio_by_n": {str(n): round(r, 3) for n, r in zip(SIZES, ratios, strict=True)},
+        "detect_ratio_by_n": {str(n): round(r, 3) for n, r in zip(plan.sizes, ratios, strict=True)},
         "fp_per_member_hour_plain": round(per_hour_plain, 4),
         "fp_per_member_hour_lifeguard": round(per_hour_guard, 4),
         "lifeguard_fp_reduction": round(reduction, 1),
@@ -202,4 +228,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="smaller clusters, seconds")
+    sys.exit(main(QUICK if parser.parse_args().quick else FULL))

@@ -12,17 +12,24 @@ Measures, in one process and one run:
 * the memory (RSS growth) of 10,000 idle actors, against 10,000 raw tasks each
   parked on its own memory channel.
 
-Each figure is the best of several rounds. The last line is one JSON object.
+Each figure is the best of several rounds. ``--quick`` (a few seconds) measures a tenth
+of the messages and actors, best of two rounds.
+
+Figures (the last line, one JSON object): ``tell_per_s``, ``raw_tell_per_s``,
+``tell_ratio``, ``ask_per_s``, ``raw_ask_per_s``, ``ask_ratio``, ``idle_actors``,
+``idle_actors_mib``, ``raw_idle_tasks_mib``, ``spawn_s``.
 """
 
 from __future__ import annotations
 
+import argparse
 import gc
 import json
 import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 import psutil
 import trio
@@ -30,11 +37,19 @@ import trio.testing
 
 from corral.supervision import Actor, ChildSpec, open_actor_system
 
-TELL_N = 100_000
-ASK_N = 50_000
-ROUNDS = 5
-IDLE_ACTORS = 10_000
 MAILBOX = 64
+
+
+@dataclass(frozen=True)
+class Sizes:
+    tell_n: int
+    ask_n: int
+    rounds: int
+    idle_actors: int
+
+
+FULL = Sizes(tell_n=100_000, ask_n=50_000, rounds=5, idle_actors=10_000)
+QUICK = Sizes(tell_n=10_000, ask_n=5_000, rounds=2, idle_actors=1_000)
 
 
 class Counter(Actor):
@@ -164,10 +179,10 @@ async def raw_idle_memory(count: int) -> float:
     return (after - before) / (1 << 20)
 
 
-def _fresh_process(which: str) -> str:
+def _fresh_process(which: str, count: int) -> str:
     """Measure idle memory in a new interpreter, so earlier runs' heap does not hide growth."""
     result = subprocess.run(
-        [sys.executable, __file__, "--idle-memory", which],
+        [sys.executable, __file__, "--idle-memory", which, "--idle-count", str(count)],
         check=True,
         capture_output=True,
         text=True,
@@ -177,21 +192,25 @@ def _fresh_process(which: str) -> str:
 
 
 def best_pair(
-    raw: Callable[[int], Awaitable[float]], kernel: Callable[[int], Awaitable[float]], n: int
+    raw: Callable[[int], Awaitable[float]],
+    kernel: Callable[[int], Awaitable[float]],
+    n: int,
+    rounds: int,
 ) -> tuple[float, float]:
-    """Best of ROUNDS for each, with raw and kernel runs interleaved so load drift hits both."""
+    """Best of ``rounds`` for each, with raw and kernel runs interleaved so load drift hits
+    both."""
     raw_results, kernel_results = [], []
-    for _ in range(ROUNDS):
+    for _ in range(rounds):
         raw_results.append(trio.run(raw, n))
         kernel_results.append(trio.run(kernel, n))
     return max(raw_results), max(kernel_results)
 
 
-def main() -> None:
-    raw_tell_s, tell_s = best_pair(raw_tell, kernel_tell, TELL_N)
-    raw_ask_s, ask_s = best_pair(raw_ask, kernel_ask, ASK_N)
-    raw_idle_mib = json.loads(_fresh_process("raw"))["mib"]
-    kernel_idle = json.loads(_fresh_process("kernel"))
+def main(sizes: Sizes) -> None:
+    raw_tell_s, tell_s = best_pair(raw_tell, kernel_tell, sizes.tell_n, sizes.rounds)
+    raw_ask_s, ask_s = best_pair(raw_ask, kernel_ask, sizes.ask_n, sizes.rounds)
+    raw_idle_mib = json.loads(_fresh_process("raw", sizes.idle_actors))["mib"]
+    kernel_idle = json.loads(_fresh_process("kernel", sizes.idle_actors))
     idle_mib, spawn_s = kernel_idle["mib"], kernel_idle["spawn_s"]
 
     tell_ratio = tell_s / raw_tell_s
@@ -212,7 +231,7 @@ def main() -> None:
             ">= 0.40",
         ),
         (
-            f"{IDLE_ACTORS:,} idle actors (MiB)",
+            f"{sizes.idle_actors:,} idle actors (MiB)",
             f"{idle_mib:.1f}",
             f"{raw_idle_mib:.1f}",
             f"{idle_mib / raw_idle_mib:.2f}",
@@ -222,7 +241,10 @@ def main() -> None:
     print(f"{'measure':<28} {'kernel':>12} {'raw trio':>12} {'ratio':>7} {'target':>8}")
     for row in rows:
         print(f"{row[0]:<28} {row[1]:>12} {row[2]:>12} {row[3]:>7} {row[4]:>8}")
-    print(f"(spawning {IDLE_ACTORS:,} actors took {spawn_s:.2f} s; best of {ROUNDS} rounds each)")
+    print(
+        f"(spawning {sizes.idle_actors:,} actors took {spawn_s:.2f} s; "
+        f"best of {sizes.rounds} rounds each)"
+    )
     print(
         json.dumps(
             {
@@ -232,7 +254,7 @@ def main() -> None:
                 "ask_per_s": round(ask_s),
                 "raw_ask_per_s": round(raw_ask_s),
                 "ask_ratio": round(ask_ratio, 3),
-                "idle_actors": IDLE_ACTORS,
+                "idle_actors": sizes.idle_actors,
                 "idle_actors_mib": round(idle_mib, 1),
                 "raw_idle_tasks_mib": round(raw_idle_mib, 1),
                 "spawn_s": round(spawn_s, 2),
@@ -242,11 +264,15 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "--idle-memory":
-        if sys.argv[2] == "raw":
-            print(json.dumps({"mib": trio.run(raw_idle_memory, IDLE_ACTORS)}))
-        else:
-            mib, seconds = trio.run(idle_actor_memory, IDLE_ACTORS)
-            print(json.dumps({"mib": mib, "spawn_s": seconds}))
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a tenth of the sizes, seconds")
+    parser.add_argument("--idle-memory", choices=("raw", "kernel"), help=argparse.SUPPRESS)
+    parser.add_argument("--idle-count", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.idle_memory == "raw":
+        print(json.dumps({"mib": trio.run(raw_idle_memory, args.idle_count)}))
+    elif args.idle_memory == "kernel":
+        mib, seconds = trio.run(idle_actor_memory, args.idle_count)
+        print(json.dumps({"mib": mib, "spawn_s": seconds}))
     else:
-        main()
+        main(QUICK if args.quick else FULL)

@@ -12,22 +12,31 @@ Two measurements, each against a baseline taken in the same run:
    (own process groups, pid files, log pipes, SIGTERM -> reap), beside starting the
    same 100 with bare ``trio.run_process`` and cancelling them.
 
-Run: ``python bench/reconcile.py``. The last line is one JSON object of the figures.
+Run: ``python bench/reconcile.py`` (about half a minute); ``--quick`` (a few seconds) runs
+1,000 apps against 10, 200 idle passes and 10 processes, the same code at smaller sizes.
+
+Figures (the last line, one JSON object): ``idle_pass_small_us``, ``idle_pass_large_us``,
+``idle_pass_ratio``, ``full_pass_small_ms``, ``full_pass_large_ms``, ``start_ms``,
+``stop_ms``, ``bare_start_ms``, ``bare_stop_ms``, ``start_stop_ratio``, and the sizes they
+were measured at: ``apps_small``, ``apps_large``, ``processes``.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 import tempfile
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import trio
 
+from corral.actors.coordinator import plan_writes
 from corral.actors.port_allocator import EnsurePair, ReleasePorts
 from corral.actors.process_supervisor import (
     ForgetProcess,
@@ -43,17 +52,27 @@ from corral.registry import (
     Deployment,
     MemoryRegistry,
     NodeRecord,
-    PlacementRecord,
     app_key,
     node_key,
-    placement_key,
 )
 from corral.supervision import Actor, ActorRef, ChildSpec, SupervisorSpec, open_actor_system
 
 NODE = "node-a"
 REVISION = "1" * 64
-IDLE_PASSES = 2000
-PROCESSES = 100
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """How much each measurement does."""
+
+    apps_small: int
+    apps_large: int
+    idle_passes: int
+    processes: int
+
+
+FULL = Sizes(apps_small=10, apps_large=10_000, idle_passes=2000, processes=100)
+QUICK = Sizes(apps_small=10, apps_large=1_000, idle_passes=200, processes=10)
 
 
 class StandInProcesses(Actor):
@@ -114,12 +133,20 @@ class StandInPorts(Actor):
 
 
 async def seed_registry(registry: MemoryRegistry, apps: int) -> None:
+    """The node, ``apps`` apps, and their placements on it written as the coordinator
+    writes them: each placement with the app's spec, and the node's assignment index
+    (``assign/<node>``, the one key its reconciler reads first) in the same transactions."""
     await registry.put(node_key(NODE), NodeRecord(NODE).encode())
     deployment = Deployment(REVISION, ["python3", "server.py"])
+    records = {}
     for i in range(apps):
         name = f"app-{i:05d}"
-        await registry.put(app_key(name), AppRecord(name, deployment=deployment).encode())
-        await registry.put(placement_key(name), PlacementRecord([NODE], 0.0, 1).encode())
+        records[name] = AppRecord(name, deployment=deployment)
+        await registry.put(app_key(name), records[name].encode())
+    targets = {name: (NODE,) for name in records}
+    plan = plan_writes(targets, {}, fence=1, decided_at=0.0, apps=records)
+    for batch in plan.batches:
+        await registry.txn([], list(batch.operations))
 
 
 @asynccontextmanager
@@ -171,17 +198,17 @@ async def per_pass(reconciler: ActorRef, passes: int, *, force: bool = False) ->
     return (time.perf_counter() - t0) / passes
 
 
-async def measure_passes(data_dir: Path) -> dict[str, float]:
+async def measure_passes(data_dir: Path, sizes: Sizes) -> dict[str, float]:
     """Both sizes live side by side in one heap; their idle batches alternate, so
     garbage collection and a busy machine weigh on both alike."""
     async with (
-        settled_reconciler(10, data_dir) as (small, _),
-        settled_reconciler(10_000, data_dir) as (large, settle),
+        settled_reconciler(sizes.apps_small, data_dir) as (small, _),
+        settled_reconciler(sizes.apps_large, data_dir) as (large, settle),
     ):
         small_idle, large_idle = [], []
         for _ in range(20):
-            small_idle.append(await per_pass(small, IDLE_PASSES // 20))
-            large_idle.append(await per_pass(large, IDLE_PASSES // 20))
+            small_idle.append(await per_pass(small, sizes.idle_passes // 20))
+            large_idle.append(await per_pass(large, sizes.idle_passes // 20))
         small_full = await per_pass(small, 3, force=True)
         large_full = await per_pass(large, 3, force=True)
     return {
@@ -193,7 +220,7 @@ async def measure_passes(data_dir: Path) -> dict[str, float]:
     }
 
 
-async def measure_processes(data_dir: Path) -> dict[str, float]:
+async def measure_processes(data_dir: Path, processes_wanted: int) -> dict[str, float]:
     command = ("sleep", "600")
     spec = ChildSpec(
         name="process_supervisor",
@@ -205,18 +232,18 @@ async def measure_processes(data_dir: Path) -> dict[str, float]:
     async with open_actor_system(NODE) as system:
         processes = await system.spawn(spec)
         t0 = time.perf_counter()
-        for i in range(PROCESSES):
+        for i in range(processes_wanted):
             await processes.ask(
                 StartProcess(f"app-{i:03d}", REVISION, command, str(data_dir), 30000 + i, 31000 + i)
             )
         while True:
             rows = await processes.ask(ListProcesses())
-            if sum(1 for row in rows if row["pid"]) == PROCESSES:
+            if sum(1 for row in rows if row["pid"]) == processes_wanted:
                 break
             await trio.sleep(0.01)
         started = time.perf_counter() - t0
         t0 = time.perf_counter()
-        for i in range(PROCESSES):
+        for i in range(processes_wanted):
             await processes.ask(StopProcess(f"app-{i:03d}", "benchmark"))
         while True:
             rows = await processes.ask(ListProcesses())
@@ -227,7 +254,7 @@ async def measure_processes(data_dir: Path) -> dict[str, float]:
 
     t0 = time.perf_counter()
     async with trio.open_nursery() as nursery:
-        for _ in range(PROCESSES):
+        for _ in range(processes_wanted):
             await nursery.start(trio.run_process, list(command))
         bare_started = time.perf_counter() - t0
         t1 = time.perf_counter()
@@ -241,56 +268,63 @@ async def measure_processes(data_dir: Path) -> dict[str, float]:
     }
 
 
-async def main() -> dict[str, Any]:
+async def main(sizes: Sizes) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
-        passes = await measure_passes(Path(tmp))
-        procs = await measure_processes(Path(tmp) / "procs")
+        passes = await measure_passes(Path(tmp), sizes)
+        procs = await measure_processes(Path(tmp) / "procs", sizes.processes)
     small = {"idle": passes["small_idle"], "full": passes["small_full"]}
     large = {"idle": passes["large_idle"], "full": passes["large_full"]}
     idle_ratio = large["idle"] / small["idle"]
     ours = procs["start"] + procs["stop"]
     bare = procs["bare_start"] + procs["bare_stop"]
+    few, many, n = f"{sizes.apps_small:,} apps", f"{sizes.apps_large:,} apps", sizes.processes
     rows = [
-        ("idle pass, 10 apps", f"{small['idle'] * 1e6:9.1f} us", "1.00 (baseline)"),
-        ("idle pass, 10,000 apps", f"{large['idle'] * 1e6:9.1f} us", f"{idle_ratio:.2f}"),
-        ("full pass, 10 apps", f"{small['full'] * 1e3:9.1f} ms", "1.00 (baseline)"),
+        (f"idle pass, {few}", f"{small['idle'] * 1e6:9.1f} us", "1.00 (baseline)"),
+        (f"idle pass, {many}", f"{large['idle'] * 1e6:9.1f} us", f"{idle_ratio:.2f}"),
+        (f"full pass, {few}", f"{small['full'] * 1e3:9.1f} ms", "1.00 (baseline)"),
         (
-            "full pass, 10,000 apps",
+            f"full pass, {many}",
             f"{large['full'] * 1e3:9.1f} ms",
             f"{large['full'] / small['full']:.0f}",
         ),
-        ("bare trio: start 100", f"{procs['bare_start'] * 1e3:9.1f} ms", "1.00 (baseline)"),
-        ("bare trio: stop 100", f"{procs['bare_stop'] * 1e3:9.1f} ms", "1.00 (baseline)"),
+        (f"bare trio: start {n}", f"{procs['bare_start'] * 1e3:9.1f} ms", "1.00 (baseline)"),
+        (f"bare trio: stop {n}", f"{procs['bare_stop'] * 1e3:9.1f} ms", "1.00 (baseline)"),
         (
-            "supervisor: start 100",
+            f"supervisor: start {n}",
             f"{procs['start'] * 1e3:9.1f} ms",
             f"{procs['start'] / procs['bare_start']:.2f}",
         ),
         (
-            "supervisor: stop 100",
+            f"supervisor: stop {n}",
             f"{procs['stop'] * 1e3:9.1f} ms",
             f"{procs['stop'] / procs['bare_stop']:.2f}",
         ),
-        ("supervisor: start+stop 100", f"{ours * 1e3:9.1f} ms", f"{ours / bare:.2f}"),
+        (f"supervisor: start+stop {n}", f"{ours * 1e3:9.1f} ms", f"{ours / bare:.2f}"),
     ]
     print(f"{'measurement':<28} {'time':>12}  ratio")
     for name, value, ratio in rows:
         print(f"{name:<28} {value:>12}  {ratio}")
-    print(f"(settling 10,000 apps took {passes['settle']:.1f} s)")
+    print(f"(settling {many} took {passes['settle']:.1f} s)")
     return {
-        "idle_pass_10_us": round(small["idle"] * 1e6, 1),
-        "idle_pass_10000_us": round(large["idle"] * 1e6, 1),
+        "idle_pass_small_us": round(small["idle"] * 1e6, 1),
+        "idle_pass_large_us": round(large["idle"] * 1e6, 1),
         "idle_pass_ratio": round(idle_ratio, 3),
-        "full_pass_10_ms": round(small["full"] * 1e3, 2),
-        "full_pass_10000_ms": round(large["full"] * 1e3, 1),
-        "start_100_ms": round(procs["start"] * 1e3, 1),
-        "stop_100_ms": round(procs["stop"] * 1e3, 1),
-        "bare_start_100_ms": round(procs["bare_start"] * 1e3, 1),
-        "bare_stop_100_ms": round(procs["bare_stop"] * 1e3, 1),
+        "full_pass_small_ms": round(small["full"] * 1e3, 2),
+        "full_pass_large_ms": round(large["full"] * 1e3, 1),
+        "start_ms": round(procs["start"] * 1e3, 1),
+        "stop_ms": round(procs["stop"] * 1e3, 1),
+        "bare_start_ms": round(procs["bare_start"] * 1e3, 1),
+        "bare_stop_ms": round(procs["bare_stop"] * 1e3, 1),
         "start_stop_ratio": round(ours / bare, 3),
+        "apps_small": sizes.apps_small,
+        "apps_large": sizes.apps_large,
+        "processes": sizes.processes,
     }
 
 
 if __name__ == "__main__":
-    figures = trio.run(main)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="smaller sizes, a few seconds")
+    args = parser.parse_args()
+    figures = trio.run(main, QUICK if args.quick else FULL)
     print(json.dumps(figures))

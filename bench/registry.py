@@ -1,6 +1,7 @@
 """Registry throughput, each backend beside the raw library doing the same work.
 
     python bench/registry.py [--seconds 0.25] [--etcd host:port] [--only sqlite]
+    python bench/registry.py --quick     # 0.05 s windows, two rounds: seconds
 
 For SQLite the baseline is raw ``sqlite3`` statements writing the same rows (the
 key, its changelog row, the revision bump) in one transaction per write, on a
@@ -9,7 +10,7 @@ SELECT. For etcd the baseline is raw httpx calls to the same etcd doing the same
 requests. The etcd rows need an etcd: ``--etcd``, ``CORRAL_TEST_ETCD``, or a
 temporary one started here when ``etcd`` is on PATH (and stopped at the end).
 
-Figures: sequential puts/s, gets/s, guarded txns/s (compare mod revision, then
+Measured: sequential puts/s, gets/s, guarded txns/s (compare mod revision, then
 put) and concurrent puts/s (16 tasks). Each pair is measured five times,
 alternating, and the best run of each side is kept (the machine is shared). The last line
 is one JSON object; its ``*_ratio`` keys are backend / baseline (target >= 0.7), and
@@ -18,6 +19,23 @@ it a few times and compare medians). Beside them, ``*_ratio_median`` is the medi
 of each round's own ratio (its two sides measured back to back), and for SQLite
 ``*_cpu_us`` / ``*_cpu_ratio`` compare the CPU time this process spends per
 operation, which waits for a disk shared with other work do not move.
+
+Figures (the last line, one JSON object): ``memory_put_per_s``, ``memory_get_per_s``,
+``memory_txn_per_s``; ``sqlite_put_per_s``, ``sqlite_raw_put_per_s``, ``sqlite_put_ratio``,
+``sqlite_put_ratio_median``, ``sqlite_put_cpu_us``, ``sqlite_raw_put_cpu_us``,
+``sqlite_put_cpu_ratio``, the same seven for get (``sqlite_get_per_s``,
+``sqlite_raw_get_per_s``, ``sqlite_get_ratio``, ``sqlite_get_ratio_median``,
+``sqlite_get_cpu_us``, ``sqlite_raw_get_cpu_us``, ``sqlite_get_cpu_ratio``) and for txn
+(``sqlite_txn_per_s``, ``sqlite_raw_txn_per_s``, ``sqlite_txn_ratio``,
+``sqlite_txn_ratio_median``, ``sqlite_txn_cpu_us``, ``sqlite_raw_txn_cpu_us``,
+``sqlite_txn_cpu_ratio``), ``sqlite_concurrent_put_per_s``,
+``sqlite_raw_concurrent_put_per_s``, ``sqlite_concurrent_put_ratio``; when an etcd was
+measured ``etcd_put_per_s``, ``etcd_raw_put_per_s``, ``etcd_put_ratio``,
+``etcd_put_ratio_median``, the same four for get (``etcd_get_per_s``,
+``etcd_raw_get_per_s``, ``etcd_get_ratio``, ``etcd_get_ratio_median``) and txn
+(``etcd_txn_per_s``, ``etcd_raw_txn_per_s``, ``etcd_txn_ratio``,
+``etcd_txn_ratio_median``), ``etcd_concurrent_put_per_s``,
+``etcd_raw_concurrent_put_per_s``, ``etcd_concurrent_put_ratio``; and ``load_average``.
 """
 
 from __future__ import annotations
@@ -127,6 +145,8 @@ def rate_threads(seconds: float, make_op: Callable[[], Callable[[int], None]]) -
 
 Pair = tuple[str, Callable[[int], Awaitable[object]], Callable[[int], Any]]
 ROUNDS = 5
+QUICK_ROUNDS = 2
+QUICK_SECONDS = 0.05
 
 
 class Measured(NamedTuple):
@@ -141,15 +161,15 @@ class Measured(NamedTuple):
     base_cpu_us: dict[str, float]
 
 
-async def measure_pairs(seconds: float, pairs: list[Pair]) -> Measured:
-    """Alternate ours and raw for each figure ROUNDS times; keep each side's best
+async def measure_pairs(seconds: float, pairs: list[Pair], rounds: int) -> Measured:
+    """Alternate ours and raw for each figure ``rounds`` times; keep each side's best
     (other work on a shared machine only ever slows a run down)."""
     ours = {name: 0.0 for name, _, _ in pairs}
     base = {name: 0.0 for name, _, _ in pairs}
     ours_cpu = {name: math.inf for name, _, _ in pairs}
     base_cpu = {name: math.inf for name, _, _ in pairs}
     ratios: dict[str, list[float]] = {name: [] for name, _, _ in pairs}
-    for _ in range(ROUNDS):
+    for _ in range(rounds):
         for name, op, raw_op in pairs:
             mine = await rate_async(seconds, op)
             probe = raw_op(0)
@@ -219,7 +239,9 @@ class RawSQLite:
         return self.conn.execute("SELECT * FROM kv WHERE key = ?", (key,)).fetchone()
 
 
-async def bench_sqlite(seconds: float, directory: str, synchronous: str) -> dict[str, float]:
+async def bench_sqlite(
+    seconds: float, rounds: int, directory: str, synchronous: str
+) -> dict[str, float]:
     ours_db = os.path.join(directory, f"ours-{synchronous}.db")
     raw_db = os.path.join(directory, f"raw-{synchronous}.db")
     registry = await SQLiteRegistry.open(ours_db, synchronous=synchronous)
@@ -234,10 +256,10 @@ async def bench_sqlite(seconds: float, directory: str, synchronous: str) -> dict
             ("get", lambda i: registry.get(KEYS[i % 64]), lambda i: raw.get(KEYS[i % 64])),
             ("txn", guarded_txn(registry), raw_guarded_txn(raw)),
         ]
-        measured = await measure_pairs(seconds, pairs)
+        measured = await measure_pairs(seconds, pairs, rounds)
         ours, base = measured.ours, measured.base
         ours["concurrent_put"] = base["concurrent_put"] = 0.0
-        for _ in range(ROUNDS):
+        for _ in range(rounds):
             ours["concurrent_put"] = max(
                 ours["concurrent_put"],
                 await rate_concurrent(seconds, lambda i: registry.put(KEYS[i % 64], VALUE)),
@@ -310,7 +332,7 @@ def b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
 
 
-async def bench_etcd(seconds: float, endpoint: str) -> dict[str, float]:
+async def bench_etcd(seconds: float, rounds: int, endpoint: str) -> dict[str, float]:
     prefix = f"corral-bench/{os.getpid()}/"
     registry = EtcdRegistry([endpoint], prefix=prefix)
     url = f"http://{endpoint}"
@@ -359,10 +381,10 @@ async def bench_etcd(seconds: float, endpoint: str) -> dict[str, float]:
             ("get", lambda i: registry.get(KEYS[i % 64]), raw_get),
             ("txn", guarded_txn(registry), raw_txn),
         ]
-        measured = await measure_pairs(seconds, pairs)
+        measured = await measure_pairs(seconds, pairs, rounds)
         ours, base = measured.ours, measured.base
         ours["concurrent_put"] = base["concurrent_put"] = 0.0
-        for _ in range(ROUNDS):
+        for _ in range(rounds):
             ours["concurrent_put"] = max(
                 ours["concurrent_put"],
                 await rate_concurrent(seconds, lambda i: registry.put(KEYS[i % 64], VALUE)),
@@ -442,13 +464,15 @@ async def bench_memory(seconds: float) -> dict[str, float]:
     }
 
 
-async def main(seconds: float, etcd: str | None, only: str | None = None) -> dict[str, float]:
+async def main(
+    seconds: float, rounds: int, etcd: str | None, only: str | None = None
+) -> dict[str, float]:
     figures: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="corral-bench-") as directory:
         if only in (None, "memory"):
             figures.update(await bench_memory(seconds / 2))
         if only in (None, "sqlite"):
-            figures.update(await bench_sqlite(seconds, directory, "NORMAL"))
+            figures.update(await bench_sqlite(seconds, rounds, directory, "NORMAL"))
         if only not in (None, "etcd"):
             figures["load_average"] = round(os.getloadavg()[0], 2)
             return figures
@@ -458,7 +482,7 @@ async def main(seconds: float, etcd: str | None, only: str | None = None) -> dic
             etcd = started[1] if started else None
         try:
             if etcd is not None:
-                figures.update(await bench_etcd(seconds, etcd))
+                figures.update(await bench_etcd(seconds, rounds, etcd))
             else:
                 print("etcd: not measured (no --etcd, CORRAL_TEST_ETCD, or etcd on PATH)")
         finally:
@@ -498,10 +522,15 @@ def table(figures: dict[str, float]) -> None:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--seconds", type=float, default=0.25, help="per measurement window")
+    parser.add_argument("--seconds", type=float, default=None, help="per measurement window")
     parser.add_argument("--etcd", default=os.environ.get("CORRAL_TEST_ETCD"))
     parser.add_argument("--only", choices=("memory", "sqlite", "etcd"), help="one backend")
+    parser.add_argument(
+        "--quick", action="store_true", help=f"{QUICK_SECONDS} s windows, {QUICK_ROUNDS} rounds"
+    )
     args = parser.parse_args()
-    results = trio.run(main, args.seconds, args.etcd, args.only)
+    seconds = args.seconds or (QUICK_SECONDS if args.quick else 0.25)
+    rounds = QUICK_ROUNDS if args.quick else ROUNDS
+    results = trio.run(main, seconds, rounds, args.etcd, args.only)
     table(results)
     print(json.dumps(results), file=sys.stdout)

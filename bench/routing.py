@@ -39,11 +39,25 @@ A proxy whose binary is missing is reported as skipped. Render times are CPU sec
 process (``time.process_time``), best of a few runs; apply times are wall seconds (the work
 happens in the proxy process).
 
-Run: ``python bench/routing.py`` (well under a minute).
+Run: ``python bench/routing.py`` (about a minute); ``--quick`` renders 1,000 domains and
+repeats each timing twice (one instance lost), the same paths at smaller sizes.
+
+Figures (the last line, one JSON object): ``domains``, ``backends_per_domain``,
+``baseline_ms``, ``render_ms``, ``render_ratio``, ``render_within_target``,
+``unchanged_ms``, ``encode_ms``, ``table_bytes``; ``haproxy_reload_apply_ms``,
+``haproxy_runtime_apply_ms``, ``haproxy_runtime_offer_ms``, ``haproxy_raw_commands_ms``,
+``haproxy_runtime_ratio``; ``caddy_first_apply_ms``, ``caddy_apply_ms``,
+``caddy_raw_load_ms``, ``caddy_apply_ratio``; per proxy kind (haproxy, caddy)
+``<kind>_flip_ms``, ``<kind>_flip_baseline_ms``, ``<kind>_propagation_ratio``,
+``<kind>_request_ms``, and for each change (flip, lost, ready)
+``e2e_<kind>_<change>_ms``, ``e2e_<kind>_<change>_median_ms``,
+``e2e_<kind>_<change>_ratio``; and ``e2e_registry``. A proxy that is not installed
+leaves its figures out.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shutil
@@ -97,6 +111,9 @@ DOMAINS = 10_000
 BACKENDS = 3
 NODES = 100
 RUNS = 5
+#: Alias flips, and instances lost (each then ready again), in the end-to-end part.
+E2E_RUNS = 5
+E2E_LOSSES = 3
 
 
 def build_inputs() -> RoutingInputs:
@@ -422,8 +439,6 @@ async def _raw_flip(kind: str, engine: ProxyEngine, data: Path) -> float:
 
 # --------------------------------------------------------------------------- end to end
 
-E2E_RUNS = 5
-
 
 async def _greeted(client: httpx.AsyncClient, listen: str, host: str) -> dict[str, str] | None:
     try:
@@ -451,8 +466,8 @@ def _median(values: list[float]) -> float:
 async def bench_e2e(kind: str, figures: dict[str, object]) -> None:
     """Three real nodes and ``corral proxy run --kind KIND``: flip, lost, ready."""
     from corral.actors.routing import decode_table_json
-    from corral.node._artifacts import pack_directory
-    from corral.node._local_cluster import LocalCluster
+    from corral.node.artifacts._artifacts import pack_directory
+    from corral.node.cli._local_cluster import LocalCluster
     from corral.registry import ROUTING_KEY, ProxyRecord, decode_record, proxy_key
 
     binary = DEFAULT_HAPROXY if kind == "haproxy" else DEFAULT_CADDY
@@ -535,7 +550,7 @@ async def bench_e2e(kind: str, figures: dict[str, object]) -> None:
                 # Instance lost, then ready again (its node restarts it).
                 victim = list(cluster.nodes.values())[1]
                 lost, ready = [], []
-                for _ in range(3):
+                for _ in range(E2E_LOSSES):
 
                     def victim_row() -> dict[str, object] | None:
                         with victim.client() as node_client:
@@ -622,6 +637,13 @@ async def bench_e2e(kind: str, figures: dict[str, object]) -> None:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--quick", action="store_true", help="1,000 domains, two runs of each timing"
+    )
+    if parser.parse_args().quick:
+        global DOMAINS, RUNS, E2E_RUNS, E2E_LOSSES
+        DOMAINS, RUNS, E2E_RUNS, E2E_LOSSES = 1_000, 2, 2, 1
     inputs = build_inputs()
     base = best_of(lambda: baseline(inputs))
     rendered = render_routes(inputs)

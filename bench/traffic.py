@@ -1,7 +1,9 @@
 """The user-facing figure: requests through a real HAProxy while the cluster changes.
 
 Run: ``.venv/bin/python bench/traffic.py`` (about 75 s of wall time, of which about
-60 s under load; ``--rate`` changes the load). Needs ``/usr/sbin/haproxy``.
+60 s under load; ``--rate`` changes the load). Needs ``/usr/sbin/haproxy``. ``--quick``
+(about half a minute) sends 50 requests/s, with short direct and steady slices, and runs
+only the ``steady`` and ``alias-flip`` phases and the 1-replica redeploy.
 
 Three real ``corral node run`` processes on one SQLite registry, a real HAProxy
 under ``corral proxy run``, and a 3-replica HTTP app (``examples/apps/steady``:
@@ -26,10 +28,15 @@ kind), p50 and p99 latency of the successful ones, and p99 as a ratio of the
 direct p99. Then a 1-replica app is redeployed under the
 same load: the time its requests fail is ``single_instance_gap_ms``.
 
-Figures (last line, one JSON object): ``failed_requests`` through the proxy over
+Everything started is stopped by pid.
+
+Figures (the last line, one JSON object): ``failed_requests`` through the proxy over
 all the phases (target 0), ``p99_ratio`` (the phases' p99 through the proxy / direct; target
-<= 3), ``single_instance_gap_ms``, and the per-phase numbers. Everything started
-is stopped by pid.
+<= 3), ``single_instance_gap_ms``, and beside them ``rate_per_s``, ``sent_requests``,
+``p99_ms``, ``direct_p99_ms``, ``direct_p50_ms``, ``direct_failed``,
+``direct_slice_p99_ms``, ``steady_p99_ratio``, ``single_instance_failed``, ``phases``
+(per phase: sent, failed, p50, p99, p99 ratio, seconds), ``solo``,
+``leftover_processes``, ``loadavg``.
 """
 
 from __future__ import annotations
@@ -51,12 +58,14 @@ from typing import Any
 
 import trio
 
-from corral.node._local_cluster import LocalCluster, LocalNode, free_port, wait_for
+from corral.node.cli._local_cluster import LocalCluster, LocalNode, free_port, wait_for
 from corral.proxy import DEFAULT_HAPROXY
 from corral.proxy._local import LocalProxy
 from corral.testing import PhaseSummary, RequestOutcome, TrafficGenerator, summarize
 
 HOST = "www.test"
+#: The phases ``--quick`` runs: the proxy's own cost and a change that moves no process.
+QUICK_PHASES = ("steady", "alias-flip")
 SETTLE = 1.0  # seconds of load after a phase's change settled, still counted in it
 STEP = 60.0  # the longest wait for one thing to happen
 
@@ -84,6 +93,8 @@ class Bench:
         self.proxy_dir = proxy_dir
         self.proxy: LocalProxy | None = None
         self.revision = 0
+        #: What web answers (its GREETING): the redeploy phase changes it.
+        self.web_says = "web-1"
 
     @property
     def nodes(self) -> list[LocalNode]:
@@ -158,7 +169,7 @@ class Bench:
     def start(self) -> dict[str, str]:
         self.cluster.start_all()
         revisions = {
-            "web": self.deploy("web", "web-1", "--replicas", "3", "--domain", "web.test"),
+            "web": self.deploy("web", self.web_says, "--replicas", "3", "--domain", "web.test"),
             "web-b": self.deploy("web-b", "b", "--replicas", "3", "--domain", "webb.test"),
             "solo": self.deploy("solo", "solo-1", "--replicas", "1", "--domain", "solo.test"),
         }
@@ -175,7 +186,7 @@ class Bench:
         self.wait_settled("solo", revisions["solo"], 1, "solo.test", "solo on one node")
         wait_for(
             "www.test to answer through the proxy",
-            lambda: self.proxy_says(HOST) == {"web-1"},
+            lambda: self.proxy_says(HOST) == {self.web_says},
             timeout=STEP,
         )
         return revisions
@@ -196,7 +207,8 @@ class Bench:
     # ------------------------------------------------------------------ phases
 
     def redeploy(self) -> None:
-        revision = self.deploy("web", "web-2")
+        self.web_says = "web-2"
+        revision = self.deploy("web", self.web_says)
         self.wait_settled("web", revision, 3, HOST, "web's new revision on three nodes")
         wait_for(
             "www.test to answer as web-2", lambda: self.proxy_says(HOST) == {"web-2"}, timeout=STEP
@@ -209,7 +221,9 @@ class Bench:
         )
         time.sleep(SETTLE)
         self.cli("alias", "rollback", HOST)
-        wait_for("www.test back on web", lambda: self.proxy_says(HOST) == {"web-2"}, timeout=STEP)
+        wait_for(
+            "www.test back on web", lambda: self.proxy_says(HOST) == {self.web_says}, timeout=STEP
+        )
 
     def drain(self) -> None:
         node = self.nodes[1]
@@ -301,7 +315,9 @@ def ratio(value: float | None, base: float | None) -> float | None:
     return round(value / base, 2)
 
 
-async def bench(rate: float, direct_seconds: float, steady_seconds: float) -> dict[str, Any]:
+async def bench(
+    rate: float, direct_seconds: float, steady_seconds: float, quick: bool = False
+) -> dict[str, Any]:
     load_before = os.getloadavg()[0]
     root = Path(tempfile.mkdtemp(prefix="corral-traffic-"))
     proxy_dir = Path(tempfile.mkdtemp(prefix="corral-tp-", dir="/tmp"))
@@ -331,6 +347,8 @@ async def bench(rate: float, direct_seconds: float, steady_seconds: float) -> di
             ("sigterm", run.sigterm),
             ("hand-back", run.hand_back),
         ]
+        if quick:
+            phases = [(name, step) for name, step in phases if name in QUICK_PHASES]
         await direct_slice()
         for name, step in phases:
             proxied[name] = await under_load(through_proxy, HOST, rate, name, step)
@@ -384,15 +402,21 @@ async def bench(rate: float, direct_seconds: float, steady_seconds: float) -> di
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rate", type=float, default=200.0, help="requests per second")
+    parser.add_argument("--rate", type=float, default=None, help="requests per second (200)")
     parser.add_argument(
-        "--direct-s", type=float, default=1.5, help="seconds of direct load before each phase"
+        "--direct-s", type=float, default=None, help="seconds of direct load before each phase"
     )
-    parser.add_argument("--steady-s", type=float, default=4.0, help="seconds of steady load")
+    parser.add_argument("--steady-s", type=float, default=None, help="seconds of steady load")
+    parser.add_argument(
+        "--quick", action="store_true", help=f"50 req/s, phases {', '.join(QUICK_PHASES)} only"
+    )
     args = parser.parse_args()
+    args.rate = args.rate or (50.0 if args.quick else 200.0)
+    args.direct_s = args.direct_s or (0.5 if args.quick else 1.5)
+    args.steady_s = args.steady_s or (1.0 if args.quick else 4.0)
     if not os.access(DEFAULT_HAPROXY, os.X_OK):
         sys.exit(f"haproxy is not installed at {DEFAULT_HAPROXY} (apt-get install haproxy)")
-    result = trio.run(bench, args.rate, args.direct_s, args.steady_s)
+    result = trio.run(bench, args.rate, args.direct_s, args.steady_s, args.quick)
     print(
         f"traffic through HAProxy, 3 nodes, {args.rate:g} req/s open loop, "
         f"no keep-alive, cores={os.cpu_count()}, load average {result['loadavg'][0]:g} "

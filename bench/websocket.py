@@ -1,6 +1,7 @@
 """Cross-process messaging through WebSocketTransport against a raw trio-websocket pair.
 
-Run: ``.venv/bin/python bench/websocket.py`` (about a minute).
+Run: ``.venv/bin/python bench/websocket.py`` (about a minute); ``--quick`` (seconds)
+measures a tenth of the frames and round trips, best of two rounds.
 
 The script starts itself a second time as a server process (``--serve``) that
 listens three times on 127.0.0.1:
@@ -25,11 +26,22 @@ the median over rounds of each round's own ratio (``*_ratio_median``): both
 sides of it were measured back to back. The CPU time both processes spend per
 frame or round trip (``*_cpu_us``, the least of the rounds, and ``*_cpu_ratio``,
 raw / ours) moves least of all with other people's work: it leaves out the time
-spent waiting for the CPU. The last line is one JSON object.
+spent waiting for the CPU.
+
+Figures (the last line, one JSON object): ``frame_bytes``, ``request_bytes``,
+``reply_bytes``, ``raw_throughput_per_s``, ``transport_throughput_per_s``,
+``tell_throughput_per_s``, ``throughput_ratio``, ``tell_ratio``, ``raw_rtt_per_s``,
+``transport_rtt_per_s``, ``ask_rtt_per_s``, ``transport_rtt_ratio``, ``rtt_ratio``,
+``throughput_ratio_median``, ``tell_ratio_median``, ``transport_rtt_ratio_median``,
+``rtt_ratio_median``, ``raw_throughput_cpu_us``, ``transport_throughput_cpu_us``,
+``tell_throughput_cpu_us``, ``raw_rtt_cpu_us``, ``transport_rtt_cpu_us``,
+``ask_rtt_cpu_us``, ``throughput_cpu_ratio``, ``tell_cpu_ratio``,
+``transport_rtt_cpu_ratio``, ``rtt_cpu_ratio``.
 """
 
 from __future__ import annotations
 
+import argparse
 import functools
 import json
 import statistics
@@ -358,9 +370,16 @@ async def run_client() -> tuple[dict[str, float], dict[str, list[float]], dict[s
 
 
 def main() -> None:
-    if sys.argv[1:] == ["--serve"]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a tenth of the sizes, 2 rounds")
+    parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve:
         trio.run(serve)
         return
+    if args.quick:
+        global THROUGHPUT_N, RTT_N, ROUNDS
+        THROUGHPUT_N, RTT_N, ROUNDS = 1_000, 100, 2
     started = time.perf_counter()
     best, rounds, cpu = trio.run(run_client)
 

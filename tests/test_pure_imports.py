@@ -44,7 +44,7 @@ PURE_MODULES = (
     "corral.actors.coordinator._reports",
     "corral.actors.coordinator._state",
     # artifacts: manifest, digest and unpacking rules
-    "corral.node._artifacts",
+    "corral.node.artifacts._artifacts",
     # the node's configuration (flags, environment, file) and the registry URL it names
     "corral.node._config",
     "corral.registry._url",

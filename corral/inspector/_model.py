@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from corral.node._format import duration
+from corral._text import duration
 
 SPARK = "▁▂▃▄▅▆▇█"
 HISTORY = 20

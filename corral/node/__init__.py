@@ -1,13 +1,21 @@
-"""The node service: assembly, configuration, HTTP API and the command line.
+"""The node service: its server, command line and artifacts.
 
-Only light modules are imported here, so the ``corral`` command starts quickly;
-the assembly (``corral.node._node.run_node``), the API (``_api.build_api``), the
-client (``_client.NodeClient``) and the local cluster (``_local_cluster``) are
-imported where they are used.
+Three sub-packages stand on a shared ground:
+
+- ``corral.node.cli``: argument parsing, API client, formatting, demo, local
+  cluster, the ``plan`` and ``proxy run`` commands (the top: imports the others);
+- ``corral.node.server``: node assembly, HTTP API, views, metrics, events;
+- ``corral.node.artifacts``: packing, the artifact store, copy plan, replicator;
+- the ground, here: errors (``_errors``, one tree for all three: an
+  ``ArtifactInvalid`` is a ``RequestInvalid``), request validation
+  (``_requests``), configuration (``_config``), identity (``_identity``) and
+  logging (``_logging``), which both the command line and the server use.
+
+Only light modules are imported here, so the ``corral`` command starts quickly:
+the server is imported by ``corral node run`` alone, and each command imports its
+modules where it runs.
 """
 
-from corral.node._artifacts import Manifest, PackedArtifact, pack_directory, parse_manifest
-from corral.node._cli import console_main as main
 from corral.node._errors import (
     ApiError,
     ApiRefused,
@@ -23,6 +31,8 @@ from corral.node._errors import (
     OperationRefused,
     RequestInvalid,
 )
+from corral.node.artifacts import Manifest, PackedArtifact, pack_directory, parse_manifest
+from corral.node.cli import console_main as main
 
 __all__ = [
     "ApiError",

@@ -21,7 +21,7 @@
             └── ApiRefused       the node answered with an error status; .status, .field
 
 A registry that does not answer an API handler in time raises
-:class:`corral.node._deadline.RegistryTooSlow`, a ``RegistryUnavailable`` (a 504).
+:class:`corral.node.server._deadline.RegistryTooSlow`, a ``RegistryUnavailable`` (a 504).
 """
 
 from __future__ import annotations

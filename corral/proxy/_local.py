@@ -1,6 +1,6 @@
 """A ``corral proxy run`` process on this machine's loopback, for tests and benchmarks.
 
-The companion of :class:`corral.node._local_cluster.LocalCluster`: it starts the
+The companion of :class:`corral.node.cli._local_cluster.LocalCluster`: it starts the
 command in a session of its own (a signal to it never reaches the caller), logs
 to a file in its data directory, and is stopped by pid. The real proxy below it
 (HAProxy's master and workers, or Caddy) is remembered by pid and create time,

@@ -1008,11 +1008,14 @@ class NodeDown:
     ``down``, or whose leased record lapsed, as the coordinator last knew it.
 
     ``down_since`` is when the coordinator decided the node was down (None: its
-    record lapsed but membership still reaches it, a registry blip);
-    ``incarnation`` is the incarnation membership declared dead, when it did, so a
-    later death (the node refuted, then died again) is told from the same one; the
-    rest is the node's last known record, so a successor coordinator knows the
-    node's labels, place and capacity after its record is gone.
+    record lapsed but membership still reaches it, a registry blip). The spell that
+    clock belongs to is told by ``incarnation``, the node's membership incarnation
+    when it began (declared dead, or suspect with its record lapsed; None: membership
+    had no view of it), and ``instance``, the life (the record's instance token) it
+    began in: a node seen later at a higher incarnation or in another life came back
+    since, and its next spell starts a clock of its own. The rest is the node's last
+    known record, so a successor coordinator knows the node's labels, place and
+    capacity after its record is gone.
     """
 
     node: str
@@ -1022,6 +1025,7 @@ class NodeDown:
     datacenter: str | None = None
     capacity: MeasuredCapacity | None = None
     incarnation: int | None = None
+    instance: str = ""
 
     def __post_init__(self) -> None:
         validate_name("node", self.node)
@@ -1040,6 +1044,7 @@ class NodeDown:
                 "datacenter": self.datacenter,
                 "capacity": None if self.capacity is None else self.capacity.to_json(),
                 "incarnation": self.incarnation,
+                "instance": self.instance,
             }
         )
 
@@ -1056,6 +1061,7 @@ class NodeDown:
             if capacity is None
             else MeasuredCapacity.from_json(_obj(capacity, "capacity")),
             incarnation=_opt_int(_field(obj, "incarnation", None), "incarnation"),
+            instance=_str(_field(obj, "instance", ""), "instance"),
         )
 
 

@@ -27,6 +27,15 @@ built-in ones pass, as trio's ``check_two_way_stream`` is run on every stream:
 :func:`check_registry` (a factory of :class:`RegistryHarness` objects, each a
 fresh registry and a way to let lease time pass). See the README's "Your own
 backend" section.
+
+Waiting for something in a test: :func:`until` polls a predicate (plain or
+async) under trio's clock, so with the ``autojump_clock`` fixture it waits in
+virtual time, and returns the time it held; ``within`` bounds it with a
+``trio.TooSlowError`` naming what was awaited::
+
+    from corral.testing import until
+
+    held_at = await until(lambda: node.state == "up", within=5.0, poll=0.1)
 """
 
 from corral.testing._check_registry import (
@@ -78,6 +87,7 @@ from corral.testing._traffic import (
     percentile,
     summarize,
 )
+from corral.testing._until import until
 
 __all__ = [
     "DEFAULT_TEST_CAPACITY",
@@ -126,6 +136,7 @@ __all__ = [
     "summarize",
     "sync_app_specs",
     "take_events",
+    "until",
     "virtual_wall_clock",
     "write_placement",
 ]

@@ -62,6 +62,7 @@ class MemoryNetwork:
         self._nodes: dict[str, MemoryTransport] = {}
         self._killed: set[str] = set()
         self._cuts: set[frozenset[str]] = set()
+        self._one_way: set[tuple[str, str]] = set()  # (sender, receiver) dropped silently
         # node -> the nodes it is linked to (a frame went between them since the last
         # fault that cut them apart)
         self._links: dict[str, set[str]] = {}
@@ -130,9 +131,19 @@ class MemoryNetwork:
             transport._discard_unreachable()
         self._report_lost(lost)
 
+    def cut_one_way(self, senders: Iterable[str], receivers: Iterable[str]) -> None:
+        """Drop every frame a node of ``senders`` sends to a node of ``receivers``, silently,
+        until :meth:`heal` (cuts add up): a firewall dropping one direction. The senders
+        still hear the receivers, and neither side is told of a loss (no link is cut);
+        frames already in flight arrive.
+        """
+        receiving = frozenset(receivers)
+        self._one_way |= {(a, b) for a in senders for b in receiving if a != b}
+
     def heal(self) -> None:
-        """Remove every partition cut."""
+        """Remove every partition cut, one-way cuts included."""
         self._cuts.clear()
+        self._one_way.clear()
 
     def kill(self, node_id: str) -> None:
         """Make a node unreachable: it neither sends nor receives; its inbox is lost."""
@@ -207,7 +218,9 @@ class MemoryNetwork:
         if linked is None or receiver not in linked:
             self._links.setdefault(sender, set()).add(receiver)
             self._links.setdefault(receiver, set()).add(sender)
-        if self._drop_rate and self._random.random() < self._drop_rate:
+        if (self._one_way and (sender, receiver) in self._one_way) or (
+            self._drop_rate and self._random.random() < self._drop_rate
+        ):
             self.stats["dropped"] += 1
             return
         target = self._nodes[receiver]

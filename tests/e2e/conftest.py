@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from corral.node._local_cluster import LocalCluster
+from corral.node.cli._local_cluster import LocalCluster
 from corral.registry import open_registry
 from corral.testing import etcd_endpoint_from_env
 

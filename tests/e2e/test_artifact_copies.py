@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 from corral.node import PackedArtifact, pack_directory
-from corral.node._local_cluster import LocalCluster, LocalNode, wait_for
+from corral.node.cli._local_cluster import LocalCluster, LocalNode, wait_for
 
 from .conftest import GRACE_PERIOD_MS, GREETER, _etcd_url, started_cluster
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from corral.node import ApiRefused, pack_directory
-from corral.node._local_cluster import LocalCluster, wait_for
+from corral.node.cli._local_cluster import LocalCluster, wait_for
 
 from .conftest import GREETER, started_cluster
 

@@ -36,6 +36,10 @@ def read_until(process: subprocess.Popen[str], marker: str, timeout: float) -> s
     raise AssertionError(f"no {marker!r} in the demo's output:\n{''.join(seen)}")
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def corral(*args: str) -> str:
     result = subprocess.run(
         [sys.executable, "-m", "corral", *args], capture_output=True, text=True, timeout=60
@@ -50,6 +54,9 @@ def test_demo_keep_leaves_a_cluster_to_inspect_until_ctrl_c() -> None:
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        # Ctrl-C as at a terminal, even when this run ignores SIGINT (a background job
+        # of a script does, and its children inherit that, Python's included).
+        preexec_fn=_default_sigint,
     )
     try:
         story = read_until(process, "Press Ctrl-C here", timeout=150)

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from corral.node._local_cluster import LocalCluster, LocalNode, wait_for
+from corral.node.cli._local_cluster import LocalCluster, LocalNode, wait_for
 
 from .test_cluster import STEP, cli, coordinator, deploy, running
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from corral.node._local_cluster import LocalCluster, wait_for
+from corral.node.cli._local_cluster import LocalCluster, wait_for
 from corral.testing._etcd import EtcdCluster, run_etcd_cluster
 
 from .conftest import started_cluster

@@ -24,8 +24,8 @@ from pathlib import Path
 import pytest
 
 from corral.node import ApiRefused, pack_directory
-from corral.node._artifact_store import KEEP_FREE_BYTES
-from corral.node._local_cluster import LocalCluster, LocalNode, wait_for
+from corral.node.artifacts._artifact_store import KEEP_FREE_BYTES
+from corral.node.cli._local_cluster import LocalCluster, LocalNode, wait_for
 from corral.registry._sqlite import DEFAULT_RESERVE_BYTES, RESERVE_SUFFIX
 
 from ..conftest import SmallDisk

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from corral.node import pack_directory
-from corral.node._local_cluster import LocalCluster, LocalNode, wait_for
+from corral.node.cli._local_cluster import LocalCluster, LocalNode, wait_for
 
 from .conftest import GRACE_PERIOD_MS, GREETER
 

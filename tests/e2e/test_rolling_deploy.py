@@ -29,7 +29,7 @@ import psutil
 import pytest
 import trio
 
-from corral.node._local_cluster import LocalCluster, free_port, wait_for
+from corral.node.cli._local_cluster import LocalCluster, free_port, wait_for
 from corral.proxy import DEFAULT_HAPROXY
 from corral.proxy._local import LocalProxy
 from corral.testing import TrafficGenerator

@@ -13,8 +13,8 @@ from typing import Any
 import httpx
 import pytest
 
-from corral.node._artifacts import pack_directory
-from corral.node._local_cluster import LocalCluster, wait_for
+from corral.node.artifacts._artifacts import pack_directory
+from corral.node.cli._local_cluster import LocalCluster, wait_for
 
 from .test_cluster import cli, coordinator
 

@@ -16,7 +16,7 @@ import pytest
 
 from corral.actors.membership import SwimConfig, suspicion_bounds
 from corral.node import pack_directory
-from corral.node._local_cluster import LocalCluster, LocalNode, wait_for
+from corral.node.cli._local_cluster import LocalCluster, LocalNode, wait_for
 
 from .conftest import GREETER
 

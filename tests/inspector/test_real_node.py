@@ -13,7 +13,7 @@ from textual.pilot import Pilot
 from textual.widgets import DataTable, Static
 
 from corral.inspector import Inspector, NodeSource
-from corral.node._local_cluster import LocalCluster
+from corral.node.cli._local_cluster import LocalCluster
 
 pytestmark = pytest.mark.slow
 

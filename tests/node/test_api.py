@@ -11,10 +11,10 @@ import pytest
 
 from corral.actors.coordinator import CoordinatorState, NodeStatus
 from corral.actors.planner import Deferred, Policy
-from corral.node._api import ApiServices, build_api
-from corral.node._artifact_store import ArtifactStore, artifact_capability
-from corral.node._format import nodes_table
-from corral.node._views import Coordination, CoordinatorUnavailable
+from corral.node.artifacts._artifact_store import ArtifactStore, artifact_capability
+from corral.node.cli._format import nodes_table
+from corral.node.server._api import ApiServices, build_api
+from corral.node.server._views import Coordination, CoordinatorUnavailable
 from corral.registry import (
     COORDINATOR_LEASE_KEY,
     AppRecord,
@@ -166,7 +166,7 @@ async def test_redeploy_leaves_unnamed_constraints_alone(fx: Fixture, tmp_path: 
         )
         await client.post("/v1/apps/shop/retire")
         second_dir = make_app_dir(tmp_path / "two", command='["python3", "other.py"]')
-        from corral.node._artifacts import pack_directory
+        from corral.node.artifacts._artifacts import pack_directory
 
         second = pack_directory(second_dir)
         response = await client.post("/v1/apps/shop/deploy", json={"artifact": b64(second.data)})
@@ -531,7 +531,7 @@ async def test_rollout_options_are_kept_with_the_app(fx: Fixture, tmp_path: Path
 async def test_rollback_redeploys_the_previous_revision_or_says_there_is_none(
     fx: Fixture, tmp_path: Path
 ) -> None:
-    from corral.node._artifacts import pack_directory
+    from corral.node.artifacts._artifacts import pack_directory
 
     first = packed_app(tmp_path, "one")
     second = pack_directory(make_app_dir(tmp_path / "two", command='["python3", "other.py"]'))

@@ -11,8 +11,8 @@ from typing import Any
 import trio
 import trio.testing
 
-from corral.node._api import EVENT_POLL_INTERVAL, ApiServices, build_api
-from corral.node._artifact_store import ArtifactStore
+from corral.node.artifacts._artifact_store import ArtifactStore
+from corral.node.server._api import EVENT_POLL_INTERVAL, ApiServices, build_api
 from corral.registry import MemoryRegistry
 
 from .test_api import SECRET, TOKEN

@@ -21,12 +21,12 @@ import trio
 from hypercorn.trio import serve
 
 from corral.node import ConfigError
-from corral.node._api import ApiServices, build_api
-from corral.node._artifact_store import ArtifactStore
-from corral.node._cli import main
 from corral.node._config import Address, resolve_node_config
-from corral.node._format import nodes_table, printable, printable_tree, ps_table, state_summary
-from corral.node._server import hypercorn_config
+from corral.node.artifacts._artifact_store import ArtifactStore
+from corral.node.cli._cli import main
+from corral.node.cli._format import nodes_table, printable, printable_tree, ps_table, state_summary
+from corral.node.server._api import ApiServices, build_api
+from corral.node.server._server import hypercorn_config
 from corral.registry import (
     MemoryRegistry,
     Undecodable,

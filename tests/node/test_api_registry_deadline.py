@@ -13,12 +13,12 @@ import pytest
 import trio
 import trio.testing
 
-from corral.node import _client as client_module
-from corral.node._api import ApiServices, build_api
-from corral.node._artifact_store import ArtifactStore
-from corral.node._cli import main
-from corral.node._client import DEFAULT_TIMEOUT
-from corral.node._deadline import REGISTRY_DEADLINE
+from corral.node.artifacts._artifact_store import ArtifactStore
+from corral.node.cli import _client as client_module
+from corral.node.cli._cli import main
+from corral.node.cli._client import DEFAULT_TIMEOUT
+from corral.node.server._api import ApiServices, build_api
+from corral.node.server._deadline import REGISTRY_DEADLINE
 from corral.registry import (
     AppRecord,
     Compare,
@@ -174,7 +174,7 @@ def test_a_node_that_takes_the_request_and_does_not_answer_is_not_called_unreach
 def test_the_command_line_prints_the_node_s_504_and_exits_1(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from corral.node._deadline import RegistryTooSlow
+    from corral.node.server._deadline import RegistryTooSlow
 
     error = RegistryTooSlow(NAME, 5.0, may_have_applied=True)
 

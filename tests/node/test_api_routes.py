@@ -34,7 +34,7 @@ async def test_routes_shows_the_table_and_the_proxies(tmp_path: Path) -> None:
 
 
 async def test_a_deploy_carries_the_health_check_onto_the_deployment(tmp_path: Path) -> None:
-    from corral.node._artifacts import pack_directory
+    from corral.node.artifacts._artifacts import pack_directory
 
     app = tmp_path / "app"
     app.mkdir()

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from corral.node import ConfigError
-from corral.node._artifacts import ArtifactLimits
 from corral.node._config import DEFAULT_MAX_ARTIFACT_MB, resolve_node_config
+from corral.node.artifacts._artifacts import ArtifactLimits
 
 
 def test_max_artifact_mb_comes_from_flag_env_or_file_with_a_default(tmp_path: Path) -> None:

@@ -15,8 +15,8 @@ import trio
 from starlette.types import ASGIApp
 
 from corral.node import pack_directory
-from corral.node._api import ApiServices, build_api
-from corral.node._artifact_store import (
+from corral.node._errors import CopyCorrupt, InsufficientStorage
+from corral.node.artifacts._artifact_store import (
     KEEP_FREE_BYTES,
     ArtifactStore,
     Peer,
@@ -25,9 +25,9 @@ from corral.node._artifact_store import (
     removed_revision_path,
     sweep_partial_files,
 )
-from corral.node._artifacts import digest_of
-from corral.node._copy_plan import Site
-from corral.node._errors import CopyCorrupt, InsufficientStorage
+from corral.node.artifacts._artifacts import digest_of
+from corral.node.artifacts._copy_plan import Site
+from corral.node.server._api import ApiServices, build_api
 from corral.registry import MemoryRegistry, artifact_key
 
 from ..conftest import SmallDisk

@@ -21,11 +21,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import corral.node._artifact_store as artifact_store_module
+import corral.node.artifacts._artifact_store as artifact_store_module
 from corral.node import ArtifactInvalid, Manifest, pack_directory
-from corral.node._api import ApiServices, build_api
-from corral.node._artifact_store import ArtifactStore, Materializer
-from corral.node._artifacts import ArtifactLimits, digest_of, inspect_artifact, unpack_artifact
+from corral.node.artifacts._artifact_store import ArtifactStore, Materializer
+from corral.node.artifacts._artifacts import (
+    ArtifactLimits,
+    digest_of,
+    inspect_artifact,
+    unpack_artifact,
+)
+from corral.node.server._api import ApiServices, build_api
 from corral.registry import Deployment, MemoryRegistry
 
 from .conftest import b64, make_app_dir, packed_app

@@ -15,16 +15,16 @@ import trio
 from hypercorn.trio import serve
 
 from corral.node import ArtifactNotFound
-from corral.node._artifact_store import (
+from corral.node._config import Address
+from corral.node.artifacts._artifact_store import (
     ArtifactStore,
     Peer,
     artifact_capability,
     download_over_http,
 )
-from corral.node._config import Address
-from corral.node._copy_plan import Site
-from corral.node._local_cluster import free_port
-from corral.node._server import hypercorn_config
+from corral.node.artifacts._copy_plan import Site
+from corral.node.cli._local_cluster import free_port
+from corral.node.server._server import hypercorn_config
 from corral.registry import MemoryRegistry
 
 from .test_artifact_disk import api_of, hidden

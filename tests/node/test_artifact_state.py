@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from corral.node._format import state_summary
+from corral.node.cli._format import state_summary
 
 
 def test_the_state_shows_artifact_disk_use_and_failed_fetches() -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from corral.node import ArtifactNotFound
-from corral.node._artifact_store import ArtifactStore, Materializer, artifact_capability
+from corral.node.artifacts._artifact_store import ArtifactStore, Materializer, artifact_capability
 from corral.registry import Deployment, MemoryRegistry, NodeRecord, artifact_key, node_key
 
 from .conftest import packed_app

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from corral.node import ArtifactInvalid, DigestMismatch, pack_directory, parse_manifest
-from corral.node._artifacts import digest_of, inspect_artifact, unpack_artifact
+from corral.node.artifacts._artifacts import digest_of, inspect_artifact, unpack_artifact
 
 
 def make_app(root: Path) -> Path:

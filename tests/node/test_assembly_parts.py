@@ -13,8 +13,8 @@ from corral.actors.coordinator import CoordinatorState
 from corral.actors.planner import Policy
 from corral.node import ConfigError
 from corral.node._config import resolve_node_config
-from corral.node._events import EventLog, jsonable
-from corral.node._node import (
+from corral.node.server._events import EventLog, jsonable
+from corral.node.server._node import (
     HOLDER_ASK_BUDGET,
     HOLDER_ASK_TRIES,
     HOLDER_RETRY_PAUSE,
@@ -25,7 +25,7 @@ from corral.node._node import (
     run_node,
     single_error,
 )
-from corral.node._peers import PeerDirectory, peer_changes
+from corral.node.server._peers import PeerDirectory, peer_changes
 from corral.registry import (
     COORDINATOR_LEASE_KEY,
     CoordinatorLease,

@@ -12,9 +12,9 @@ import httpx
 import pytest
 
 from corral.node import ApiError, ConfigError, NodeError
-from corral.node import _client as client_module
-from corral.node._cli import main
-from corral.node._client import resolve_api_url, resolve_token
+from corral.node.cli import _client as client_module
+from corral.node.cli._cli import main
+from corral.node.cli._client import resolve_api_url, resolve_token
 
 from .conftest import make_app_dir
 
@@ -127,7 +127,7 @@ def test_demo_explains_missing_examples(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     import corral
-    from corral.node import _demo
+    from corral.node.cli import _demo
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(corral, "__file__", str(tmp_path / "site" / "corral" / "__init__.py"))

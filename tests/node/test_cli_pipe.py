@@ -12,7 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from corral.node._cli import EXIT_BROKEN_PIPE
+from corral.node.cli._cli import EXIT_BROKEN_PIPE
 
 #: Far more than a pipe holds (64 KiB), so the writer is still writing when head leaves.
 ROWS = 5000

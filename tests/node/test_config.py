@@ -92,7 +92,7 @@ def test_parse_address_forms() -> None:
 
 
 def test_policy_settings_from_each_source(tmp_path: Path) -> None:
-    from corral.node._node import policy_from_config
+    from corral.node.server._node import policy_from_config
 
     defaults = resolve_node_config({}, {}, cwd=tmp_path)
     assert (

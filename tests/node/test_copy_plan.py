@@ -7,7 +7,7 @@ import hashlib
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from corral.node._copy_plan import (
+from corral.node.artifacts._copy_plan import (
     KeepPlan,
     LiveRevision,
     Site,

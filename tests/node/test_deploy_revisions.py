@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from corral.node import NotFound, OperationRefused
-from corral.node._operations import apply_deploy, apply_rollback, rollback
 from corral.node._requests import DeployRequest
+from corral.node.server._operations import apply_deploy, apply_rollback, rollback
 from corral.registry import (
     AppRecord,
     Deployment,

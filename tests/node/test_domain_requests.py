@@ -8,8 +8,8 @@ from hypothesis import strategies as st
 
 from corral.actors.routing import normalize_domain
 from corral.node import RequestInvalid
-from corral.node._operations import apply_deploy
 from corral.node._requests import MAX_APP_DOMAINS, DeployRequest, check_domain, parse_domains
+from corral.node.server._operations import apply_deploy
 from corral.registry import AppRecord, Deployment
 
 LABEL = st.from_regex(r"[a-zA-Z0-9]([a-zA-Z0-9-]{0,8}[a-zA-Z0-9])?", fullmatch=True)

@@ -11,8 +11,8 @@ import httpx
 import pytest
 import trio
 
-from corral.node import _client as client_module
-from corral.node._cli import main
+from corral.node.cli import _client as client_module
+from corral.node.cli._cli import main
 from corral.registry import AppRecord, app_key, decode_record
 
 from .conftest import make_app_dir

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from corral.node._local_cluster import LocalCluster, LocalNode, wait_for
+from corral.node.cli._local_cluster import LocalCluster, LocalNode, wait_for
 from corral.registry import NodeRecord, decode_record, node_key, open_registry
 
 pytestmark = pytest.mark.slow

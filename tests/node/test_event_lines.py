@@ -9,7 +9,7 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from corral.node._events import EventLines
+from corral.node.server._events import EventLines
 
 #: How many events the log keeps (EventLog's deque is 1,000 long).
 KEPT = 20

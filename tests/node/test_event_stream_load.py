@@ -14,8 +14,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from corral.node._api import MAX_EVENT_STREAMS
-from corral.node._local_cluster import LocalCluster, LocalNode
+from corral.node.cli._local_cluster import LocalCluster, LocalNode
+from corral.node.server._api import MAX_EVENT_STREAMS
 
 pytestmark = pytest.mark.slow
 

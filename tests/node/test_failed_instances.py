@@ -7,10 +7,10 @@ from typing import Any
 
 import httpx
 
-from corral.node._api import ApiServices, build_api
-from corral.node._artifact_store import ArtifactStore
-from corral.node._format import ps_table, state_summary
-from corral.node._views import ps_rows
+from corral.node.artifacts._artifact_store import ArtifactStore
+from corral.node.cli._format import ps_table, state_summary
+from corral.node.server._api import ApiServices, build_api
+from corral.node.server._views import ps_rows
 from corral.registry import (
     AppRecord,
     Deployment,

@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 import corral.node
-from corral.node._cli import drain_message
-from corral.node._format import (
-    duration,
+from corral._text import duration
+from corral.node.cli._cli import drain_message
+from corral.node.cli._format import (
     event_line,
     nodes_table,
     ps_table,

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from corral.node._deadline import REGISTRY_DEADLINE
-from corral.node._local_cluster import LocalCluster, LocalNode
+from corral.node.cli._local_cluster import LocalCluster, LocalNode
+from corral.node.server._deadline import REGISTRY_DEADLINE
 from corral.testing import SECURE_PREFIX, SecureEtcd, run_secure_etcd
 
 from .conftest import make_app_dir

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import psutil
 
-from corral.node._local_cluster import LocalNode, wait_for
+from corral.node.cli._local_cluster import LocalNode, wait_for
 
 # A stand-in node: one child (an "app"), which has a helper child of its own, the way
 # a version manager's shim runs helpers before it execs the real interpreter.

@@ -15,9 +15,9 @@ from corral.actors.coordinator import CoordinatorPass, CoordinatorState, NodeSta
 from corral.actors.membership import MemberInfo, MembershipView
 from corral.actors.planner import Deferred, Policy, Unplaced
 from corral.actors.routing import RouteTable, encode_table_json
-from corral.node._api import ApiServices, build_api, build_metrics_app
-from corral.node._artifact_store import ArtifactStore
-from corral.node._metrics import (
+from corral.node.artifacts._artifact_store import ArtifactStore
+from corral.node.server._api import ApiServices, build_api, build_metrics_app
+from corral.node.server._metrics import (
     MAX_LABEL_VALUES,
     InstrumentedRegistry,
     MetricsSources,

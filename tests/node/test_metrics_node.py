@@ -10,7 +10,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from corral.node._local_cluster import LocalCluster, free_port
+from corral.node.cli._local_cluster import LocalCluster, free_port
 
 pytestmark = pytest.mark.slow
 

@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 from corral.node import ConfigError
 from corral.node._config import NodeConfig, resolve_node_config
 from corral.node._identity import process_running, secret_fingerprint
-from corral.node._local_cluster import free_port
-from corral.node._node import (
+from corral.node.cli._local_cluster import free_port
+from corral.node.server._node import (
     NodeRuntime,
     check_cluster_secret,
     check_node_id_free,

@@ -15,9 +15,9 @@ import trio
 import trio.testing
 
 from corral.node import ArtifactNotFound, pack_directory
-from corral.node._artifact_store import ArtifactStore, Download, Peer, run_inline
-from corral.node._copy_plan import Site
-from corral.node._replicator import ArtifactReplicator, GetArtifactState
+from corral.node.artifacts._artifact_store import ArtifactStore, Download, Peer, run_inline
+from corral.node.artifacts._copy_plan import Site
+from corral.node.artifacts._replicator import ArtifactReplicator, GetArtifactState
 from corral.registry import (
     COORDINATOR_LEASE_KEY,
     AppRecord,

@@ -10,7 +10,7 @@ import pytest
 
 from corral.node import ConfigError
 from corral.node._config import resolve_node_config
-from corral.node._format import routes_text
+from corral.node.cli._format import routes_text
 
 
 def test_push_targets_come_from_flags_env_or_file(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from corral.node import RequestInvalid
-from corral.node._operations import deploy_selector
+from corral.node.server._operations import deploy_selector
 
 from .conftest import b64, packed_app
 from .test_api import Fixture
@@ -139,7 +139,7 @@ def test_cli_deploy_narrows_and_app_selector_unset_widens(
 
 
 def test_deploy_help_says_the_selector_only_narrows(capsys: pytest.CaptureFixture[str]) -> None:
-    from corral.node._cli import main
+    from corral.node.cli._cli import main
 
     for argv, needle in (
         (["deploy", "--help"], "a deploy narrows where an app runs and never lifts a constraint"),

@@ -12,9 +12,9 @@ import trio.testing
 from corral.actors.membership import SwimConfig
 from corral.node import ConfigError
 from corral.node._config import resolve_node_config
-from corral.node._events import EventLog
-from corral.node._node import NodeServices, prepare_runtime, root_spec, swim_config
-from corral.node._peers import PeerDirectory
+from corral.node.server._events import EventLog
+from corral.node.server._node import NodeServices, prepare_runtime, root_spec, swim_config
+from corral.node.server._peers import PeerDirectory
 from corral.registry import MemoryRegistry, NodeRecord, node_key
 from corral.supervision import ChildSpec, open_actor_system
 

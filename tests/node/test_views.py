@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from corral.actors.coordinator import CoordinatorState, NodeStatus
 from corral.actors.planner import Deferred, Policy
-from corral.node._views import (
+from corral.node.server._views import (
     CoordinatorUnavailable,
     CoordinatorView,
     NodeStatesView,

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from corral.node._local_cluster import free_port
+from corral.node.cli._local_cluster import free_port
 from corral.proxy import DEFAULT_CADDY, DEFAULT_HAPROXY
 
 BACKEND = Path(__file__).with_name("_backend.py")

@@ -17,7 +17,7 @@ import pytest
 import trio
 
 from corral.actors.routing import RouteTable, encode_table_json, read_routes_answer
-from corral.node._format import routes_text
+from corral.node.cli._format import routes_text
 from corral.proxy import ProxyEngine, ProxyStatus, run_proxy
 from corral.proxy._local import LocalProxy
 from corral.registry import ROUTING_KEY, open_registry, proxy_key

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from corral.actors.routing import RouteTable, routes_answer
 from corral.actors.routing._view import newly_silent
-from corral.node._format import routes_text
+from corral.node.cli._format import routes_text
 from corral.proxy import Applied, ProxyDriver, ProxyEngine, ProxyInUse, ProxyStartFailed
 from corral.proxy._claim import DataDirLock, Owner, claim_id, release_id
 from corral.proxy._status import ProxyStatus, RestartPolicy, claim_refusal, restart_delay

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from corral.node._errors import ConfigError
-from corral.node._proxy_command import proxy_timeouts
+from corral.node.cli._proxy_command import proxy_timeouts
 from corral.proxy import ProxyTimeouts
 
 ENV = "CORRAL_RESPONSE_TIMEOUT_MS"

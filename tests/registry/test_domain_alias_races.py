@@ -14,8 +14,8 @@ import pytest
 import trio
 
 from corral.node import Conflict, Manifest, NotFound, OperationRefused
-from corral.node import _operations as ops
 from corral.node._requests import DeployRequest
+from corral.node.server import _operations as ops
 from corral.registry import (
     AliasRecord,
     AppRecord,

@@ -474,8 +474,8 @@ async def test_a_node_runs_on_the_secure_etcd_from_its_settings(
 ) -> None:
     import functools
 
-    from corral.node._local_cluster import free_port
-    from corral.node._node import run_node
+    from corral.node.cli._local_cluster import free_port
+    from corral.node.server._node import run_node
     from corral.registry import node_key
 
     prefix = f"{SECURE_PREFIX}node/"

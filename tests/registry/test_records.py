@@ -90,7 +90,8 @@ EXAMPLES: list[tuple[str, Record]] = [
     (
         down_key("n1"),
         NodeDown(
-            "n1", 12.5, {"zone": "a"}, "r1", "dc1", MeasuredCapacity(1024, 512, 10_000, 9_000)
+            "n1", 12.5, {"zone": "a"}, "r1", "dc1", MeasuredCapacity(1024, 512, 10_000, 9_000),
+            incarnation=7, instance="n1.a1b2",
         ),
     ),
     (down_key("n2"), NodeDown("n2")),

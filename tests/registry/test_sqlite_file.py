@@ -263,8 +263,8 @@ async def test_a_node_whose_registry_file_is_deleted_stops_with_the_reason(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     from corral.node._config import resolve_node_config
-    from corral.node._local_cluster import free_port
-    from corral.node._node import run_node, single_error
+    from corral.node.cli._local_cluster import free_port
+    from corral.node.server._node import run_node, single_error
 
     config = resolve_node_config(
         {

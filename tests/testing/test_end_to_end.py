@@ -3,8 +3,6 @@ time: deploy, run on exactly the replicas, lose a node, re-place, no restart sto
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import trio
 
 from corral.actors.planner import Policy
@@ -16,21 +14,13 @@ from corral.registry import (
     decode_record,
     placement_key,
 )
-from corral.testing import Cluster, agent_node_children, open_cluster
+from corral.testing import Cluster, agent_node_children, open_cluster, until
 
 TTL = 45.0  # coordinator lease and node records
 TICK = TTL / 3
 GRACE = 5.0  # a lost node keeps its work this long after it is down
 APP = "shop"
 R1 = "1" * 64
-
-
-async def until(predicate: Callable[[], bool], *, within: float) -> float:
-    """Wait (polling every 0.1 virtual s) until ``predicate``; return the time it held."""
-    with trio.fail_after(within):
-        while not predicate():
-            await trio.sleep(0.1)
-    return trio.current_time()
 
 
 async def serving_ports(cluster: Cluster, node: str) -> tuple[int, int] | None:
@@ -82,7 +72,9 @@ async def test_three_nodes_run_replace_and_never_overrun_an_app(autojump_clock: 
             await cluster.put_app(AppRecord(APP, replicas=2, deployment=deployment))
 
             # Exactly two nodes run it, the two its placement names, on published ports.
-            await until(lambda: len(cluster.instances().get(APP, [])) == 2, within=TICK + 5)
+            await until(
+                lambda: len(cluster.instances().get(APP, [])) == 2, within=TICK + 5, poll=0.1
+            )
             first = cluster.instances()[APP]
             await trio.sleep(1.0)  # the pass that started them publishes them
             assert [nodes for _, _, nodes in placements] == [first]
@@ -108,6 +100,7 @@ async def test_three_nodes_run_replace_and_never_overrun_an_app(autojump_clock: 
             moved_at = await until(
                 lambda: cluster.instances().get(APP) == sorted([survivor, spare]),
                 within=TTL + GRACE + 5,
+                poll=0.1,
             )
             # Not before the victim's node record could lapse (its last keepalive was at
             # most a third of the TTL before the kill) and the grace passed; then at once

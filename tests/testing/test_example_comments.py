@@ -6,7 +6,7 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
-from corral.node._cli import _parse
+from corral.node.cli._cli import _parse
 
 ROOT = Path(__file__).resolve().parents[2]
 PREFIX = "# Deploy with: "

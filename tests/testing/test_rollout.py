@@ -9,14 +9,14 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import pytest
 import trio
 
 from corral.actors.process_supervisor import Behaviour
 from corral.actors.routing import decode_table_json, routing_renderer_child_spec
-from corral.node._operations import apply_rollback
+from corral.node.server._operations import apply_rollback
 from corral.registry import (
     OUT_OF_TABLE_STEPS,
     ROUTING_KEY,
@@ -42,6 +42,7 @@ from corral.testing import (
     NodeContext,
     agent_node_children,
     open_cluster,
+    until,
     virtual_wall_clock,
 )
 
@@ -55,13 +56,6 @@ TTL = 45.0
 def with_routing(ctx: NodeContext) -> list[ChildSpec | SupervisorSpec]:
     """The agent's children plus the RoutingRenderer (the lease holder renders)."""
     return [*agent_node_children(ctx), routing_renderer_child_spec(ctx.node_id, ctx.registry)]
-
-
-async def until(predicate: Callable[[], bool], *, within: float, step: float = 0.1) -> float:
-    with trio.fail_after(within):
-        while not predicate():
-            await trio.sleep(step)
-    return trio.current_time()
 
 
 class Recorder:
@@ -342,7 +336,7 @@ async def test_a_one_instance_app_restarts_in_place_without_waiting_on_a_drain(
     async with open_cluster(3, lease_ttl=TTL, children=with_routing) as cluster:
         app = AppRecord(APP, replicas=1, deployment=V1, domains=["shop.test"], rollout=options)
         await cluster.put_app(app)
-        await until(lambda: len(cluster.instances().get(APP, [])) == 1, within=TTL)
+        await until(lambda: len(cluster.instances().get(APP, [])) == 1, within=TTL, poll=0.1)
         (node,) = cluster.instances()[APP]
         await trio.sleep(2.0)
         began = trio.current_time()
@@ -547,7 +541,9 @@ async def test_a_registry_cut_moving_the_lease_mid_deploy_keeps_max_parallel(
         app = AppRecord(APP, replicas="all", deployment=V1, domains=["shop.test"],
                         rollout=options)
         await cluster.put_app(app)
-        await until(lambda: len(revisions_running(cluster, nodes, R1)) == len(nodes), within=TTL)
+        await until(
+            lambda: len(revisions_running(cluster, nodes, R1)) == len(nodes), within=TTL, poll=0.1
+        )
         await trio.sleep(2 * lease_ttl)  # every node record lists its instance
         for node in nodes:
             cluster.node(node).launcher.behave(APP, Behaviour(ready_after=ready_after))

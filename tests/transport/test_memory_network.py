@@ -62,6 +62,27 @@ async def test_partition_cuts_links_both_ways_until_healed() -> None:
     assert (await b.receive()).data == b"healed"
 
 
+async def test_a_one_way_cut_drops_one_direction_silently_until_healed() -> None:
+    network = MemoryNetwork()
+    a, b, c = network.connect("a"), network.connect("b"), network.connect("c")
+    lost: list[str] = []
+    b.on_peer_lost(lambda peer, reason: lost.append(peer))
+    await a.send("b", b"hello")  # linked
+    network.cut_one_way(["a"], ["b", "c"])
+    await a.send("b", b"dropped")  # no error: the sender learns nothing
+    await a.send("c", b"dropped")
+    await b.send("a", b"heard")  # the other direction still works
+    assert await a.receive() == Frame("b", b"heard")
+    assert network.reachable("a", "b")  # not a partition: no link was cut
+    assert network.stats["dropped"] == 2
+    network.heal()
+    await a.send("b", b"again")
+    assert [await b.receive() for _ in range(2)] == [Frame("a", b"hello"), Frame("a", b"again")]
+    await a.send("c", b"back")
+    assert await c.receive() == Frame("a", b"back")
+    assert lost == []
+
+
 async def test_frames_in_flight_are_lost_when_the_link_is_cut(
     autojump_clock: trio.testing.MockClock,
 ) -> None:

@@ -1067,7 +1067,10 @@ class Coordinator(Actor):
                 self._store.record(down_key(node), entry, revision)
                 before = view.down.get(node)
                 was_down = before is not None and before.record.down_since is not None
-                if entry is not None and entry.down_since is not None and not was_down:
+                if entry is not None and entry.down_since is not None and (
+                    before is None or before.record.down_since != entry.down_since
+                ):
+                    # Down, or down again: a spell after a comeback no pass saw.
                     self.ctx.emit("node.down", node=node, down_since=entry.down_since)
                 elif entry is None and was_down and node in view.nodes:
                     self.ctx.emit("node.back", node=node)

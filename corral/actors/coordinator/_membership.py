@@ -34,19 +34,35 @@ node's doing (a forged or stale claim), and moves nothing.
 The operator's intent goes on top (:func:`~._inputs.effective_state`):
 draining is ``left``, cordoning an alive or suspect node is ``cordoned``.
 
-**down_since.** A ``down`` node keeps its work until the policy's grace
-period after ``down_since`` lapses; the planner then relocates it. ``down_since``
-is the time of the pass that first decided the node was down, and is recorded
-in the registry as ``down/<node>`` (:class:`~corral.registry.NodeDown`, written
-under the coordinator's fence) so that a successor coordinator neither restarts
-the grace clock nor forgets it: an entry's ``down_since`` is reused for as long
-as the node stays down. The entry records the incarnation membership declared
-dead; a death of another incarnation (the node refuted, ran, and died again
-before a pass deleted the entry) starts a new grace clock. The entry also
-carries the node's last known labels, rack, datacenter and capacity, so a
-successor knows a node whose record had already lapsed when it took over. A
-node whose record lapsed while membership still reaches it gets an entry too,
-with no ``down_since``, for the same reason.
+**down_since: one clock per down spell.** A ``down`` node keeps its work until
+the policy's grace period after ``down_since`` lapses; the planner then relocates
+it. ``down_since`` is the time of the pass that first decided the node was down
+in its current *spell*, and is recorded in the registry as ``down/<node>``
+(:class:`~corral.registry.NodeDown`, written under the coordinator's fence) so
+that a successor coordinator neither restarts the grace clock nor forgets it: an
+entry's ``down_since`` is reused for as long as the spell lasts. A pass that finds
+the node back (alive, suspect with a live record, left) deletes the entry, so the
+next spell starts a clock of its own.
+
+A comeback no pass saw must end the spell too: a pass can miss one (the lease
+holder stalled on the registry, or no node held the lease, while the node came
+back and went down again), and the old clock would then move the work of a node
+lost moments ago at once. So the entry says which spell it is (:func:`_spell`):
+the node's membership incarnation when the spell began and its life (the
+instance token of its live record; a remembered record may be a life ago). Only
+a node raises its own incarnation (hearsay above what it announced is not
+believed) and a new life starts above every earlier one, so a node seen at a
+higher incarnation than the entry's spoke since the spell began; a live record
+of another life means it restarted. Either way it came back, and its clock
+starts now (:func:`_earlier_spell`). A lower incarnation (a successor that knows
+the node only by hearsay, at 0) is no evidence and keeps the clock; with no
+evidence at all (no membership view, the record lapsed) the clock is kept, as
+before.
+
+The entry also carries the node's last known labels, rack, datacenter and
+capacity, so a successor knows a node whose record had already lapsed when it
+took over. A node whose record lapsed while membership still reaches it gets an
+entry too, with no ``down_since``, for the same reason.
 
 **Memory.** The coordinator also keeps the last record it saw of every node
 (``remembered``), so a record that lapses between two passes is still known
@@ -235,15 +251,57 @@ def _from_entry(entry: NodeDown) -> NodeRecord:
     )
 
 
-def _another_death(entry: NodeDown | None, death: int | None) -> bool:
-    """Whether membership now declares dead an incarnation other than the one the
-    entry's clock started for: the node refuted its earlier death, then died again,
-    before any pass deleted the entry. That death starts a new grace."""
+def _earlier_spell(
+    entry: NodeDown, member: MemberStatus | None, record: NodeRecord | None
+) -> bool:
+    """Whether the node came back since ``entry``'s spell began, so its clock is not
+    this spell's: membership knows it at a higher incarnation than the spell began at
+    (only the node raises its incarnation: it refuted, or a new life spoke), or its
+    live record is another life's (it restarted)."""
+    if (
+        entry.incarnation is not None
+        and member is not None
+        and member.incarnation > entry.incarnation
+    ):
+        return True
+    return bool(
+        record is not None
+        and record.instance
+        and entry.instance
+        and record.instance != entry.instance
+    )
+
+
+def _spell(
+    entry: NodeDown | None,
+    member: MemberStatus | None,
+    record: NodeRecord | None,
+    now: float,
+) -> tuple[float, int | None, str]:
+    """A down node's ``(down_since, incarnation, instance)``: the entry's own while
+    its spell lasts (filling in what it did not know), else a new spell's, from now.
+    The life is taken from a live record only: a remembered one may be a life ago."""
+    incarnation = None if member is None else member.incarnation
+    instance = "" if record is None else record.instance
+    if entry is None or entry.down_since is None or _earlier_spell(entry, member, record):
+        return now, incarnation, instance
     return (
-        entry is not None
-        and entry.incarnation is not None
-        and death is not None
-        and death != entry.incarnation
+        entry.down_since,
+        entry.incarnation if entry.incarnation is not None else incarnation,
+        entry.instance or instance,
+    )
+
+
+def _written_fields(entry: NodeDown) -> tuple[object, ...]:
+    """The fields an entry is rewritten for when they change (not the capacity: a
+    live record's moves with every report; the next rewrite carries it)."""
+    return (
+        entry.down_since,
+        entry.incarnation,
+        entry.instance,
+        entry.labels,
+        entry.rack,
+        entry.datacenter,
     )
 
 
@@ -325,8 +383,9 @@ def node_states(
             last = NodeRecord(id=node_id)
         member = members.get(node_id)
         base, reason = _base_state(record, member)
-        death = member.incarnation if member is not None and member.state == "dead" else None
         down_since: float | None = None
+        incarnation: int | None = None
+        instance = ""
         # A live record that itself says "down" (no node writes one today) is its
         # own source: its down_since is used as it is, and no entry is kept.
         self_declared = record is not None and member is None and base == "down"
@@ -334,10 +393,7 @@ def node_states(
             assert record is not None
             down_since = record.down_since
         elif base == "down":
-            kept = None if entry is None else entry.down_since
-            if _another_death(entry, death):
-                kept = None
-            down_since = now if kept is None else kept
+            down_since, incarnation, instance = _spell(entry, member, record, now)
         wanted: NodeDown | None = None
         if not self_declared and (base == "down" or (record is None and base != "left")):
             wanted = NodeDown(
@@ -347,23 +403,13 @@ def node_states(
                 rack=last.rack,
                 datacenter=last.datacenter,
                 capacity=last.capacity,
-                incarnation=death
-                if entry is None or entry.down_since is None or _another_death(entry, death)
-                else entry.incarnation,
+                incarnation=incarnation,
+                instance=instance,
             )
         if wanted is None:
             if entry is not None:
                 writes[node_id] = None
-        elif entry is None or (
-            (entry.down_since, entry.incarnation, entry.labels, entry.rack, entry.datacenter)
-            != (
-                wanted.down_since,
-                wanted.incarnation,
-                wanted.labels,
-                wanted.rack,
-                wanted.datacenter,
-            )
-        ):
+        elif entry is None or _written_fields(entry) != _written_fields(wanted):
             writes[node_id] = wanted
         memory[node_id] = last
         intent = intents.get(node_id)

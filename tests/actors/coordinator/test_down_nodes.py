@@ -5,33 +5,18 @@ in time keeps everything."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import trio
 
 from corral.actors.coordinator import MemberStatus
 from corral.actors.planner import Policy
 from corral.registry import AppRecord, NodeDown, decode_record, down_key
-from corral.testing import Cluster, open_cluster, virtual_wall_clock
+from corral.testing import Cluster, open_cluster, until, virtual_wall_clock
 
 TTL = 45.0  # coordinator lease and node records
 TICK = TTL / 3
 GRACE = 60.0
 POLICY = Policy(grace_period_s=GRACE)
 APPS = [f"single-{i}" for i in range(8)]
-
-
-async def until(predicate: Callable[[], object], *, within: float, poll: float = 0.1) -> float:
-    with trio.fail_after(within):
-        while not await _value(predicate()):
-            await trio.sleep(poll)
-    return trio.current_time()
-
-
-async def _value(value: object) -> object:
-    if hasattr(value, "__await__"):
-        return await value
-    return value
 
 
 async def down_entry(cluster: Cluster, node: str) -> NodeDown | None:
@@ -79,7 +64,7 @@ async def test_a_killed_node_is_down_then_its_apps_move_once_after_the_grace(
         killed_at = trio.current_time()
 
         # Its record lapses; with no membership view the coordinator says down, at once.
-        await until(lambda: down_entry(cluster, victim), within=TTL + 2)
+        await until(lambda: down_entry(cluster, victim), within=TTL + 2, poll=0.1)
         entry = await down_entry(cluster, victim)
         assert entry is not None
         assert entry.down_since is not None
@@ -97,9 +82,7 @@ async def test_a_killed_node_is_down_then_its_apps_move_once_after_the_grace(
 
         # It keeps its work for the whole grace period ...
         assert cluster.registry.writes_under("placement/") == 0
-        moved_at = await until(
-            lambda: _none_left(cluster, victim), within=GRACE + 2, poll=0.05
-        )
+        moved_at = await until(lambda: _none_left(cluster, victim), within=GRACE + 2, poll=0.05)
         # ... and it moves when the grace lapses, not a tick later, in one write per app.
         assert GRACE <= moved_at - down_at <= GRACE + 0.5
         assert cluster.registry.writes_under("placement/") == len(apps)
@@ -131,7 +114,7 @@ async def test_membership_dead_is_down_before_the_record_lapses(autojump_clock: 
         await cluster.kill(victim)
         view[victim] = MemberStatus("dead", 1, since=virtual_wall_clock())
         killed_at = trio.current_time()
-        await until(lambda: down_entry(cluster, victim), within=TICK + 1)
+        await until(lambda: down_entry(cluster, victim), within=TICK + 1, poll=0.1)
         entry = await down_entry(cluster, victim)
         assert entry is not None
         assert entry.down_since is not None
@@ -141,7 +124,7 @@ async def test_membership_dead_is_down_before_the_record_lapses(autojump_clock: 
         assert state.membership is True
         (status,) = [s for s in state.node_states if s.node == victim]
         assert (status.state, status.incarnation) == ("down", 1)
-        moved_at = await until(lambda: _none_left(cluster, victim), within=GRACE + 2)
+        moved_at = await until(lambda: _none_left(cluster, victim), within=GRACE + 2, poll=0.1)
         assert moved_at - trio_time_of(entry.down_since) >= GRACE
         assert cluster.registry.writes_under("placement/") == len(apps)
 
@@ -157,7 +140,7 @@ async def test_a_lapsed_record_that_membership_reaches_moves_nothing(
         cluster.registry.reset()
         # The registry is cut off from the victim: its record lapses, SWIM still reaches it.
         cluster.cut_registry(victim)
-        await until(lambda: _lapsed(cluster, victim), within=TTL + 2)
+        await until(lambda: _lapsed(cluster, victim), within=TTL + 2, poll=0.1)
         await trio.sleep(GRACE * 3)
         assert cluster.registry.writes_under("placement/") == 0
         entry = await down_entry(cluster, victim)
@@ -172,7 +155,7 @@ async def test_a_lapsed_record_that_membership_reaches_moves_nothing(
         assert "lapsed" in status.reason
         # Reconnected: its record is back, the entry goes, still nothing moved.
         cluster.restore_registry(victim)
-        await until(lambda: _no_entry(cluster, victim), within=TTL)
+        await until(lambda: _no_entry(cluster, victim), within=TTL, poll=0.1)
         assert cluster.registry.writes_under("placement/") == 0
 
 
@@ -188,7 +171,7 @@ async def test_a_hand_off_during_the_grace_keeps_down_since(autojump_clock: obje
     async with open_cluster(4, lease_ttl=TTL, policy=POLICY) as cluster:
         holder, victim, apps = await setup(cluster)
         await cluster.kill(victim)
-        await until(lambda: down_entry(cluster, victim), within=TTL + 2)
+        await until(lambda: down_entry(cluster, victim), within=TTL + 2, poll=0.1)
         entry = await down_entry(cluster, victim)
         assert entry is not None
         assert entry.down_since is not None
@@ -220,10 +203,10 @@ async def test_a_node_back_before_the_grace_keeps_its_apps(autojump_clock: objec
         holder, victim, apps = await setup(cluster)
         cluster.registry.reset()
         await cluster.kill(victim)
-        await until(lambda: down_entry(cluster, victim), within=TTL + 2)
+        await until(lambda: down_entry(cluster, victim), within=TTL + 2, poll=0.1)
         await trio.sleep(GRACE / 2)
         await cluster.restart(victim)
-        await until(lambda: _no_entry(cluster, victim), within=TICK)
+        await until(lambda: _no_entry(cluster, victim), within=TICK, poll=0.1)
         await trio.sleep(GRACE * 2)
         assert await placed_on(cluster, victim) == apps
         assert cluster.registry.writes_under("placement/") == 0  # none of its apps moved
@@ -243,7 +226,7 @@ async def test_a_member_that_left_moves_at_once(autojump_clock: object) -> None:
         await cluster.stop(victim)
         view[victim] = MemberStatus("left", 2)
         left_at = trio.current_time()
-        moved_at = await until(lambda: _none_left(cluster, victim), within=TICK + 1)
+        moved_at = await until(lambda: _none_left(cluster, victim), within=TICK + 1, poll=0.1)
         assert moved_at - left_at <= TICK + 0.5  # no grace for a graceful leave
         assert cluster.registry.writes_under("placement/") == len(apps)
         assert await down_entry(cluster, victim) is None

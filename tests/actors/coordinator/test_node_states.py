@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from corral.actors.coordinator import (
     MEMBER_STATES,
+    MemberState,
     MemberStatus,
     NodeStates,
     fence_guard,
@@ -64,7 +67,10 @@ TABLE = [
     (True, MemberStatus("alive", 3), None, True, "alive", None, "none"),
     (True, MemberStatus("suspect", 3), None, True, "suspect", None, "none"),
     (True, MemberStatus("dead", 3), None, True, "down", NOW, "entry"),
-    (True, MemberStatus("dead", 3), ENTRY, True, "down", 900.0, "none"),
+    # The same spell goes on; the incarnation it did not know is filled in.
+    (True, MemberStatus("dead", 3), ENTRY, True, "down", 900.0, "entry"),
+    (True, MemberStatus("dead", 3), dataclasses.replace(ENTRY, incarnation=3), True, "down",
+     900.0, "none"),
     # A live, renewing record contradicts a leave: only a withdrawn record confirms it.
     (True, MemberStatus("left", 3), None, True, "alive", None, "none"),
     # Back before the grace lapsed: alive again, the entry goes.
@@ -97,7 +103,7 @@ def test_the_state_table(
     write: str,
 ) -> None:
     decided = decide(record=record, member=member, entry=entry, placed=placed)
-    death = member.incarnation if member is not None and member.state == "dead" else None
+    incarnation = None if member is None or state != "down" else member.incarnation
     (info,) = decided.nodes
     assert (info.state, info.down_since) == (state, down_since)
     # MeasuredCapacity and labels come from the record, or the last known one.
@@ -107,7 +113,7 @@ def test_the_state_table(
     expected = {
         "none": {},
         "delete": {"n1": None},
-        "entry": {"n1": NodeDown("n1", down_since, {"zone": "a"}, "r1", "d1", CAP, death)},
+        "entry": {"n1": NodeDown("n1", down_since, {"zone": "a"}, "r1", "d1", CAP, incarnation)},
         "lapsed-entry": {"n1": LAPSED_ENTRY},
     }[write]
     assert dict(decided.down_writes) == expected
@@ -357,3 +363,126 @@ def test_a_death_of_a_later_incarnation_starts_a_new_grace() -> None:
         "n1", 900.0, {"zone": "a"}, "r1", "d1", CAP, incarnation=3))
     assert same.statuses[0].down_since == 900.0
     assert "n1" not in same.down_writes
+
+
+# --------------------------------------------------------------------------- spells
+
+
+def test_a_down_spell_after_an_unseen_comeback_starts_its_own_clock() -> None:
+    # Suspect with its record lapsed: down, the spell begun at incarnation 3 ...
+    first = decide(record=False, member=MemberStatus("suspect", 3))
+    entry = first.down_writes["n1"]
+    assert entry is not None
+    assert (entry.down_since, entry.incarnation) == (NOW, 3)
+    # ... then back (it refuted: 4) and down again with no pass in between: the entry's
+    # clock is an earlier spell's, whatever membership says now.
+    old = dataclasses.replace(entry, down_since=NOW - GRACE - 1)
+    for member in (MemberStatus("suspect", 4), MemberStatus("dead", 4)):
+        again = decide(record=False, member=member, entry=old)
+        assert again.nodes[0].down_since == NOW
+        written = again.down_writes["n1"]
+        assert written is not None
+        assert (written.down_since, written.incarnation) == (NOW, 4)
+    # The same spell (incarnation 3, suspect then dead) keeps its clock.
+    same = decide(record=False, member=MemberStatus("dead", 3), entry=old)
+    assert same.nodes[0].down_since == NOW - GRACE - 1
+    assert dict(same.down_writes) == {}
+
+
+def test_a_new_life_s_record_ends_the_spell_of_the_old_one() -> None:
+    old = NodeDown("n1", NOW - GRACE - 1, {"zone": "a"}, "r1", "d1", CAP, 3, instance="life-1")
+    restarted = dataclasses.replace(REC, instance="life-2")
+    decided = node_states(
+        {"n1": restarted}, intents={}, down={"n1": old}, placed={"n1"}, now=NOW,
+        grace_period_s=GRACE, membership={"n1": MemberStatus("dead", 3)},
+    )
+    assert decided.nodes[0].down_since == NOW
+    written = decided.down_writes["n1"]
+    assert written is not None
+    assert (written.down_since, written.instance) == (NOW, "life-2")
+    # Its own life's record keeps the clock.
+    same = node_states(
+        {"n1": dataclasses.replace(REC, instance="life-1")}, intents={}, down={"n1": old},
+        placed={"n1"}, now=NOW, grace_period_s=GRACE, membership={"n1": MemberStatus("dead", 3)},
+    )
+    assert same.nodes[0].down_since == NOW - GRACE - 1
+
+
+def test_a_successor_s_hearsay_at_a_lower_incarnation_keeps_the_clock() -> None:
+    # A successor's SWIM that knows the node only by hearsay has it at incarnation 0: no
+    # evidence it came back, so the grace clock is not restarted.
+    entry = dataclasses.replace(ENTRY, incarnation=1_740_800_000_000_000)
+    decided = decide(record=False, member=MemberStatus("dead", 0), entry=entry, remembered=False)
+    assert decided.nodes[0].down_since == 900.0
+    assert dict(decided.down_writes) == {}
+
+
+# One node's true history: epochs, each begun when it came back (a higher incarnation, maybe
+# a new life), up for a while then maybe down; a pass observes it now and then (maybe none in
+# an epoch), maybe in a successor with no memory. What a pass sees: (seconds since the
+# previous pass, record live?, membership state or None, a successor?).
+Seen = tuple[float, bool, MemberState | None, bool]
+gaps = st.floats(0.5, 2 * GRACE)
+up_states: list[MemberState | None] = [None, "alive", "suspect"]
+down_states: list[MemberState | None] = [None, "suspect", "dead"]
+seen_up = st.tuples(gaps, st.booleans(), st.sampled_from(up_states), st.booleans())
+seen_down = st.tuples(gaps, st.booleans(), st.sampled_from(down_states), st.booleans())
+epochs = st.lists(
+    st.tuples(st.booleans(), st.lists(seen_up, max_size=3), st.lists(seen_down, max_size=4)),
+    min_size=1,
+    max_size=5,
+)
+
+
+def _with_evidence(seen: list[Seen]) -> bool:
+    # Neither a record nor a membership view: nothing tells this epoch from the last one.
+    return all(record or member is not None for _, record, member, _ in seen)
+
+
+@settings(max_examples=300, deadline=None)
+@given(history=epochs)
+def test_work_never_moves_before_a_grace_after_the_current_spell_began(
+    history: list[tuple[bool, list[Seen], list[Seen]]],
+) -> None:
+    now = NOW
+    life, incarnation = 1, 5
+    down: dict[str, NodeDown] = {}
+    memory: dict[str, NodeRecord] = {}
+    for number, (new_life, ups, downs) in enumerate(history):
+        if number:  # it came back: only it raises its incarnation; a new life starts above
+            life, incarnation = (
+                (life + 1, incarnation + 1000) if new_life else (life, incarnation + 1)
+            )
+        # Down, its record stays live for a while, then lapses and does not come back.
+        downs = sorted(downs, key=lambda seen: not seen[1])
+        if not _with_evidence(ups + downs):
+            continue
+        began: float | None = None  # the epoch's first pass: it came back before it
+        clock: float | None = None  # the down_since of the last pass, if it said down
+        for gap, live, state, successor in ups + downs:
+            now += gap
+            began = now if began is None else began
+            record = dataclasses.replace(REC, instance=f"life-{life}")
+            decided = node_states(
+                {"n1": record} if live else {}, intents={}, down=down, placed={"n1"}, now=now,
+                grace_period_s=GRACE,
+                membership={} if state is None else {"n1": MemberStatus(state, incarnation)},
+                remembered={} if successor else memory,
+            )
+            (info,) = decided.nodes
+            if info.state == "down":
+                assert info.down_since is not None
+                # No clock of an earlier epoch: the work moves a grace after this one's
+                # spell began, at the earliest.
+                assert info.down_since >= began
+                # One spell, one clock: a later pass or a successor keeps it.
+                assert clock is None or info.down_since == clock
+                clock = info.down_since
+            else:
+                clock = None
+            for node, entry in decided.down_writes.items():
+                if entry is None:
+                    down.pop(node, None)
+                else:
+                    down[node] = entry
+            memory = dict(decided.remembered)

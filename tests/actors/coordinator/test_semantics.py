@@ -4,7 +4,6 @@ relocations."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import trio
@@ -20,7 +19,7 @@ from corral.registry import (
     intent_key,
     placement_key,
 )
-from corral.testing import Cluster, agent_node_children, open_cluster
+from corral.testing import Cluster, agent_node_children, open_cluster, until
 
 TTL = 45.0
 TICK = TTL / 3
@@ -42,12 +41,6 @@ def deployed(**fields: Any) -> dict[str, Any]:
 
 def holder_events(cluster: Cluster, holder: str, kind: str) -> list[dict[str, Any]]:
     return [dict(e.fields) for n, e in cluster.events(kind) if n == holder]
-
-
-async def until(predicate: Callable[[], bool], *, within: float = 3 * TTL) -> None:
-    with trio.fail_after(within):
-        while not predicate():
-            await trio.sleep(0.1)
 
 
 async def test_a_paused_pass_writes_nothing_and_names_the_keys(autojump_clock: object) -> None:
@@ -124,7 +117,7 @@ async def test_a_retired_app_loses_its_record_first_and_stops(autojump_clock: ob
     async with open_cluster(3, lease_ttl=TTL, children=agent_node_children) as cluster:
         holder = await cluster.wait_for_coordinator()
         await put_app(cluster, "web", **deployed(replicas=2))
-        await until(lambda: len(cluster.instances().get("web", [])) == 2)
+        await until(lambda: len(cluster.instances().get("web", [])) == 2, within=3 * TTL, poll=0.1)
         running = cluster.instances()["web"]
         assert await placed_nodes(cluster, "web") == running
 
@@ -142,8 +135,8 @@ async def test_a_retired_app_loses_its_record_first_and_stops(autojump_clock: ob
             # One pass sees both: "web" retired and "api" new.
             await put_app(cluster, "web", **deployed(replicas=2, retired=True))
             await put_app(cluster, "api", **deployed(replicas=1))
-            await until(lambda: len(changes) >= 2)
-            await until(lambda: "web" not in cluster.instances())
+            await until(lambda: len(changes) >= 2, within=3 * TTL, poll=0.1)
+            await until(lambda: "web" not in cluster.instances(), within=3 * TTL, poll=0.1)
             nursery.cancel_scope.cancel()
 
         assert [(kind, key) for _, kind, key in changes] == [
@@ -231,13 +224,19 @@ async def test_a_forced_drain_stops_pinned_work_and_never_starts_it_elsewhere(
         holder = await cluster.wait_for_coordinator()
         await put_app(cluster, "db", **deployed(replicas=1, pinned=True))
         await put_app(cluster, "logs", **deployed(replicas="all"))
-        await until(lambda: "db" in cluster.instances() and "logs" in cluster.instances())
+        await until(
+            lambda: "db" in cluster.instances() and "logs" in cluster.instances(),
+            within=3 * TTL,
+            poll=0.1,
+        )
         (where,) = cluster.instances()["db"]
         forced = NodeIntent(cordoned=True, draining=True, force=True)
         await cluster.registry.put(intent_key(where), forced.encode())
 
-        await until(lambda: "db" not in cluster.instances())
-        await until(lambda: where not in cluster.instances().get("logs", [where]))
+        await until(lambda: "db" not in cluster.instances(), within=3 * TTL, poll=0.1)
+        await until(
+            lambda: where not in cluster.instances().get("logs", [where]), within=3 * TTL, poll=0.1
+        )
         await trio.sleep(3 * TICK)  # later passes start it nowhere else either
         assert "db" not in cluster.instances()
         assert sorted(cluster.instances()["logs"]) == sorted(set(cluster.running) - {where})
@@ -262,7 +261,7 @@ async def test_a_forced_drain_stops_pinned_work_and_never_starts_it_elsewhere(
 
         # Ending the drain starts it on its own node again.
         await cluster.registry.delete(intent_key(where))
-        await until(lambda: cluster.instances().get("db") == [where])
+        await until(lambda: cluster.instances().get("db") == [where], within=3 * TTL, poll=0.1)
         record = await cluster.placement("db")
         assert record is not None
         assert record.nodes == [where]

@@ -19,7 +19,7 @@ own SWIM view, as ``corral node run`` wires them.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
 
 import trio
@@ -41,7 +41,7 @@ from corral.actors.membership._swim import incarnation_ceiling
 from corral.actors.planner import Policy
 from corral.registry import AppRecord, NodeDown, NodeRecord, decode_record, down_key, node_key
 from corral.supervision import ActorSystem, SupervisionError, open_actor_system
-from corral.testing import Cluster, open_cluster, virtual_wall_clock
+from corral.testing import Cluster, open_cluster, until, virtual_wall_clock
 from corral.transport import MemoryNetwork, TransportError
 
 TTL = 45.0  # coordinator lease
@@ -53,17 +53,6 @@ SWIM = SwimConfig()
 NODES = 4
 MIN_SUSPICION, MAX_SUSPICION, _ = suspicion_bounds(SWIM, NODES)
 APPS = [f"single-{i}" for i in range(8)]
-
-
-async def until(predicate: Callable[[], object], *, within: float, poll: float = 0.05) -> float:
-    with trio.fail_after(within):
-        while True:
-            value = predicate()
-            if hasattr(value, "__await__"):
-                value = await value
-            if value:
-                return trio.current_time()
-            await trio.sleep(poll)
 
 
 async def down_entry(cluster: Cluster, node: str) -> NodeDown | None:
@@ -209,9 +198,7 @@ async def test_a_coordinator_hand_off_during_the_grace_keeps_down_since(
         # The holder stops cleanly mid-grace: it hands the lease back and leaves SWIM.
         await cluster.stop(holder)
         successor = await cluster.wait_for_coordinator(exclude={holder})
-        await until(
-            lambda: _state_in(cluster, successor, victim, "down"), within=TICK + 1
-        )
+        await until(lambda: _state_in(cluster, successor, victim, "down"), within=TICK + 1)
         status = await status_of(cluster, successor, victim)
         assert status.down_since == entry.down_since  # not restarted by the successor
         after = await down_entry(cluster, victim)

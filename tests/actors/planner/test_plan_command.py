@@ -18,7 +18,7 @@ from corral.actors.planner import (
     Policy,
     parse_plan_document,
 )
-from corral.node._plan_command import plan_command
+from corral.node.cli._plan_command import plan_command
 
 EXAMPLE: dict[str, Any] = {
     "now": 1000.0,
@@ -234,7 +234,7 @@ def test_unreadable_file_exits_2(tmp_path: Path) -> None:
 
 
 def test_cli_dispatches_plan(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from corral.node._cli import main
+    from corral.node.cli._cli import main
 
     path = tmp_path / "plan.json"
     path.write_text(json.dumps(EXAMPLE))

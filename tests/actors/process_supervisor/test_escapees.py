@@ -17,7 +17,7 @@ import subprocess
 import sys
 import textwrap
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -33,6 +33,7 @@ from corral.actors.process_supervisor import (
     marker_scope,
     parse_instance_marker,
 )
+from corral.testing import until
 
 pytestmark = [
     pytest.mark.slow,
@@ -147,12 +148,6 @@ def gone(pid: int) -> bool:
         return True
 
 
-async def until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
-    with trio.fail_after(timeout):
-        while not predicate():
-            await trio.sleep(0.02)
-
-
 @contextlib.contextmanager
 def ending(pids: list[int]) -> Iterator[list[int]]:
     """Whatever happens, SIGKILL the processes the test started (by pid, only those)."""
@@ -198,7 +193,9 @@ async def test_stop_ends_a_double_forked_daemon_found_by_its_marker(tmp_path: Pa
                 )
             )
             await until(
-                lambda: paths.stdout_log.exists() and paths.stdout_log.read_text().endswith("\n")
+                lambda: paths.stdout_log.exists() and paths.stdout_log.read_text().endswith("\n"),
+                within=10.0,
+                poll=0.02,
             )
             worker = int(paths.stdout_log.read_text().split()[0])
             started.append(worker)
@@ -215,7 +212,7 @@ async def test_stop_ends_a_double_forked_daemon_found_by_its_marker(tmp_path: Pa
             assert parse_instance_marker(marker) == (scope, "daemon", marker.split("/")[2])
             assert table.stop("daemon", "test")
             await table.wait_idle()
-            await until(lambda: gone(worker))
+            await until(lambda: gone(worker), within=10.0, poll=0.02)
             assert gone(leader.pid)
 
 
@@ -274,7 +271,9 @@ async def test_after_a_node_crash_the_next_life_ends_escaped_daemons_by_marker(
             ended = await OsLauncher().end_leftovers(tmp_path, grace=1.0, node_id=node_id)
         assert {r.pid for r in ended} == {report["leader"], report["worker"]}
         assert {r.app for r in ended} == {"daemon"}
-        await until(lambda: gone(report["worker"]) and gone(report["leader"]))
+        await until(
+            lambda: gone(report["worker"]) and gone(report["leader"]), within=10.0, poll=0.02
+        )
         assert not any(gone(s.pid) for s in strangers)
         assert not gone(unmarked.pid)
     for proc in (*strangers, unmarked):
@@ -285,8 +284,8 @@ def test_a_real_node_stops_its_escaped_daemons_on_sigterm_and_after_sigkill(
     tmp_path: Path,
 ) -> None:
     # `corral node run` itself: a subreaper, and the marker sweep of its next life.
-    from corral.node._artifacts import pack_directory
-    from corral.node._local_cluster import LocalCluster, wait_for
+    from corral.node.artifacts._artifacts import pack_directory
+    from corral.node.cli._local_cluster import LocalCluster, wait_for
 
     app_dir = tmp_path / "app"
     app_dir.mkdir()

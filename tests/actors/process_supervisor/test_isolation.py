@@ -8,7 +8,6 @@ supervisor gave up after 5 restarts and every app on the node stopped.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +22,8 @@ from corral.actors.process_supervisor import (
     StartProcess,
 )
 from corral.actors.reconciler import serving_set
-from corral.node._format import ps_table, state_summary
-from corral.node._views import ps_rows
+from corral.node.cli._format import ps_table, state_summary
+from corral.node.server._views import ps_rows
 from corral.registry import (
     AppRecord,
     Deployment,
@@ -34,14 +33,10 @@ from corral.registry import (
     node_key,
 )
 from corral.supervision import ChildSpec, open_actor_system
+from corral.testing import until
 
 REV = "d" * 64
 SLEEPER = "import time; time.sleep(600)"
-
-
-async def until(predicate: Callable[[], Any]) -> None:
-    while not await predicate():
-        await trio.sleep(0.05)
 
 
 def start(tmp_path: Path, app: str, port: int, **changes: Any) -> StartProcess:

@@ -4,7 +4,6 @@ says why (cgroup v2 ``memory.max`` where the node can create one, else the RSS w
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -22,6 +21,7 @@ from corral.actors.process_supervisor._limits import (
     parse_own_cgroup,
     rss_exceeds,
 )
+from corral.testing import until
 
 pytestmark = pytest.mark.slow
 
@@ -37,11 +37,6 @@ GROWER = (
     "time.sleep(600)\n"
 )
 MODEST = "import time\nheld = bytearray(4 * 1024 * 1024)\ntime.sleep(600)\n"
-
-
-async def until(predicate: Callable[[], bool]) -> None:
-    while not predicate():
-        await trio.sleep(0.02)
 
 
 def request(tmp_path: Path, code: str, memory_mb: int, app: str = "hungry") -> StartRequest:
@@ -77,7 +72,7 @@ async def test_a_process_allocating_past_its_limit_is_stopped_with_the_reason(
             )
             table.ensure(request(tmp_path, MODEST, 200, app="modest"))
             table.ensure(request(tmp_path, GROWER, 64))
-            await until(lambda: any(k == "process.exited" for k, _ in events))
+            await until(lambda: any(k == "process.exited" for k, _ in events), poll=0.02)
             info = table.info("hungry")
             assert info is not None
             row = info.to_dict()

@@ -8,7 +8,6 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -25,6 +24,7 @@ from corral.actors.process_supervisor import (
     StartRequest,
     write_json_atomically,
 )
+from corral.testing import until
 
 pytestmark = pytest.mark.slow
 
@@ -37,11 +37,6 @@ def gone(pid: int) -> bool:
         return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return True
-
-
-async def until(predicate: Callable[[], bool]) -> None:
-    while not predicate():
-        await trio.sleep(0.02)
 
 
 def line_written(path: Path) -> bool:
@@ -81,7 +76,7 @@ async def test_process_runs_in_its_own_group_with_its_env_and_logs(tmp_path: Pat
                 ready_timeout=0.5,
             )
             table.ensure(request(tmp_path, code))
-            await until(lambda: line_written(paths.stdout_log))
+            await until(lambda: line_written(paths.stdout_log), poll=0.02)
             assert paths.stdout_log.read_text().split() == [
                 "24001",
                 "hello",
@@ -89,7 +84,7 @@ async def test_process_runs_in_its_own_group_with_its_env_and_logs(tmp_path: Pat
                 "True",
                 str(tmp_path / "cwd"),
             ]
-            await until(lambda: "to stderr" in paths.stderr_log.read_text())
+            await until(lambda: "to stderr" in paths.stderr_log.read_text(), poll=0.02)
             info = table.info("hello")
             assert info is not None
             assert info.pid is not None
@@ -126,7 +121,7 @@ async def test_stop_kills_the_whole_tree_after_the_grace_period(tmp_path: Path) 
                 ready_timeout=0.5,
             )
             table.ensure(request(tmp_path, code))
-            await until(lambda: line_written(paths.stdout_log))
+            await until(lambda: line_written(paths.stdout_log), poll=0.02)
             info = table.info("hello")
             assert info is not None
             assert info.pid is not None
@@ -169,7 +164,7 @@ async def test_crash_loop_of_a_real_process_backs_off(tmp_path: Path) -> None:
                 on_event=lambda kind, **_: events.append(kind),
             )
             table.ensure(request(tmp_path, "import sys; sys.exit(3)"))
-            await until(lambda: "process.crash-loop" in events)
+            await until(lambda: "process.crash-loop" in events, poll=0.02)
             info = table.info("hello")
             assert info is not None
             assert info.crash_loop

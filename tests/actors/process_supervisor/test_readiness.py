@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +20,7 @@ from corral.actors.process_supervisor._readiness import (
     http_status_passes,
 )
 from corral.registry import HealthSpec
+from corral.testing import until
 
 REV = "a" * 64
 
@@ -78,11 +78,6 @@ def test_health_spec_refuses_bad_values() -> None:
         HealthSpec(timeout_ms=10**9)
 
 
-async def until(predicate: Callable[[], bool]) -> None:
-    while not predicate():
-        await trio.sleep(0.01)
-
-
 def table(
     nursery: trio.Nursery, tmp_path: Path, events: list[Any]
 ) -> tuple[ProcessTable, MemoryLauncher]:
@@ -108,12 +103,12 @@ async def test_three_failed_checks_make_it_not_ready_without_killing_it(
     async with trio.open_nursery() as nursery:
         t, launcher = table(nursery, tmp_path, events)
         t.ensure(StartRequest("shop", REV, ("x",), "/srv", 24001, 24501, health=health))
-        await until(lambda: bool((info := t.info("shop")) and info.ready))
+        await until(lambda: bool((info := t.info("shop")) and info.ready), poll=0.01)
         (proc,) = launcher.spawned
         assert proc.spec.health == health
         proc.healthy = False
         t0 = trio.current_time()
-        await until(lambda: not t.info("shop").ready)  # type: ignore[union-attr]
+        await until(lambda: not t.info("shop").ready, poll=0.01)  # type: ignore[union-attr]
         # Checks run every second: the third failure comes 3 s (+/- one interval) later.
         assert 2.0 <= trio.current_time() - t0 <= 3.0
         info = t.info("shop")
@@ -123,7 +118,7 @@ async def test_three_failed_checks_make_it_not_ready_without_killing_it(
         assert proc.alive
         assert "process.unready" in events
         proc.healthy = True
-        await until(lambda: t.info("shop").ready)  # type: ignore[union-attr]
+        await until(lambda: t.info("shop").ready, poll=0.01)  # type: ignore[union-attr]
         await t.shutdown()
 
 
@@ -134,14 +129,14 @@ async def test_a_restart_is_not_ready_until_it_passes_again(
     async with trio.open_nursery() as nursery:
         t, launcher = table(nursery, tmp_path, events)
         t.ensure(StartRequest("shop", REV, ("x",), "/srv", 24001, 24501))
-        await until(lambda: bool((info := t.info("shop")) and info.ready))
+        await until(lambda: bool((info := t.info("shop")) and info.ready), poll=0.01)
         launcher.behave("shop", Behaviour(ready_after=5.0))  # the next one is slow to answer
         launcher.spawned[0].exit(1)
-        await until(lambda: not t.info("shop").ready)  # type: ignore[union-attr]
-        await until(lambda: len(launcher.spawned) == 2)
+        await until(lambda: not t.info("shop").ready, poll=0.01)  # type: ignore[union-attr]
+        await until(lambda: len(launcher.spawned) == 2, poll=0.01)
         t0 = trio.current_time()
         assert not t.info("shop").ready  # type: ignore[union-attr]
-        await until(lambda: t.info("shop").ready)  # type: ignore[union-attr]
+        await until(lambda: t.info("shop").ready, poll=0.01)  # type: ignore[union-attr]
         assert trio.current_time() - t0 >= 5.0
         await t.shutdown()
 
@@ -195,7 +190,7 @@ async def test_a_check_that_overruns_its_timeout_fails_and_the_next_ones_go_on(
             ),
         )
         t.ensure(StartRequest("shop", REV, ("x",), "/srv", 24001, 24501, health=health))
-        await until(lambda: len(launcher.began) == 9)
+        await until(lambda: len(launcher.began) == 9, poll=0.01)
         t0 = launcher.began[0]
         assert [round(b - t0, 6) for b in launcher.began] == [
             0.0,  # passes: ready

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +18,7 @@ from corral.actors.process_supervisor import (
     RestartPolicy,
     StartRequest,
 )
+from corral.testing import until
 
 REV_A = "a" * 64
 REV_B = "b" * 64
@@ -37,11 +37,6 @@ def request(app: str = "hello", revision: str = REV_A, public: int = 24001) -> S
         internal_port=public + 500,
         env={"GREETING": "hi"},
     )
-
-
-async def until(predicate: Callable[[], bool]) -> None:
-    while not predicate():
-        await trio.sleep(0.01)
 
 
 class Harness:
@@ -70,7 +65,7 @@ async def test_ensure_starts_the_process_with_its_ports_and_marks_it_running(
     async with trio.open_nursery() as nursery:
         h = Harness(nursery, tmp_path)
         assert h.table.ensure(request())
-        await until(lambda: (h.table.info("hello") or request()).state == "running")  # type: ignore[union-attr]
+        await until(lambda: (h.table.info("hello") or request()).state == "running", poll=0.01)  # type: ignore[union-attr]
         (process,) = h.launcher.spawned
         assert process.spec.env["PORT"] == "24001"
         assert process.spec.env["CORRAL_INTERNAL_PORT"] == "24501"
@@ -99,7 +94,7 @@ async def test_crashes_back_off_exponentially_then_report_a_crash_loop(
         h.launcher.behave("hello", Behaviour(exit_after=1.0, exit_code=3))
         t0 = trio.current_time()
         h.table.ensure(request())
-        await until(lambda: len(h.launcher.spawned) == 6)
+        await until(lambda: len(h.launcher.spawned) == 6, poll=0.01)
         starts = [p.started_at - t0 for p in h.launcher.spawned]
         # exits at 1, 2.5, 4.5, 7.5, 12.5 -> delays 0.5, 1, 2, 4, then the crash loop's 30
         assert starts == [0.0, 1.5, 3.5, 6.5, 11.5, 42.5]
@@ -122,9 +117,9 @@ async def test_a_stable_run_clears_the_crash_loop(
         h = Harness(nursery, tmp_path)
         h.launcher.behave("hello", Behaviour(exit_after=0.1))
         h.table.ensure(request())
-        await until(lambda: bool((info := h.table.info("hello")) and info.crash_loop))
+        await until(lambda: bool((info := h.table.info("hello")) and info.crash_loop), poll=0.01)
         h.launcher.behave("hello", Behaviour())  # the next start stays up
-        await until(lambda: not (info := h.table.info("hello")) or not info.crash_loop)
+        await until(lambda: not (info := h.table.info("hello")) or not info.crash_loop, poll=0.01)
         assert "process.recovered" in h.kinds()
         alive = h.launcher.alive()
         assert len(alive) == 1
@@ -140,10 +135,10 @@ async def test_stop_sends_sigterm_then_sigkill_after_the_grace_period(
         h = Harness(nursery, tmp_path)
         h.launcher.behave("hello", Behaviour(ignore_term=True))
         h.table.ensure(request())
-        await until(lambda: bool(h.launcher.spawned))
+        await until(lambda: bool(h.launcher.spawned), poll=0.01)
         t0 = trio.current_time()
         assert h.table.stop("hello", "application is no longer served by this node")
-        await until(lambda: (h.table.info("hello") or request()).state == "stopped")  # type: ignore[union-attr]
+        await until(lambda: (h.table.info("hello") or request()).state == "stopped", poll=0.01)  # type: ignore[union-attr]
         assert trio.current_time() - t0 == pytest.approx(10.0, abs=0.02)
         (process,) = h.launcher.spawned
         assert process.signals == ["SIGTERM", "SIGKILL"]
@@ -161,9 +156,9 @@ async def test_a_new_revision_replaces_the_process_after_the_old_one_stopped(
     async with trio.open_nursery() as nursery:
         h = Harness(nursery, tmp_path)
         h.table.ensure(request(revision=REV_A))
-        await until(lambda: bool(h.launcher.spawned))
+        await until(lambda: bool(h.launcher.spawned), poll=0.01)
         h.table.ensure(request(revision=REV_B))
-        await until(lambda: len(h.launcher.spawned) == 2)
+        await until(lambda: len(h.launcher.spawned) == 2, poll=0.01)
         old, new = h.launcher.spawned
         assert not old.alive
         assert old.signals == ["SIGTERM"]
@@ -194,7 +189,7 @@ async def test_a_command_that_cannot_start_backs_off_with_its_error(
         h = Harness(nursery, tmp_path)
         h.launcher.behave("hello", Behaviour(spawn_error="no such file: python3"))
         h.table.ensure(request())
-        await until(lambda: "process.spawn-failed" in h.kinds())
+        await until(lambda: "process.spawn-failed" in h.kinds(), poll=0.01)
         info = h.table.info("hello")
         assert info is not None
         assert info.state == "failed"
@@ -211,7 +206,7 @@ async def test_shutdown_stops_everything_and_refuses_new_work(
         h = Harness(nursery, tmp_path)
         for i in range(20):
             h.table.ensure(request(f"app-{i}", public=24000 + i))
-        await until(lambda: len(h.launcher.alive()) == 20)
+        await until(lambda: len(h.launcher.alive()) == 20, poll=0.01)
         await h.table.shutdown()
         assert h.launcher.alive() == []
         assert h.table.active == 0
@@ -226,7 +221,7 @@ async def test_cancellation_still_stops_every_process_gracefully(
         h = Harness(nursery, tmp_path)
         for i in range(5):
             h.table.ensure(request(f"app-{i}", public=24000 + i))
-        await until(lambda: len(h.launcher.alive()) == 5)
+        await until(lambda: len(h.launcher.alive()) == 5, poll=0.01)
         nursery.cancel_scope.cancel()
     assert h.launcher.alive() == []
     assert all(p.signals == ["SIGTERM"] for p in h.launcher.spawned)
@@ -247,11 +242,11 @@ async def test_a_start_that_raises_fails_that_app_alone(
         h = Harness(nursery, tmp_path)
         for app in ("alpha", "omega"):
             h.table.ensure(request(app, public=24010 if app == "alpha" else 24020))
-        await until(lambda: len(h.launcher.alive()) == 2)
+        await until(lambda: len(h.launcher.alive()) == 2, poll=0.01)
         pids = {p.spec.app: p.pid for p in h.launcher.alive()}
         h.launcher.behave("broken", Behaviour(spawn_raises=error))
         h.table.ensure(request("broken", public=24030))
-        await until(lambda: "process.failed" in h.kinds())
+        await until(lambda: "process.failed" in h.kinds(), poll=0.01)
         info = h.table.info("broken")
         assert info is not None
         assert (info.state, info.pid) == ("failed", None)
@@ -269,7 +264,7 @@ async def test_a_start_that_raises_fails_that_app_alone(
         assert info.crash_loop
         # A fixed launcher gets it going at the next try.
         h.launcher.behave("broken", Behaviour())
-        await until(lambda: (h.table.info("broken") or info).state == "running")
+        await until(lambda: (h.table.info("broken") or info).state == "running", poll=0.01)
         assert (h.table.info("broken") or info).last_error is None
         await h.table.shutdown()
     assert h.launcher.alive() == []
@@ -299,10 +294,10 @@ async def test_a_stop_that_raises_fails_that_app_alone(
         h.table._launcher = launcher
         h.table.ensure(request("other", public=24010))
         h.table.ensure(request("sticky", public=24020))
-        await until(lambda: len(launcher.alive()) == 2)
+        await until(lambda: len(launcher.alive()) == 2, poll=0.01)
         (other,) = launcher.processes("other")
         assert h.table.stop("sticky", "test")
-        await until(lambda: (h.table.info("sticky") or request()).state == "stopped")  # type: ignore[union-attr]
+        await until(lambda: (h.table.info("sticky") or request()).state == "stopped", poll=0.01)  # type: ignore[union-attr]
         info = h.table.info("sticky")
         assert info is not None
         assert info.last_error is not None
@@ -374,7 +369,7 @@ async def test_a_watched_process_runs_on_two_tasks(
         trio.lowlevel.add_instrument(Spawns())
         for n in range(3):
             h.table.ensure(request(f"app-{n}", public=24001 + 10 * n))
-        await until(lambda: all(info.ready for info in h.table.snapshot()))
+        await until(lambda: all(info.ready for info in h.table.snapshot()), poll=0.01)
         # no more were ever started (a simulated process that never exits by itself
         # needs none of its own)
         own = sorted(name for name in spawned if name != "corral timer wheel")

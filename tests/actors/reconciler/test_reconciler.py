@@ -7,7 +7,7 @@ import dataclasses
 import hashlib
 import itertools
 import random
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,8 +35,8 @@ from corral.actors.reconciler import (
     RunPass,
 )
 from corral.node import Manifest
-from corral.node._operations import deploy as deploy_app
 from corral.node._requests import DeployRequest
+from corral.node.server._operations import deploy as deploy_app
 from corral.registry import (
     AppRecord,
     DecodedRecords,
@@ -54,7 +54,7 @@ from corral.registry import (
     node_key,
 )
 from corral.supervision import ActorCrashed, ActorRef, ActorSystem, open_actor_system
-from corral.testing import CountingRegistry, sync_app_specs, write_placement
+from corral.testing import CountingRegistry, sync_app_specs, until, write_placement
 
 R1, R2 = "1" * 64, "2" * 64
 NODE = "node-a"
@@ -127,11 +127,6 @@ async def deploy(
 async def place(registry: CountingRegistry, app: str, *nodes: str) -> None:
     """Place ``app`` as the coordinator does: with the index of its nodes."""
     await write_placement(registry, app, nodes)
-
-
-async def until(predicate: Callable[[], Any], step: float = 0.05) -> None:
-    while not predicate():
-        await trio.sleep(step)
 
 
 @asynccontextmanager
@@ -216,7 +211,7 @@ async def test_a_new_placement_is_acted_on_within_a_pass_not_on_the_timer(
         await agent.settle()
         t0 = trio.current_time()
         await place(agent.registry, "hello", NODE)
-        await until(lambda: agent.launcher.alive(), step=0.01)
+        await until(lambda: agent.launcher.alive(), poll=0.01)
         assert trio.current_time() - t0 < 0.5
 
 
@@ -714,7 +709,7 @@ async def test_a_rollout_switch_and_an_app_change_reach_the_node_through_its_ind
         await deploy(agent.registry, "hello")
         await place(agent.registry, "hello", NODE, "node-b")
         with trio.fail_after(0.5):
-            await until(lambda: agent.launcher.alive(), step=0.01)
+            await until(lambda: agent.launcher.alive(), poll=0.01)
         # A new revision: the node keeps the one it runs until its rollout names the
         # new one for it (a step taken for node-b first changes nothing here).
         record = AppRecord(
@@ -745,7 +740,7 @@ async def test_a_rollout_switch_and_an_app_change_reach_the_node_through_its_ind
         await sync_app_specs(agent.registry)
         drain = record.rollout.drain_ms / 1000  # out of routing first, then the stop
         with trio.fail_after(drain + 0.5):
-            await until(lambda: not agent.launcher.alive(), step=0.01)
+            await until(lambda: not agent.launcher.alive(), poll=0.01)
         stops = [e.fields for e in agent.system.events() if e.kind == "reconcile.stop"]
         assert stops[-1] == {"app": "hello", "reason": STOP_TEARDOWN}
 

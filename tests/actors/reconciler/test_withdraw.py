@@ -46,7 +46,7 @@ async def test_a_stopped_instance_is_out_of_routing_for_its_drain_time_before_it
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(watch_record)
-            await until(lambda: not process.alive, step=0.001)
+            await until(lambda: not process.alive, poll=0.001)
         stopped_at = trio.current_time()
         assert stopped_at - withdrawn_at[0] >= 1.5
         assert stopped_at - withdrawn_at[0] < 1.6
@@ -67,20 +67,20 @@ async def test_a_drain_is_capped_and_an_instance_not_ready_is_stopped_at_once(
         (process,) = agent.launcher.alive()
         t0 = trio.current_time()
         await place(agent.registry, "slow", "node-b")
-        await until(lambda: not process.alive, step=0.001)
+        await until(lambda: not process.alive, poll=0.001)
         assert trio.current_time() - t0 < 0.5 + 0.2  # the cap, not a minute
 
         # A stop of an instance no proxy routes to (never ready) waits for nothing.
         agent.launcher.behave("idle", Behaviour(ready_after=None))
         await deploy(agent.registry, "idle")
         await place(agent.registry, "idle", NODE)
-        await until(lambda: len(agent.launcher.alive()) == 1, step=0.001)
+        await until(lambda: len(agent.launcher.alive()) == 1, poll=0.001)
         await agent.settle()
         assert (await _ready(agent))["idle"] is False
         (idle,) = agent.launcher.alive()
         t1 = trio.current_time()
         await place(agent.registry, "idle", "node-b")
-        await until(lambda: not idle.alive, step=0.001)
+        await until(lambda: not idle.alive, poll=0.001)
         assert trio.current_time() - t1 < 0.2
 
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import pytest
 import trio
 import trio.testing
@@ -32,14 +30,9 @@ from corral.registry import (
     placement_key,
 )
 from corral.supervision import ActorSystem, open_actor_system
+from corral.testing import until
 
 REV = "a" * 64
-
-
-async def until(predicate: Callable[[], bool], limit: float = 60.0) -> None:
-    with trio.fail_after(limit):
-        while not predicate():
-            await trio.sleep(0.01)
 
 
 async def seed(registry: MemoryRegistry, *, ready: dict[str, bool | None]) -> None:
@@ -107,7 +100,9 @@ async def test_only_the_lease_holder_writes_and_readiness_decides_the_backends(
         await until(
             lambda: any(
                 e.kind == "routing.changed" and e.fields["revision"] == 2 for e in system.events()
-            )
+            ),
+            within=60.0,
+            poll=0.01,
         )
         second = await table(registry)
         assert second is not None
@@ -134,20 +129,32 @@ async def test_an_alias_flip_and_a_lost_instance_each_make_one_table(
     await registry.put(alias_key("www.test"), AliasRecord("shop").encode())
     async with open_actor_system("n1") as system:
         await system.spawn(routing_renderer_child_spec("n1", registry))
-        await until(lambda: any(e.kind == "routing.changed" for e in system.events()))
+        await until(
+            lambda: any(e.kind == "routing.changed" for e in system.events()),
+            within=60.0,
+            poll=0.01,
+        )
         first = await table(registry)
         assert first is not None
         assert first.domains["www.test"] == first.domains["shop.test"]
 
         await registry.put(alias_key("www.test"), AliasRecord("blog").encode())
-        await until(lambda: len([e for e in system.events() if e.kind == "routing.changed"]) == 2)
+        await until(
+            lambda: len([e for e in system.events() if e.kind == "routing.changed"]) == 2,
+            within=60.0,
+            poll=0.01,
+        )
         flipped = await table(registry)
         assert flipped is not None
         assert flipped.revision == first.revision + 1
         assert flipped.domains["www.test"] == flipped.domains["blog.test"]
 
         await put_node(registry, "n2", "10.0.0.2", ready=None, state="crash-loop")
-        await until(lambda: len([e for e in system.events() if e.kind == "routing.changed"]) == 3)
+        await until(
+            lambda: len([e for e in system.events() if e.kind == "routing.changed"]) == 3,
+            within=60.0,
+            poll=0.01,
+        )
         lost = await table(registry)
         assert lost is not None
         assert lost.domains["shop.test"] == ("http://10.0.0.1:24001",)
@@ -187,7 +194,7 @@ async def test_pushes_go_to_every_target_and_a_failing_one_is_retried_alone(
     pushers = {"caddy=http://127.0.0.1:1": good, "caddy=http://127.0.0.1:2": flaky}
     async with open_actor_system("n1") as system:
         await system.spawn(routing_renderer_child_spec("n1", registry, pushers=pushers))
-        await until(lambda: attempts >= 3)
+        await until(lambda: attempts >= 3, within=60.0, poll=0.01)
         await trio.sleep(5)
         current = await table(registry)
         assert current is not None
@@ -229,7 +236,11 @@ async def test_the_first_change_renders_at_once_and_a_burst_is_rendered_in_few_p
     await registry.put(alias_key("www.test"), AliasRecord("shop").encode())
     async with open_actor_system("n1") as system:
         await system.spawn(routing_renderer_child_spec("n1", registry, debounce=0.05))
-        await until(lambda: any(e.kind == "routing.changed" for e in system.events()))
+        await until(
+            lambda: any(e.kind == "routing.changed" for e in system.events()),
+            within=60.0,
+            poll=0.01,
+        )
         await trio.sleep(1)
         passes = (await state(system)).passes
         t0 = trio.current_time()
@@ -263,7 +274,9 @@ async def test_a_node_that_loses_the_lease_stops_writing_and_the_new_holder_take
     async with open_actor_system("n1") as one, open_actor_system("n2") as two:
         await one.spawn(routing_renderer_child_spec("n1", registry))
         await two.spawn(routing_renderer_child_spec("n2", registry))
-        await until(lambda: any(e.kind == "routing.changed" for e in one.events()))
+        await until(
+            lambda: any(e.kind == "routing.changed" for e in one.events()), within=60.0, poll=0.01
+        )
         first = await table(registry)
         assert first is not None
         # The lease moves to n2 (a new key: a new, larger fence).
@@ -272,7 +285,9 @@ async def test_a_node_that_loses_the_lease_stops_writing_and_the_new_holder_take
         lease = await registry.get(COORDINATOR_LEASE_KEY)
         assert lease is not None
         await registry.put(alias_key("www.test"), AliasRecord("blog").encode())
-        await until(lambda: any(e.kind == "routing.changed" for e in two.events()))
+        await until(
+            lambda: any(e.kind == "routing.changed" for e in two.events()), within=60.0, poll=0.01
+        )
         after = await table(registry)
         assert after is not None
         assert after.fence == lease.create_revision > first.fence
@@ -297,7 +312,11 @@ async def test_a_hanging_push_target_never_holds_a_render_back(
         await system.spawn(
             routing_renderer_child_spec("n1", registry, pushers={"caddy=http://h:1": hangs})
         )
-        await until(lambda: any(e.kind == "routing.changed" for e in system.events()))
+        await until(
+            lambda: any(e.kind == "routing.changed" for e in system.events()),
+            within=60.0,
+            poll=0.01,
+        )
         t0 = trio.current_time()
         await registry.put(alias_key("www.test"), AliasRecord("blog").encode())
         while (current := await table(registry)) is None or (

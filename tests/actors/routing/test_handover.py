@@ -4,7 +4,7 @@ inputs explain it, never because a placed node's record has not been read yet.""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import trio
 from hypothesis import given, settings
@@ -40,7 +40,7 @@ from corral.registry import (
     placement_key,
 )
 from corral.supervision import ChildSpec, SupervisorSpec, open_actor_system
-from corral.testing import Cluster, NodeContext, agent_node_children, open_cluster
+from corral.testing import Cluster, NodeContext, agent_node_children, open_cluster, until
 
 NODES = ["n1", "n2", "n3", "n4"]
 APPS = ["a", "b", "c"]
@@ -208,17 +208,6 @@ def with_routing(ctx: NodeContext) -> list[ChildSpec | SupervisorSpec]:
             ctx.node_id, ctx.registry, membership=ctx.membership, resync=1.0
         ),
     ]
-
-
-async def until(predicate: Callable[[], object], *, within: float) -> float:
-    with trio.fail_after(within):
-        while True:
-            value = predicate()
-            if hasattr(value, "__await__"):
-                value = await value
-            if value:
-                return trio.current_time()
-            await trio.sleep(0.05)
 
 
 async def test_a_new_holder_keeps_every_domain_with_a_live_backend_while_records_arrive(

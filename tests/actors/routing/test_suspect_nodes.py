@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 import trio
 import trio.testing
@@ -100,12 +100,6 @@ def test_suspect_nodes_are_listed_only_when_no_other_instance_serves(
     assert held == ({n for n in serving if url(n) not in reachable} if reachable else set())
     # Without a SWIM view, records alone decide, as before.
     assert set(render_routes(inputs_for(serving, {})).domains.get("shop.test", ())) == every
-
-
-async def until(predicate: Callable[[], bool], limit: float = 60.0) -> None:
-    with trio.fail_after(limit):
-        while not predicate():
-            await trio.sleep(0.01)
 
 
 async def test_the_renderer_drops_a_suspect_node_at_once_and_its_placement_stays(

@@ -49,7 +49,14 @@ from typing import Any
 import httpx
 import trio
 
-from corral.node._artifacts import (
+from corral.node._errors import (
+    ArtifactError,
+    ArtifactNotFound,
+    CopyCorrupt,
+    DigestMismatch,
+    InsufficientStorage,
+)
+from corral.node.artifacts._artifacts import (
     DEFAULT_LIMITS,
     MAX_ARTIFACT_BYTES,
     REGISTRY_ARTIFACT_LIMIT,
@@ -59,14 +66,7 @@ from corral.node._artifacts import (
     inspect_artifact,
     unpack_artifact,
 )
-from corral.node._copy_plan import Site, fetch_order
-from corral.node._errors import (
-    ArtifactError,
-    ArtifactNotFound,
-    CopyCorrupt,
-    DigestMismatch,
-    InsufficientStorage,
-)
+from corral.node.artifacts._copy_plan import Site, fetch_order
 from corral.registry import (
     HELD_PREFIX,
     NODES_PREFIX,
@@ -367,7 +367,7 @@ class ArtifactStore:
         loop keeps serving while a large archive is read); return the manifest.
 
         Raises:
-            ArtifactInvalid: as :func:`corral.node._artifacts.inspect_artifact`.
+            ArtifactInvalid: as :func:`corral.node.artifacts._artifacts.inspect_artifact`.
         """
         manifest: Manifest = await self.run_blocking(inspect_artifact, data, self._limits)
         return manifest

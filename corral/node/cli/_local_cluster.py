@@ -23,9 +23,9 @@ from typing import TypeVar
 
 import psutil
 
-from corral.node._client import NodeClient
 from corral.node._errors import ApiError, NodeError
 from corral.node._identity import TOKEN_FILE, read_secret_file
+from corral.node.cli._client import NodeClient
 
 T = TypeVar("T")
 

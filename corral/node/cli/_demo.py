@@ -33,11 +33,11 @@ from typing import Any, TextIO
 import httpx
 
 import corral
-from corral.node._artifacts import pack_directory
 from corral.node._errors import NodeError
-from corral.node._format import ps_table
 from corral.node._identity import TOKEN_FILE
-from corral.node._local_cluster import LocalCluster, LocalNode, wait_for
+from corral.node.artifacts import pack_directory
+from corral.node.cli._format import ps_table
+from corral.node.cli._local_cluster import LocalCluster, LocalNode, wait_for
 
 NODES: tuple[tuple[str, dict[str, str], tuple[int, int]], ...] = (
     ("node-1", {"disk": "ssd", "zone": "a"}, (24000, 24199)),

@@ -1,6 +1,6 @@
 """The ArtifactReplicator: copies of every live revision on enough nodes, and no more.
 
-One actor per node (``/artifacts``), a thin shell around :mod:`corral.node._copy_plan`.
+One actor per node (``/artifacts``), a thin shell around :mod:`corral.node.artifacts._copy_plan`.
 Each pass — every ``interval`` seconds, and whenever ``apps/``, ``copies/`` or
 ``held/`` change — it reads the registry in one transaction and then:
 
@@ -40,13 +40,14 @@ from typing import Any
 
 import trio
 
-from corral.node._artifact_store import (
+from corral.node._errors import ArtifactError, InsufficientStorage
+from corral.node.artifacts._artifact_store import (
     ArtifactStore,
     Peer,
     order_peers,
     removed_revision_path,
 )
-from corral.node._copy_plan import (
+from corral.node.artifacts._copy_plan import (
     DEFAULT_COPIES,
     Site,
     keep_plan,
@@ -54,7 +55,6 @@ from corral.node._copy_plan import (
     plan_copies,
     revisions_to_remove,
 )
-from corral.node._errors import ArtifactError, InsufficientStorage
 from corral.registry import (
     APPS_PREFIX,
     ARTIFACTS_PREFIX,

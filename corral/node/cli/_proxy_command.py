@@ -162,7 +162,7 @@ def proxy_run_command(args: argparse.Namespace, stderr: TextIO) -> int:
         try:
             trio.run(serve)
         except BaseExceptionGroup as group:
-            from corral.node._node import single_error
+            from corral.node.server import single_error
 
             raise single_error(group) from None
     except InvalidProxySetup as exc:

@@ -11,7 +11,6 @@ from typing import Any
 
 import httpx
 
-from corral.node._artifacts import PackedArtifact
 from corral.node._config import DEFAULT_API, DEFAULT_DATA_DIR
 from corral.node._errors import (
     ApiError,
@@ -21,10 +20,11 @@ from corral.node._errors import (
     NodeUnreachable,
 )
 from corral.node._identity import TOKEN_FILE, read_secret_file
+from corral.node.artifacts import PackedArtifact
 
 DEFAULT_API_URL = f"http://{DEFAULT_API}"
 #: Seconds the command line waits for an answer: longer than a node's registry
-#: deadline (corral.node._deadline.REGISTRY_DEADLINE), so a node whose registry is
+#: deadline (corral.node.server._deadline.REGISTRY_DEADLINE), so a node whose registry is
 #: stuck answers first, saying so, before this runs out.
 DEFAULT_TIMEOUT = 30.0
 CONNECT_TIMEOUT = 5.0

@@ -59,10 +59,6 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from corral.actors.routing import read_routes_answer
-from corral.node import _operations as ops
-from corral.node._artifact_store import ArtifactStore, ServedCopy, artifact_capability
-from corral.node._artifacts import MAX_ARTIFACT_BYTES
-from corral.node._deadline import REGISTRY_DEADLINE, DeadlineRegistry, RegistryTooSlow
 from corral.node._errors import (
     ArtifactError,
     Conflict,
@@ -72,7 +68,6 @@ from corral.node._errors import (
     OperationRefused,
     RequestInvalid,
 )
-from corral.node._events import EventLines
 from corral.node._requests import (
     check_domain,
     check_name,
@@ -84,7 +79,11 @@ from corral.node._requests import (
     parse_replicas,
     parse_selector_keys,
 )
-from corral.node._views import (
+from corral.node.artifacts import MAX_ARTIFACT_BYTES, ArtifactStore, ServedCopy, artifact_capability
+from corral.node.server import _operations as ops
+from corral.node.server._deadline import REGISTRY_DEADLINE, DeadlineRegistry, RegistryTooSlow
+from corral.node.server._events import EventLines
+from corral.node.server._views import (
     Coordination,
     CoordinatorUnavailable,
     CoordinatorView,

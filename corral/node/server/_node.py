@@ -82,13 +82,8 @@ from corral.actors.planner import Policy
 from corral.actors.port_allocator import ListPorts
 from corral.actors.process_supervisor import ListProcesses, enable_subreaper
 from corral.actors.reconciler import AgentSpec, LastPass, Withdraw
-from corral.node._api import ApiServices, build_api, build_metrics_app, record_json
-from corral.node._artifact_store import ArtifactStore, Materializer, sweep_partial_files
-from corral.node._artifacts import ArtifactLimits
 from corral.node._config import SETTINGS, NodeConfig, load_config_file, resolve_node_config
-from corral.node._deadline import DeadlineRegistry
 from corral.node._errors import ConfigError
-from corral.node._events import EventLog
 from corral.node._identity import (
     SECRET_FILE,
     TOKEN_FILE,
@@ -102,17 +97,26 @@ from corral.node._identity import (
     secret_fingerprint,
 )
 from corral.node._logging import configure_logging, log_event, set_log_node
-from corral.node._metrics import (
+from corral.node.artifacts import (
+    ArtifactLimits,
+    ArtifactStore,
+    Materializer,
+    sweep_partial_files,
+)
+from corral.node.artifacts._replicator import ArtifactReplicator, GetArtifactState
+from corral.node.server._api import ApiServices, build_api, build_metrics_app, record_json
+from corral.node.server._deadline import DeadlineRegistry
+from corral.node.server._events import EventLog
+from corral.node.server._metrics import (
     InstrumentedRegistry,
     MetricsSources,
     NodeMetrics,
     read_routes,
     registry_observer,
 )
-from corral.node._peers import PeerDirectory
-from corral.node._replicator import ArtifactReplicator, GetArtifactState
-from corral.node._server import ApiServer
-from corral.node._views import Coordination, CoordinatorUnavailable
+from corral.node.server._peers import PeerDirectory
+from corral.node.server._server import ApiServer
+from corral.node.server._views import Coordination, CoordinatorUnavailable
 from corral.registry import (
     COORDINATOR_LEASE_KEY,
     SECRET_FINGERPRINT_KEY,
@@ -492,7 +496,7 @@ def artifacts_spec(
     runtime: NodeRuntime, registry: Registry, store: ArtifactStore, services: NodeServices
 ) -> ChildSpec:
     """The ArtifactReplicator: copies of live revisions here and (on the lease holder)
-    their assignment to nodes; see :mod:`corral.node._replicator`."""
+    their assignment to nodes; see :mod:`corral.node.artifacts._replicator`."""
     config = runtime.config
 
     async def running() -> dict[str, set[str]] | None:

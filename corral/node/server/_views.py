@@ -37,6 +37,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from corral._text import duration
 from corral.actors.coordinator import (
     CoordinatorState,
     NodeStatus,
@@ -51,7 +52,6 @@ from corral.actors.planner import (
     allocatable,
     reserved_by_placements,
 )
-from corral.node._format import duration
 from corral.registry import AppRecord, NodeIntent, NodeRecord, PlacementRecord, ServingEntry
 
 

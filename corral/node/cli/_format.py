@@ -9,12 +9,12 @@ newlines between the lines this module writes.
 
 from __future__ import annotations
 
-import math
 import re
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from corral._text import duration
 from corral.actors.coordinator import rollout_status
 from corral.registry import RolloutRecord
 
@@ -154,16 +154,6 @@ def _placed_on(placement: Mapping[str, Any]) -> str:
     stopped = sorted(set(placement.get("placed_at") or {}) - set(nodes))
     text = ", ".join(nodes + [f"{node} (stopped by a forced drain)" for node in stopped])
     return text or "-"
-
-
-def duration(seconds: float) -> str:
-    """``9m 12s``, ``45s``, ``2h 5m``: a short human duration (whole seconds, rounded up)."""
-    whole = max(1, math.ceil(seconds))
-    minutes, secs = divmod(whole, 60)
-    hours, minutes = divmod(minutes, 60)
-    if hours:
-        return f"{hours}h {minutes}m"
-    return f"{minutes}m {secs}s" if minutes else f"{secs}s"
 
 
 def _deferred_line(item: Mapping[str, Any], now: float) -> str:

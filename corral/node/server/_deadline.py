@@ -33,7 +33,7 @@ from corral.registry import (
 #: Seconds one registry call made by an API handler may take: half the etcd client's
 #: request timeout (10 s), so the node's answer naming the registry comes before the
 #: client's own timeout, and far before the command line's (30 s, DEFAULT_TIMEOUT in
-#: corral.node._client). A healthy registry answers in milliseconds.
+#: corral.node.cli._client). A healthy registry answers in milliseconds.
 REGISTRY_DEADLINE = 5.0
 
 _T = TypeVar("_T")

@@ -203,7 +203,7 @@ def _build_parser() -> argparse.ArgumentParser:
     proxy_run = _verb(
         proxy_verbs, "run", "start HAProxy or Caddy and feed it every routing table"
     )
-    from corral.node._proxy_command import add_proxy_run_options
+    from corral.node.cli._proxy_command import add_proxy_run_options
 
     add_proxy_run_options(proxy_run)
     proxy_run.add_argument(
@@ -435,7 +435,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def _error(stream: TextIO, message: str) -> None:
-    from corral.node._format import printable
+    from corral.node.cli._format import printable
 
     print(f"corral: error: {printable(message)}", file=stream)
 
@@ -445,7 +445,7 @@ def _print_json(stdout: TextIO, value: Any) -> None:
 
 
 def _client(args: argparse.Namespace) -> Any:
-    from corral.node._client import (
+    from corral.node.cli._client import (
         NodeClient,
         client_transport,
         environment,
@@ -476,8 +476,6 @@ def _env_pairs(items: Sequence[str] | None) -> dict[str, str] | None:
 
 
 def _deploy(args: argparse.Namespace, stdout: TextIO) -> int:
-    from corral.node._artifacts import pack_directory
-    from corral.node._format import printable_tree
     from corral.node._requests import (
         check_name,
         parse_domains,
@@ -487,6 +485,8 @@ def _deploy(args: argparse.Namespace, stdout: TextIO) -> int:
         parse_replicas,
         parse_rollout_option,
     )
+    from corral.node.artifacts import pack_directory
+    from corral.node.cli._format import printable_tree
 
     name = check_name("app", args.name)
     replicas = None if args.replicas is None else parse_replicas(args.replicas)
@@ -538,8 +538,8 @@ def _deploy(args: argparse.Namespace, stdout: TextIO) -> int:
 
 
 def _rollback(args: argparse.Namespace, stdout: TextIO) -> int:
-    from corral.node._format import printable_tree
     from corral.node._requests import check_name
+    from corral.node.cli._format import printable_tree
 
     name = check_name("app", args.name)
     with _client(args) as client:
@@ -559,7 +559,6 @@ def _rollback(args: argparse.Namespace, stdout: TextIO) -> int:
 
 
 def _app(args: argparse.Namespace, stdout: TextIO) -> int:
-    from corral.node._format import printable_tree
     from corral.node._requests import (
         check_name,
         parse_domains,
@@ -567,6 +566,7 @@ def _app(args: argparse.Namespace, stdout: TextIO) -> int:
         parse_replicas,
         parse_selector_keys,
     )
+    from corral.node.cli._format import printable_tree
 
     name = check_name("app", args.name)
     add = parse_domains(args.add, "add") if getattr(args, "add", None) else ()
@@ -602,8 +602,8 @@ def _app(args: argparse.Namespace, stdout: TextIO) -> int:
 
 
 def _alias(args: argparse.Namespace, stdout: TextIO) -> int:
-    from corral.node._format import alias_message, aliases_table
     from corral.node._requests import check_domain, check_name
+    from corral.node.cli._format import alias_message, aliases_table
 
     if args.verb == "ls":
         with _client(args) as client:
@@ -631,7 +631,7 @@ def _alias(args: argparse.Namespace, stdout: TextIO) -> int:
 
 
 def _node_list(args: argparse.Namespace, stdout: TextIO) -> int:
-    from corral.node._format import nodes_table
+    from corral.node.cli._format import nodes_table
 
     with _client(args) as client:
         answer = client.nodes()
@@ -640,8 +640,8 @@ def _node_list(args: argparse.Namespace, stdout: TextIO) -> int:
 
 
 def _node_verb(args: argparse.Namespace, stdout: TextIO) -> int:
-    from corral.node._format import printable_tree
     from corral.node._requests import check_name
+    from corral.node.cli._format import printable_tree
 
     if args.verb == "ls":
         return _node_list(args, stdout)
@@ -677,7 +677,7 @@ def drain_message(node: str, pinned: Sequence[str], *, forced: bool) -> str:
 
 
 def _read_command(args: argparse.Namespace, stdout: TextIO) -> int:
-    from corral.node._format import event_line, ps_table, routes_text, state_summary
+    from corral.node.cli._format import event_line, ps_table, routes_text, state_summary
 
     with _client(args) as client:
         if args.command == "ps":
@@ -713,7 +713,7 @@ def _read_command(args: argparse.Namespace, stdout: TextIO) -> int:
 
 def _inspect(args: argparse.Namespace, stdout: TextIO) -> int:
     from corral.inspector import run_inspector
-    from corral.node._format import printable_tree
+    from corral.node.cli._format import printable_tree
 
     if args.json or args.once or not stdout.isatty():
         with _client(args) as client:
@@ -724,7 +724,7 @@ def _inspect(args: argparse.Namespace, stdout: TextIO) -> int:
                 lambda: printable_tree(client.actors()), stdout, interval=args.interval, once=True
             )
     from corral.inspector import NodeSource, run_app
-    from corral.node._client import environment, resolve_api_url, resolve_token_and_source
+    from corral.node.cli._client import environment, resolve_api_url, resolve_token_and_source
 
     env = environment()
     url = resolve_api_url(args.api, env)
@@ -746,16 +746,16 @@ def _dispatch(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
     }
     if args.command == "node":
         if args.verb == "run":
-            from corral.node._node import node_run_command
+            from corral.node.server import node_run_command
 
             return node_run_command(args, stderr)
         return _node_verb(args, stdout)
     if args.command == "proxy":
-        from corral.node._proxy_command import proxy_run_command
+        from corral.node.cli._proxy_command import proxy_run_command
 
         return proxy_run_command(args, stderr)
     if args.command == "demo":
-        from corral.node._demo import demo_command
+        from corral.node.cli._demo import demo_command
 
         return demo_command(stdout, keep=args.keep)
     return handlers[args.command](args, stdout)
@@ -765,7 +765,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``corral`` command; return its exit status."""
     args = _parse(argv)
     if args.command == "plan":
-        from corral.node._plan_command import plan_command
+        from corral.node.cli._plan_command import plan_command
 
         return plan_command(args.file, sys.stdin, sys.stdout, sys.stderr)
     try:

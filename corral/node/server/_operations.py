@@ -28,9 +28,9 @@ from typing import Any
 
 import trio
 
-from corral.node._artifacts import DEFAULT_LIMITS, Manifest, inspect_artifact
 from corral.node._errors import Conflict, NotFound, OperationRefused, RequestInvalid
 from corral.node._requests import MAX_APP_DOMAINS, DeployRequest, Replicas
+from corral.node.artifacts import DEFAULT_LIMITS, Manifest, inspect_artifact
 from corral.registry import (
     ALIAS_PREFIX,
     DOMAIN_PREFIX,
