@@ -38,8 +38,8 @@ from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from corral.node._client import NodeClient
-from corral.node._local_cluster import LocalCluster, LocalNode, wait_for
+from corral.node.cli._client import NodeClient
+from corral.node.cli._local_cluster import LocalCluster, LocalNode, wait_for
 from corral.proxy._local import LocalProxy
 from corral.testing._hosts_faults import Direction, LinkFaults, render_ruleset
 from corral.testing._hosts_net import (

@@ -33,7 +33,7 @@ import trio
 
 from corral.node import pack_directory
 from corral.node._errors import ApiError
-from corral.node._local_cluster import wait_for
+from corral.node.cli._local_cluster import wait_for
 from corral.testing import HostBed, TrafficGenerator, open_hosts, require_netns
 
 from .conftest import (

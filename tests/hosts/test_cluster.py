@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from corral.node import pack_directory
-from corral.node._local_cluster import wait_for
+from corral.node.cli._local_cluster import wait_for
 from corral.testing import HostBed
 
 from .conftest import require_haproxy

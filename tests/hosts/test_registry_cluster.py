@@ -19,7 +19,7 @@ import psutil
 import pytest
 
 from corral.node import pack_directory
-from corral.node._local_cluster import wait_for
+from corral.node.cli._local_cluster import wait_for
 from corral.testing import HostBed, HostEtcdMember
 
 pytestmark = pytest.mark.slow
