@@ -74,6 +74,9 @@ from corral.testing._fleet import (
     open_fleet,
     random_faults,
 )
+from corral.testing._hosts import Host, HostBed, HostEtcdMember, HostNode, open_hosts
+from corral.testing._hosts_faults import LinkFaults
+from corral.testing._hosts_net import HostBedError, require_netns
 from corral.testing._placements import sync_app_specs, write_placement
 from corral.testing._registry import CountingRegistry, GateMode, RegistryGate
 from corral.testing._traffic import (
@@ -99,7 +102,13 @@ __all__ = [
     "FaultKind",
     "Fleet",
     "GateMode",
+    "Host",
+    "HostBed",
+    "HostBedError",
+    "HostEtcdMember",
+    "HostNode",
     "InvariantChecker",
+    "LinkFaults",
     "ManualClock",
     "NodeContext",
     "PhaseSummary",
@@ -118,9 +127,11 @@ __all__ = [
     "etcd_endpoint_from_env",
     "open_cluster",
     "open_fleet",
+    "open_hosts",
     "open_test_etcd_registry",
     "percentile",
     "random_faults",
+    "require_netns",
     "run_secure_etcd",
     "summarize",
     "sync_app_specs",

@@ -135,6 +135,10 @@ class LocalNode:
     def running(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
+    def command(self) -> list[str]:
+        """The argv that runs this node."""
+        return [sys.executable, "-m", "corral", "node", "run", *self.args]
+
     def token(self) -> str:
         token = read_secret_file(self.data_dir / TOKEN_FILE)
         if token is None:
@@ -239,7 +243,7 @@ class LocalCluster:
             env.pop(name, None)
         with node.log_path.open("ab") as log:
             node.process = subprocess.Popen(
-                [sys.executable, "-m", "corral", "node", "run", *node.args],
+                node.command(),
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
