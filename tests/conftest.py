@@ -71,6 +71,14 @@ class SmallDisk:
         return path
 
 
+def _skip_unless_required(reason: str) -> None:
+    """Skip a test that needs root here; fail it under ``CORRAL_REQUIRE_ROOT=1`` (CI,
+    which runs as root), so a full-disk test never passes there by not running."""
+    if os.environ.get("CORRAL_REQUIRE_ROOT") == "1":
+        pytest.fail(f"CORRAL_REQUIRE_ROOT=1 but {reason}")
+    pytest.skip(reason)
+
+
 @pytest.fixture
 def small_tmpfs() -> Iterator[Callable[[int], SmallDisk]]:
     """``mount(size_mib) -> SmallDisk``: a fresh tmpfs of that size, for tests of a
@@ -80,7 +88,7 @@ def small_tmpfs() -> Iterator[Callable[[int], SmallDisk]]:
 
     def mount(size_mib: int) -> SmallDisk:
         if os.geteuid() != 0:
-            pytest.skip("mounting a small tmpfs needs root (CI runs the tests as root)")
+            _skip_unless_required("mounting a small tmpfs needs root (CI runs the tests as root)")
         path = Path(tempfile.mkdtemp(prefix="corral-tmpfs-", dir="/tmp"))
         done = subprocess.run(
             ["mount", "-t", "tmpfs", "-o", f"size={size_mib}m,mode=0700", "tmpfs", str(path)],
@@ -90,7 +98,9 @@ def small_tmpfs() -> Iterator[Callable[[int], SmallDisk]]:
         )
         if done.returncode != 0:
             path.rmdir()
-            pytest.skip(f"cannot mount a tmpfs at {path}: {done.stderr.strip() or done.returncode}")
+            _skip_unless_required(
+                f"cannot mount a tmpfs at {path}: {done.stderr.strip() or done.returncode}"
+            )
         mounted.append(path)
         return SmallDisk(path)
 
