@@ -20,11 +20,11 @@ from corral.supervision._errors import (
     SupervisionError,
     UnhandledMessage,
 )
-from corral.supervision._introspect import ActorSnapshot, ActorState, Event
+from corral.supervision._introspect import Event
 from corral.supervision._ref import ActorRef
 from corral.supervision._spec import Backoff, ChildSpec, Restart, Strategy, SupervisorSpec
 from corral.supervision._system import ActorSystem, open_actor_system, run_actor_system
-from corral.supervision._timers import TimerEntry, call_at, sleep, sleep_until
+from corral.supervision._timers import call_at, sleep, sleep_until
 
 __all__ = [
     "Actor",
@@ -33,8 +33,6 @@ __all__ = [
     "ActorExists",
     "ActorNotFound",
     "ActorRef",
-    "ActorSnapshot",
-    "ActorState",
     "ActorStopped",
     "ActorSystem",
     "AskTimeout",
@@ -48,7 +46,6 @@ __all__ = [
     "Strategy",
     "SupervisionError",
     "SupervisorSpec",
-    "TimerEntry",
     "TimerHandle",
     "UnhandledMessage",
     "call_at",

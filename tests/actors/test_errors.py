@@ -9,7 +9,8 @@ import pytest
 from corral import CorralError
 from corral.actors import planner, port_allocator
 from corral.actors.planner import AppSpec, NodeInfo, Policy, plan
-from corral.actors.port_allocator import PortLedger, PortRange
+from corral.actors.port_allocator._book import PortRange
+from corral.actors.port_allocator._ledger import PortLedger
 from corral.registry import MemoryRegistry
 
 

@@ -10,14 +10,10 @@ import pytest
 import trio
 import trio.testing
 
-from corral.actors.process_supervisor import (
-    Behaviour,
-    MemoryLauncher,
-    ProcessStillRunning,
-    ProcessTable,
-    RestartPolicy,
-    StartRequest,
-)
+from corral.actors.process_supervisor import MemoryLauncher, RestartPolicy
+from corral.actors.process_supervisor._errors import ProcessStillRunning
+from corral.actors.process_supervisor._memory import Behaviour
+from corral.actors.process_supervisor._table import ProcessTable, StartRequest
 from corral.testing import until
 
 REV_A = "a" * 64
