@@ -3,11 +3,12 @@ over a node's HTTP API, and the plain-text tree ``--once`` prints."""
 
 from corral.inspector._app import Inspector, run_app
 from corral.inspector._live import run_inspector
-from corral.inspector._source import NodeSource
+from corral.inspector._source import NodeSource, SourceError
 
 __all__ = [
     "Inspector",
     "NodeSource",
+    "SourceError",
     "run_app",
     "run_inspector",
 ]

@@ -104,7 +104,12 @@ from corral.registry._records import (
     validate_name,
 )
 from corral.registry._sqlite import SQLiteRegistry
-from corral.registry._url import RegistryOptions, default_registry_url, parse_registry_url
+from corral.registry._url import (
+    RegistryOptions,
+    RegistryUrl,
+    default_registry_url,
+    parse_registry_url,
+)
 
 __all__ = [
     "ALIAS_PREFIX",
@@ -166,6 +171,7 @@ __all__ = [
     "RegistryOptions",
     "RegistryReplaced",
     "RegistryUnavailable",
+    "RegistryUrl",
     "RevisionCompacted",
     "RolloutOptions",
     "RolloutRecord",

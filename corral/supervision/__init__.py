@@ -20,7 +20,7 @@ from corral.supervision._errors import (
     SupervisionError,
     UnhandledMessage,
 )
-from corral.supervision._introspect import Event
+from corral.supervision._introspect import ActorSnapshot, ActorState, Event
 from corral.supervision._ref import ActorRef
 from corral.supervision._spec import Backoff, ChildSpec, Restart, Strategy, SupervisorSpec
 from corral.supervision._system import ActorSystem, open_actor_system, run_actor_system
@@ -33,6 +33,8 @@ __all__ = [
     "ActorExists",
     "ActorNotFound",
     "ActorRef",
+    "ActorSnapshot",
+    "ActorState",
     "ActorStopped",
     "ActorSystem",
     "AskTimeout",

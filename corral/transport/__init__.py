@@ -41,6 +41,8 @@ from corral.transport._schema import (
     message_speaker,
 )
 from corral.transport._websocket import (
+    PeerState,
+    PeerStatus,
     WebSocketConfig,
     WebSocketTransport,
     open_websocket_transport,
@@ -66,6 +68,8 @@ __all__ = [
     "PeerLossListeners",
     "PeerLost",
     "PeerLostHandler",
+    "PeerState",
+    "PeerStatus",
     "PeerUnavailable",
     "ReconnectPolicy",
     "SchemaError",

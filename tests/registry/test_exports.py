@@ -66,6 +66,7 @@ def test_all_lists_the_public_names() -> None:
         "RegistryOptions",
         "RegistryReplaced",
         "RegistryUnavailable",
+        "RegistryUrl",
         "RevisionCompacted",
         "RolloutOptions",
         "RolloutRecord",

@@ -10,11 +10,11 @@ from corral.registry import (
     EtcdRegistry,
     InvalidRegistryUrl,
     MemoryRegistry,
+    RegistryUrl,
     SQLiteRegistry,
     open_registry,
     parse_registry_url,
 )
-from corral.registry._url import RegistryUrl
 
 
 @pytest.mark.parametrize(

@@ -14,13 +14,13 @@ import trio.testing
 from corral.supervision import Actor, ActorSystem, AskTimeout, ChildSpec, open_actor_system
 from corral.transport import (
     MemoryNetwork,
+    PeerState,
     PeerUnavailable,
     ReconnectPolicy,
     WebSocketConfig,
     message,
     open_websocket_transport,
 )
-from corral.transport._websocket import PeerState
 from corral.transport._ws_net import MemoryStreamNetwork
 
 

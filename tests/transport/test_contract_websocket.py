@@ -24,6 +24,7 @@ import trio.testing
 from corral.supervision import ActorSystem, open_actor_system
 from corral.testing import check_transport
 from corral.transport import (
+    PeerState,
     PeerUnavailable,
     ReconnectPolicy,
     Transport,
@@ -31,7 +32,6 @@ from corral.transport import (
     WebSocketTransport,
     open_websocket_transport,
 )
-from corral.transport._websocket import PeerState
 from corral.transport._ws_net import MemoryStreamNetwork, StreamNetwork
 
 from ._contract import (

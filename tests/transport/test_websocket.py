@@ -21,6 +21,7 @@ from corral.transport import (
     Frame,
     FrameTooLarge,
     PeerBusy,
+    PeerState,
     PeerUnavailable,
     ReconnectPolicy,
     WebSocketConfig,
@@ -37,7 +38,7 @@ from corral.transport._handshake import (
     Refused,
     ServerHandshake,
 )
-from corral.transport._websocket import RESOURCE, PeerState
+from corral.transport._websocket import RESOURCE
 from corral.transport._ws_rules import frame_refusal_message, parse_peer_address
 from corral.transport._ws_wire import pack, pack_one
 

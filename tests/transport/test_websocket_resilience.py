@@ -21,13 +21,13 @@ from corral.transport import (
     Frame,
     PeerBusy,
     PeerLost,
+    PeerState,
     PeerUnavailable,
     ReconnectPolicy,
     WebSocketConfig,
     WebSocketTransport,
     open_websocket_transport,
 )
-from corral.transport._websocket import PeerState
 from corral.transport._ws_net import MemoryStreamNetwork
 from corral.transport._ws_rules import parse_peer_address, reconnect_delay
 from corral.transport._ws_wire import pack

@@ -7,14 +7,22 @@ in quarantine before another app may have it.
 """
 
 from corral.actors.port_allocator._actor import EnsurePair, ListPorts, PortAllocator, ReleasePorts
-from corral.actors.port_allocator._errors import PortAllocatorError
+from corral.actors.port_allocator._errors import (
+    InvalidPortRange,
+    PlacementUnavailable,
+    PortAllocatorError,
+    PortProbeExhausted,
+)
 from corral.actors.port_allocator._ledger import bind_probe
 
 __all__ = [
     "EnsurePair",
+    "InvalidPortRange",
     "ListPorts",
+    "PlacementUnavailable",
     "PortAllocator",
     "PortAllocatorError",
+    "PortProbeExhausted",
     "ReleasePorts",
     "bind_probe",
 ]

@@ -19,7 +19,11 @@ from corral.actors.process_supervisor._actor import (
     StartProcess,
     StopProcess,
 )
-from corral.actors.process_supervisor._errors import ProcessSupervisorError
+from corral.actors.process_supervisor._errors import (
+    ProcessStillRunning,
+    ProcessSupervisorError,
+    SpawnFailed,
+)
 from corral.actors.process_supervisor._launcher import Launcher
 from corral.actors.process_supervisor._layout import AppPaths
 from corral.actors.process_supervisor._memory import LaunchEvent, MemoryLauncher, MemoryProcess
@@ -36,10 +40,12 @@ __all__ = [
     "MemoryLauncher",
     "MemoryProcess",
     "ProcessGeneration",
+    "ProcessStillRunning",
     "ProcessSupervisor",
     "ProcessSupervisorError",
     "ProcessesChanged",
     "RestartPolicy",
+    "SpawnFailed",
     "StartProcess",
     "StopProcess",
     "enable_subreaper",

@@ -6,11 +6,12 @@ PortAllocator, Reconciler) that the node assembly drops into its actor tree.
 
 from corral.actors.reconciler._actor import LastPass, Reconciler, RunPass, Withdraw
 from corral.actors.reconciler._agent import AgentSpec
-from corral.actors.reconciler._errors import ReconcilerError
+from corral.actors.reconciler._errors import PassFailed, ReconcilerError
 
 __all__ = [
     "AgentSpec",
     "LastPass",
+    "PassFailed",
     "Reconciler",
     "ReconcilerError",
     "RunPass",

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from corral.actors.port_allocator import InvalidPortRange, PlacementUnavailable
 from corral.actors.port_allocator._book import (
     PortBook,
     PortPair,
@@ -20,7 +21,6 @@ from corral.actors.port_allocator._book import (
     pair_to_json,
     placement_unavailable,
 )
-from corral.actors.port_allocator._errors import InvalidPortRange, PlacementUnavailable
 
 SMALL = PortRange(100, 109)
 

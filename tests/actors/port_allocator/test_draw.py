@@ -17,6 +17,7 @@ import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from corral.actors.port_allocator import PlacementUnavailable, PortProbeExhausted
 from corral.actors.port_allocator._book import (
     FreePorts,
     PortBook,
@@ -25,7 +26,6 @@ from corral.actors.port_allocator._book import (
     Quarantined,
     internal_candidates,
 )
-from corral.actors.port_allocator._errors import PlacementUnavailable, PortProbeExhausted
 from corral.actors.port_allocator._ledger import PortLedger
 from corral.registry import MemoryRegistry, PortClaim, port_key
 

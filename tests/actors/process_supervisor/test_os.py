@@ -14,8 +14,12 @@ import psutil
 import pytest
 import trio
 
-from corral.actors.process_supervisor import AppPaths, RestartPolicy, write_json_atomically
-from corral.actors.process_supervisor._errors import SpawnFailed
+from corral.actors.process_supervisor import (
+    AppPaths,
+    RestartPolicy,
+    SpawnFailed,
+    write_json_atomically,
+)
 from corral.actors.process_supervisor._os import OsLauncher
 from corral.actors.process_supervisor._policy import PidRecord
 from corral.actors.process_supervisor._table import ProcessTable, StartRequest

@@ -10,8 +10,7 @@ import pytest
 import trio
 import trio.testing
 
-from corral.actors.process_supervisor import MemoryLauncher, RestartPolicy
-from corral.actors.process_supervisor._errors import ProcessStillRunning
+from corral.actors.process_supervisor import MemoryLauncher, ProcessStillRunning, RestartPolicy
 from corral.actors.process_supervisor._memory import Behaviour
 from corral.actors.process_supervisor._table import ProcessTable, StartRequest
 from corral.testing import until
