@@ -102,10 +102,17 @@ def round_timeout(request_timeout: float, round_index: int) -> float:
     return float(min(max(MAX_REQUEST_TIMEOUT, request_timeout), request_timeout * 2**round_index))
 
 
-def attempt_timeout(request_timeout: float, round_index: int, repeatable: bool) -> float:
-    """How long one attempt waits: the round's timeout (:func:`round_timeout`), and for
-    a call that may not be sent again after it was sent (a plain put or delete, an
-    unguarded txn) at least :data:`MIN_UNREPEATABLE_TIMEOUT`."""
+def attempt_timeout(
+    request_timeout: float, round_index: int, repeatable: bool, endpoints: int
+) -> float:
+    """How long one attempt waits: the round's timeout (:func:`round_timeout`); for a
+    call that may not be sent again after it was sent (a plain put or delete, an
+    unguarded txn) at least :data:`MIN_UNREPEATABLE_TIMEOUT`; and with a single
+    endpoint :data:`MAX_REQUEST_TIMEOUT`, since cutting an attempt short only pays when
+    there is another member to ask (against one etcd on a loaded machine a short
+    attempt turns a slow fsync into a failed call, or a guarded write into a doubt)."""
+    if endpoints <= 1:
+        return MAX_REQUEST_TIMEOUT
     timeout = round_timeout(request_timeout, round_index)
     return timeout if repeatable else max(timeout, MIN_UNREPEATABLE_TIMEOUT)
 

@@ -76,7 +76,6 @@ from corral.registry._endpoints import (
     endpoint_order,
     repeat_is_harmless,
     request_timeout_for,
-    round_timeout,
     watch_idle_for,
 )
 from corral.registry._errors import (
@@ -490,7 +489,12 @@ class EtcdRegistry(Registry):
                 }
             }
             token = self._token
-            timeout = round_timeout(self._request_timeout, failures // len(self._endpoints))
+            timeout = attempt_timeout(
+                self._request_timeout,
+                failures // len(self._endpoints),
+                True,
+                len(self._endpoints),
+            )
             idle = watch_idle_for(self._request_timeout)
             streaming = False
             try:
@@ -675,7 +679,9 @@ class EtcdRegistry(Registry):
         for round_index in range(self._retry_rounds):
             if round_index:
                 await trio.sleep(self._pause(round_index - 1))
-            timeout = attempt_timeout(self._request_timeout, round_index, safe)
+            timeout = attempt_timeout(
+                self._request_timeout, round_index, safe, len(self._endpoints)
+            )
             for index in self._order():
                 endpoint = self._endpoints[index]
                 started = trio.current_time()

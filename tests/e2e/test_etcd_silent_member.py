@@ -85,10 +85,21 @@ def test_a_silent_first_etcd_member_neither_moves_the_lease_nor_stalls_node_ls(
             cli_seconds = time.monotonic() - started
         finally:
             etcd.members[0].resume()
+        # The CLI's own start-up (a Python import) is most of that on a busy machine:
+        # measured in the same run by a command that asks the node nothing.
+        started = time.monotonic()
+        subprocess.run(
+            [sys.executable, "-m", "corral", "node", "ls", "--help"],
+            capture_output=True,
+            timeout=30,
+            check=True,
+        )
+        startup_seconds = time.monotonic() - started
         print(f"frozen {frozen_role}: GET /v1/nodes up to {slowest:.2f} s, ", end="")
-        print(f"node ls {cli_seconds:.2f} s")
+        print(f"node ls {cli_seconds:.2f} s (start-up alone {startup_seconds:.2f} s)")
         assert shown.returncode == 0, shown.stderr
         assert slowest < bound, f"GET /v1/nodes took up to {slowest:.2f} s during the freeze"
-        # The CLI's own start-up (a Python import) is most of this on a busy machine.
-        assert cli_seconds < 5.0, f"corral node ls took {cli_seconds:.2f} s"
+        assert cli_seconds - startup_seconds < bound, (
+            f"corral node ls took {cli_seconds:.2f} s, its start-up {startup_seconds:.2f} s"
+        )
         assert coordinator(local) == before

@@ -27,6 +27,7 @@ from corral.registry import (
 )
 from corral.registry._endpoints import (
     MAX_PASS_OVER,
+    MAX_REQUEST_TIMEOUT,
     MIN_UNREPEATABLE_TIMEOUT,
     EndpointHealth,
     after_failure,
@@ -235,10 +236,13 @@ async def test_a_guarded_txn_is_repeated_on_the_next_endpoint(autojump_clock: ob
 def test_a_write_that_cannot_be_repeated_waits_at_least_the_floor(
     request_timeout: float, round_index: int
 ) -> None:
-    repeatable = attempt_timeout(request_timeout, round_index, True)
+    repeatable = attempt_timeout(request_timeout, round_index, True, 3)
     assert repeatable == round_timeout(request_timeout, round_index)
-    unrepeatable = attempt_timeout(request_timeout, round_index, False)
+    unrepeatable = attempt_timeout(request_timeout, round_index, False, 3)
     assert unrepeatable == max(repeatable, MIN_UNREPEATABLE_TIMEOUT)
+    # With one endpoint there is nowhere else to go: every attempt waits the longest.
+    for repeat in (True, False):
+        assert attempt_timeout(request_timeout, round_index, repeat, 1) == MAX_REQUEST_TIMEOUT
 
 
 async def test_an_unguarded_write_that_may_have_landed_says_so(autojump_clock: object) -> None:
