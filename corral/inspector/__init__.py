@@ -3,7 +3,12 @@ over a node's HTTP API, and the plain-text tree ``--once`` prints."""
 
 from corral.inspector._app import Inspector, run_app
 from corral.inspector._live import run_inspector
-from corral.inspector._render import render_tree
 from corral.inspector._source import NodeSource, SourceError
 
-__all__ = ["Inspector", "NodeSource", "SourceError", "render_tree", "run_app", "run_inspector"]
+__all__ = [
+    "Inspector",
+    "NodeSource",
+    "SourceError",
+    "run_app",
+    "run_inspector",
+]

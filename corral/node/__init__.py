@@ -31,7 +31,6 @@ from corral.node._errors import (
     OperationRefused,
     RequestInvalid,
 )
-from corral.node.artifacts import Manifest, PackedArtifact, pack_directory, parse_manifest
 from corral.node.cli import console_main as main
 
 __all__ = [
@@ -43,14 +42,10 @@ __all__ = [
     "ConfigError",
     "Conflict",
     "DigestMismatch",
-    "Manifest",
     "NodeError",
     "NodeUnreachable",
     "NotFound",
     "OperationRefused",
-    "PackedArtifact",
     "RequestInvalid",
     "main",
-    "pack_directory",
-    "parse_manifest",
 ]

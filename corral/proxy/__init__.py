@@ -10,9 +10,7 @@ whole: registry, proxy and watch, until cancelled. :class:`ProxyTimeouts` is how
 long both proxies let a backend take (``--response-timeout-ms``).
 """
 
-from corral.proxy._caddy import DEFAULT_CADDY, CaddyDriver
-from corral.proxy._caddy_plan import caddy_document
-from corral.proxy._driver import Applied, ProxyDriver
+from corral.proxy._caddy import DEFAULT_CADDY
 from corral.proxy._engine import ProxyEngine, follow_routing, open_proxy, run_proxy
 from corral.proxy._errors import (
     InvalidProxySetup,
@@ -22,45 +20,27 @@ from corral.proxy._errors import (
     ProxyNotInstalled,
     ProxyStartFailed,
 )
-from corral.proxy._haproxy import DEFAULT_HAPROXY, HaproxyDriver
-from corral.proxy._haproxy_plan import (
-    HaproxyState,
-    RuntimePlan,
-    desired_state,
-    plan_update,
-    render_config,
-)
-from corral.proxy._push import caddy_pusher, check_admin_url
-from corral.proxy._status import ProxyStatus, Verdict, verdict
+from corral.proxy._haproxy import DEFAULT_HAPROXY
+from corral.proxy._haproxy_plan import HaproxyState, desired_state, plan_update
+from corral.proxy._push import caddy_pusher
 from corral.proxy._tuning import ProxyTimeouts
 
 __all__ = [
     "DEFAULT_CADDY",
     "DEFAULT_HAPROXY",
-    "Applied",
-    "CaddyDriver",
-    "HaproxyDriver",
     "HaproxyState",
     "InvalidProxySetup",
     "ProxyApplyFailed",
-    "ProxyDriver",
     "ProxyEngine",
     "ProxyError",
     "ProxyInUse",
     "ProxyNotInstalled",
     "ProxyStartFailed",
-    "ProxyStatus",
     "ProxyTimeouts",
-    "RuntimePlan",
-    "Verdict",
-    "caddy_document",
     "caddy_pusher",
-    "check_admin_url",
     "desired_state",
     "follow_routing",
     "open_proxy",
     "plan_update",
-    "render_config",
     "run_proxy",
-    "verdict",
 ]

@@ -24,7 +24,7 @@ from corral.supervision._introspect import ActorSnapshot, ActorState, Event
 from corral.supervision._ref import ActorRef
 from corral.supervision._spec import Backoff, ChildSpec, Restart, Strategy, SupervisorSpec
 from corral.supervision._system import ActorSystem, open_actor_system, run_actor_system
-from corral.supervision._timers import TimerEntry, call_at, sleep, sleep_until
+from corral.supervision._timers import call_at, sleep, sleep_until
 
 __all__ = [
     "Actor",
@@ -48,7 +48,6 @@ __all__ = [
     "Strategy",
     "SupervisionError",
     "SupervisorSpec",
-    "TimerEntry",
     "TimerHandle",
     "UnhandledMessage",
     "call_at",

@@ -30,20 +30,17 @@ from corral.transport._errors import (
     TransportError,
     UnknownKind,
 )
-from corral.transport._log_budget import LogBudget, LogVerdict
+from corral.transport._log_budget import LogBudget
 from corral.transport._memory import MemoryNetwork, MemoryTransport
 from corral.transport._schema import (
     decode_message,
     encode_message,
     encode_value,
     message,
-    message_class,
     message_kind,
     message_speaker,
-    registered_kinds,
 )
 from corral.transport._websocket import (
-    DEFAULT_PORT,
     PeerState,
     PeerStatus,
     WebSocketConfig,
@@ -53,7 +50,6 @@ from corral.transport._websocket import (
 from corral.transport._ws_rules import ReconnectPolicy
 
 __all__ = [
-    "DEFAULT_PORT",
     "PROTOCOL_VERSION",
     "CodecLimits",
     "Envelope",
@@ -65,7 +61,6 @@ __all__ = [
     "FrameTooLarge",
     "HandshakeFailed",
     "LogBudget",
-    "LogVerdict",
     "MalformedFrame",
     "MemoryNetwork",
     "MemoryTransport",
@@ -89,11 +84,9 @@ __all__ = [
     "encode_message",
     "encode_value",
     "message",
-    "message_class",
     "message_kind",
     "message_speaker",
     "open_websocket_transport",
     "peek_header",
-    "registered_kinds",
     "split_address",
 ]

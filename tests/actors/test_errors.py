@@ -9,7 +9,9 @@ import pytest
 from corral import CorralError
 from corral.actors import planner, port_allocator
 from corral.actors.planner import AppSpec, NodeInfo, Policy, plan
-from corral.actors.port_allocator import PortLedger, PortRange
+from corral.actors.planner._types import PLACEMENT_UNAVAILABLE
+from corral.actors.port_allocator._book import PortRange
+from corral.actors.port_allocator._ledger import PortLedger
 from corral.registry import MemoryRegistry
 
 
@@ -18,7 +20,7 @@ def test_planner_and_port_allocator_share_one_placement_unavailable() -> None:
     assert issubclass(planner.PlacementUnavailable, CorralError)
     assert issubclass(port_allocator.PortProbeExhausted, planner.PlacementUnavailable)
     assert issubclass(port_allocator.PortProbeExhausted, port_allocator.PortAllocatorError)
-    assert planner.PlacementUnavailable.code == planner.PLACEMENT_UNAVAILABLE
+    assert planner.PlacementUnavailable.code == PLACEMENT_UNAVAILABLE
 
 
 async def test_one_except_clause_catches_both_causes(tmp_path: Path) -> None:

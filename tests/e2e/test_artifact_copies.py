@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from corral.node import PackedArtifact, pack_directory
+from corral.node.artifacts import PackedArtifact, pack_directory
 from corral.node.cli._local_cluster import LocalCluster, LocalNode, wait_for
 
 from .conftest import GRACE_PERIOD_MS, GREETER, _etcd_url, started_cluster

@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from corral.node import ApiRefused, pack_directory
+from corral.node import ApiRefused
+from corral.node.artifacts import pack_directory
 from corral.node.cli._local_cluster import LocalCluster, wait_for
 
 from .conftest import GREETER, started_cluster

@@ -12,7 +12,7 @@ import httpx
 import psutil
 import pytest
 
-from corral.node import pack_directory
+from corral.node.artifacts import pack_directory
 from corral.node.cli._local_cluster import LocalCluster, LocalNode, wait_for
 
 from .conftest import GREETER

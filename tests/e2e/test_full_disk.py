@@ -23,7 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from corral.node import ApiRefused, pack_directory
+from corral.node import ApiRefused
+from corral.node.artifacts import pack_directory
 from corral.node.artifacts._artifact_store import KEEP_FREE_BYTES
 from corral.node.cli._local_cluster import LocalCluster, LocalNode, wait_for
 from corral.registry._sqlite import DEFAULT_RESERVE_BYTES, RESERVE_SUFFIX

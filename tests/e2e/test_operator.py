@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from corral.node import pack_directory
+from corral.node.artifacts import pack_directory
 from corral.node.cli._local_cluster import LocalCluster, LocalNode, wait_for
 
 from .conftest import GRACE_PERIOD_MS, GREETER

@@ -26,7 +26,7 @@ from typing import Any
 import httpx
 import pytest
 
-from corral.node import pack_directory
+from corral.node.artifacts import pack_directory
 from corral.node.cli._local_cluster import LocalCluster, LocalNode, free_port, wait_for
 from corral.proxy import DEFAULT_CADDY, DEFAULT_HAPROXY
 from corral.proxy._local import LocalProxy

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from corral.actors.membership import SwimConfig, suspicion_bounds
-from corral.node import pack_directory
+from corral.node.artifacts import pack_directory
 from corral.node.cli._local_cluster import LocalCluster, LocalNode, wait_for
 
 from .conftest import GREETER

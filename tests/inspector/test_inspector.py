@@ -6,7 +6,8 @@ import io
 from typing import Any
 
 import corral.inspector
-from corral.inspector import render_tree, run_inspector
+from corral.inspector import run_inspector
+from corral.inspector._render import render_tree
 
 TREE: dict[str, Any] = {
     "path": "/",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 from pathlib import Path
 
-from corral.node import PackedArtifact, pack_directory
+from corral.node.artifacts import PackedArtifact, pack_directory
 
 
 def make_app_dir(root: Path, *, command: str = '["python3", "server.py"]') -> Path:

@@ -14,8 +14,8 @@ import pytest
 import trio
 from starlette.types import ASGIApp
 
-from corral.node import pack_directory
 from corral.node._errors import CopyCorrupt, InsufficientStorage
+from corral.node.artifacts import pack_directory
 from corral.node.artifacts._artifact_store import (
     KEEP_FREE_BYTES,
     ArtifactStore,

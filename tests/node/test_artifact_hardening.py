@@ -22,7 +22,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import corral.node.artifacts._artifact_store as artifact_store_module
-from corral.node import ArtifactInvalid, Manifest, pack_directory
+from corral.node import ArtifactInvalid
+from corral.node.artifacts import Manifest, pack_directory
 from corral.node.artifacts._artifact_store import ArtifactStore, Materializer
 from corral.node.artifacts._artifacts import (
     ArtifactLimits,

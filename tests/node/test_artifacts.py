@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from corral.node import ArtifactInvalid, DigestMismatch, pack_directory, parse_manifest
+from corral.node import ArtifactInvalid, DigestMismatch
+from corral.node.artifacts import pack_directory, parse_manifest
 from corral.node.artifacts._artifacts import digest_of, inspect_artifact, unpack_artifact
 
 

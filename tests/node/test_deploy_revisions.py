@@ -15,8 +15,8 @@ from corral.registry import (
     RolloutOptions,
     app_key,
     decode_record,
-    deployment_revision,
 )
+from corral.registry._records import deployment_revision
 
 A, B = "a" * 64, "b" * 64
 

@@ -18,16 +18,12 @@ def test_corral_node_keeps_its_public_names() -> None:
         "ConfigError",
         "Conflict",
         "DigestMismatch",
-        "Manifest",
         "NodeError",
         "NodeUnreachable",
         "NotFound",
         "OperationRefused",
-        "PackedArtifact",
         "RequestInvalid",
         "main",
-        "pack_directory",
-        "parse_manifest",
     ]
 
 

@@ -69,7 +69,7 @@ STATE: dict[str, Any] = {
 
 def test_package_exports_are_sorted() -> None:
     assert corral.node.__all__ == sorted(corral.node.__all__)
-    assert {"main", "NodeError", "pack_directory"} <= set(corral.node.__all__)
+    assert {"main", "NodeError"} <= set(corral.node.__all__)
     assert all(hasattr(corral.node, name) for name in corral.node.__all__)
 
 

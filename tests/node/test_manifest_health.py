@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from corral.node import ArtifactInvalid, parse_manifest
+from corral.node import ArtifactInvalid
+from corral.node.artifacts import parse_manifest
 from corral.registry import Deployment, HealthSpec
 
 BASE = b'command = ["python3", "server.py"]\n'

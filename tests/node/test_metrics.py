@@ -11,8 +11,9 @@ import trio
 import trio.testing
 from prometheus_client.parser import text_string_to_metric_families
 
-from corral.actors.coordinator import CoordinatorPass, CoordinatorState, NodeStatus, PassCounts
-from corral.actors.membership import MemberInfo, MembershipView
+from corral.actors.coordinator import CoordinatorState, NodeStatus
+from corral.actors.coordinator._state import CoordinatorPass, PassCounts
+from corral.actors.membership._actor import MemberInfo, MembershipView
 from corral.actors.planner import Deferred, Policy, Unplaced
 from corral.actors.routing import RouteTable, encode_table_json
 from corral.node.artifacts._artifact_store import ArtifactStore

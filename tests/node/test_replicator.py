@@ -14,7 +14,8 @@ import pytest
 import trio
 import trio.testing
 
-from corral.node import ArtifactNotFound, pack_directory
+from corral.node import ArtifactNotFound
+from corral.node.artifacts import pack_directory
 from corral.node.artifacts._artifact_store import ArtifactStore, Download, Peer, run_inline
 from corral.node.artifacts._copy_plan import Site
 from corral.node.artifacts._replicator import ArtifactReplicator, GetArtifactState

@@ -11,15 +11,14 @@ import trio.testing
 
 from corral.actors.routing import RouteTable, encode_table_json
 from corral.proxy import (
-    Applied,
     InvalidProxySetup,
     ProxyApplyFailed,
-    ProxyDriver,
     ProxyEngine,
-    Verdict,
     follow_routing,
     open_proxy,
 )
+from corral.proxy._driver import Applied, ProxyDriver
+from corral.proxy._status import Verdict
 from corral.registry import ROUTING_KEY, MemoryRegistry, RegistryUnavailable
 
 

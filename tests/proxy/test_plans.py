@@ -10,20 +10,16 @@ from hypothesis import strategies as st
 
 import corral.proxy
 from corral.actors.routing import RouteTable, TableVersion
-from corral.proxy import (
-    HaproxyState,
-    InvalidProxySetup,
-    ProxyStatus,
-    ProxyTimeouts,
-    Verdict,
-    caddy_document,
-    desired_state,
-    plan_update,
+from corral.proxy import HaproxyState, InvalidProxySetup, ProxyTimeouts, desired_state, plan_update
+from corral.proxy._caddy_plan import caddy_config_bytes, caddy_document
+from corral.proxy._haproxy_plan import (
+    HaproxyFiles,
+    backend_name,
     render_config,
-    verdict,
+    render_map,
+    server_name,
 )
-from corral.proxy._caddy_plan import caddy_config_bytes
-from corral.proxy._haproxy_plan import HaproxyFiles, backend_name, render_map, server_name
+from corral.proxy._status import ProxyStatus, Verdict, verdict
 from corral.transport import SchemaError
 
 MAP = "/d/hosts.map"

@@ -8,13 +8,8 @@ import httpx
 import pytest
 
 from corral.actors.routing import RouteTable
-from corral.proxy import (
-    InvalidProxySetup,
-    ProxyApplyFailed,
-    caddy_pusher,
-    check_admin_url,
-    open_proxy,
-)
+from corral.proxy import InvalidProxySetup, ProxyApplyFailed, caddy_pusher, open_proxy
+from corral.proxy._push import check_admin_url
 
 from .conftest import Backends, free_port, require_binary
 

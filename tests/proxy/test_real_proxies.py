@@ -13,7 +13,8 @@ import pytest
 import trio
 
 from corral.actors.routing import RouteTable, encode_table_json
-from corral.proxy import ProxyStartFailed, Verdict, follow_routing, open_proxy, run_proxy
+from corral.proxy import ProxyStartFailed, follow_routing, open_proxy, run_proxy
+from corral.proxy._status import Verdict
 from corral.registry import ROUTING_KEY, MemoryRegistry, open_registry
 
 from .conftest import Backends, free_port

@@ -18,8 +18,9 @@ import trio
 
 from corral.actors.routing import RouteTable, encode_table_json, read_routes_answer
 from corral.node.cli._format import routes_text
-from corral.proxy import ProxyEngine, ProxyStatus, run_proxy
+from corral.proxy import ProxyEngine, run_proxy
 from corral.proxy._local import LocalProxy
+from corral.proxy._status import ProxyStatus
 from corral.registry import ROUTING_KEY, open_registry, proxy_key
 
 from .conftest import Backends, free_port, require_binary

@@ -14,11 +14,12 @@ import trio.testing
 from hypothesis import given
 from hypothesis import strategies as st
 
-from corral.actors.routing import RouteTable, routes_answer
-from corral.actors.routing._view import newly_silent
+from corral.actors.routing import RouteTable
+from corral.actors.routing._view import newly_silent, routes_answer
 from corral.node.cli._format import routes_text
-from corral.proxy import Applied, ProxyDriver, ProxyEngine, ProxyInUse, ProxyStartFailed
+from corral.proxy import ProxyEngine, ProxyInUse, ProxyStartFailed
 from corral.proxy._claim import DataDirLock, Owner, claim_id, release_id
+from corral.proxy._driver import Applied, ProxyDriver
 from corral.proxy._status import ProxyStatus, RestartPolicy, claim_refusal, restart_delay
 from corral.registry import MemoryRegistry, ProxyRecord, decode_record, proxy_key
 

@@ -13,8 +13,9 @@ from collections.abc import Sequence
 import pytest
 import trio
 
-from corral.node import Conflict, Manifest, NotFound, OperationRefused
+from corral.node import Conflict, NotFound, OperationRefused
 from corral.node._requests import DeployRequest
+from corral.node.artifacts import Manifest
 from corral.node.server import _operations as ops
 from corral.registry import (
     AliasRecord,

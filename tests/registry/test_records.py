@@ -15,7 +15,6 @@ from corral.registry import (
     ROUTING_KEY,
     AliasRecord,
     AppRecord,
-    Artifact,
     CoordinatorLease,
     Deployment,
     InvalidKey,
@@ -31,7 +30,6 @@ from corral.registry import (
     PortClaim,
     Record,
     RolloutRecord,
-    RoutingTable,
     ServingEntry,
     Undecodable,
     alias_key,
@@ -49,6 +47,7 @@ from corral.registry import (
     port_key,
     validate_name,
 )
+from corral.registry._records import Artifact, RoutingTable
 
 DIGEST = hashlib.sha256(b"artifact").hexdigest()
 

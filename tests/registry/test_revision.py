@@ -20,9 +20,9 @@ from corral.registry import (
     Undecodable,
     app_key,
     decode_record,
-    deployment_revision,
     placement_key,
 )
+from corral.registry._records import deployment_revision
 
 digests = st.text("0123456789abcdef", min_size=64, max_size=64)
 commands = st.lists(st.text(max_size=8), min_size=1, max_size=3)

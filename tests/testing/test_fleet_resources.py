@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import trio
 
-from corral.actors.process_supervisor import LaunchSpec
+from corral.actors.process_supervisor._launcher import LaunchSpec
 from corral.node._requests import DeployRequest
 from corral.node.server._operations import apply_deploy
 from corral.registry import AppRecord, Deployment

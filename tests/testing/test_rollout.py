@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import pytest
 import trio
 
-from corral.actors.process_supervisor import Behaviour
+from corral.actors.process_supervisor._memory import Behaviour
 from corral.actors.routing import decode_table_json, routing_renderer_child_spec
 from corral.node.server._operations import apply_rollback
 from corral.registry import (

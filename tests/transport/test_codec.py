@@ -25,11 +25,11 @@ from corral.transport import (
     encode_envelope,
     encode_message,
     message,
-    message_class,
     message_kind,
     peek_header,
     split_address,
 )
+from corral.transport._schema import message_class
 
 
 class Color(enum.Enum):

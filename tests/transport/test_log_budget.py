@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from corral.transport import LogBudget, LogVerdict
+from corral.transport import LogBudget
+from corral.transport._log_budget import LogVerdict
 
 
 def test_the_first_burst_is_written_then_counted_then_reported() -> None:

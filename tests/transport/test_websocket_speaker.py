@@ -13,16 +13,9 @@ from collections.abc import Iterable
 
 import trio
 
-from corral.actors.membership import (
-    MEMBERSHIP,
-    GetMembership,
-    Gossip,
-    MembershipView,
-    SwimConfig,
-    Update,
-    membership_child_spec,
-)
-from corral.actors.membership._messages import MAX_INCARNATION
+from corral.actors.membership import MEMBERSHIP, GetMembership, SwimConfig, membership_child_spec
+from corral.actors.membership._actor import MembershipView
+from corral.actors.membership._messages import MAX_INCARNATION, Gossip, Update
 from corral.supervision import open_actor_system
 from corral.transport import ReconnectPolicy, WebSocketConfig, open_websocket_transport
 

@@ -55,10 +55,8 @@ from corral.actors.planner._planner import (
     plan_input,
     reserved_by_placements,
 )
-from corral.actors.planner._rank import rendezvous_score
 from corral.actors.planner._types import (
     NODE_STATES,
-    PLACEMENT_UNAVAILABLE,
     AppSpec,
     Decisions,
     Deferred,
@@ -70,8 +68,6 @@ from corral.actors.planner._types import (
     PlanInput,
     Policy,
     Refusal,
-    RefusedDrain,
-    Replicas,
     Stranded,
     Unplaced,
     next_placements,
@@ -79,7 +75,6 @@ from corral.actors.planner._types import (
 
 __all__ = [
     "NODE_STATES",
-    "PLACEMENT_UNAVAILABLE",
     "AppSpec",
     "Decisions",
     "Deferred",
@@ -94,8 +89,6 @@ __all__ = [
     "PlannerError",
     "Policy",
     "Refusal",
-    "RefusedDrain",
-    "Replicas",
     "ScoreCache",
     "Stranded",
     "Unplaced",
@@ -105,6 +98,5 @@ __all__ = [
     "parse_plan_document",
     "plan",
     "plan_input",
-    "rendezvous_score",
     "reserved_by_placements",
 ]

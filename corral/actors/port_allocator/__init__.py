@@ -7,40 +7,22 @@ in quarantine before another app may have it.
 """
 
 from corral.actors.port_allocator._actor import EnsurePair, ListPorts, PortAllocator, ReleasePorts
-from corral.actors.port_allocator._book import (
-    PortBook,
-    PortPair,
-    PortRange,
-    Quarantined,
-    draw_pair,
-    internal_candidates,
-    placement_unavailable,
-)
 from corral.actors.port_allocator._errors import (
     InvalidPortRange,
     PlacementUnavailable,
     PortAllocatorError,
     PortProbeExhausted,
 )
-from corral.actors.port_allocator._ledger import EnsuredPair, PortLedger, bind_probe
+from corral.actors.port_allocator._ledger import bind_probe
 
 __all__ = [
     "EnsurePair",
-    "EnsuredPair",
     "InvalidPortRange",
     "ListPorts",
     "PlacementUnavailable",
     "PortAllocator",
     "PortAllocatorError",
-    "PortBook",
-    "PortLedger",
-    "PortPair",
     "PortProbeExhausted",
-    "PortRange",
-    "Quarantined",
     "ReleasePorts",
     "bind_probe",
-    "draw_pair",
-    "internal_candidates",
-    "placement_unavailable",
 ]

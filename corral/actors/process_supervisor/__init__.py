@@ -24,92 +24,30 @@ from corral.actors.process_supervisor._errors import (
     ProcessSupervisorError,
     SpawnFailed,
 )
-from corral.actors.process_supervisor._launcher import LaunchedProcess, Launcher, LaunchSpec
+from corral.actors.process_supervisor._launcher import Launcher
 from corral.actors.process_supervisor._layout import AppPaths
-from corral.actors.process_supervisor._logs import RotatingLog
-from corral.actors.process_supervisor._memory import (
-    Behaviour,
-    LaunchEvent,
-    MemoryLauncher,
-    MemoryProcess,
-)
-from corral.actors.process_supervisor._os import (
-    OsLauncher,
-    OsProcess,
-    enable_subreaper,
-    write_json_atomically,
-)
-from corral.actors.process_supervisor._policy import (
-    INSTANCE_VAR,
-    LIVE_STATES,
-    ChildProcess,
-    CrashHistory,
-    ObservedProcess,
-    OrphanScan,
-    PidRecord,
-    ProcessState,
-    RestartDecision,
-    RestartPolicy,
-    backoff_schedule,
-    decide_restart,
-    instance_marker,
-    is_leftover,
-    is_marked_leftover,
-    marker_scope,
-    orphans_to_reap,
-    parse_instance_marker,
-    process_environment,
-)
-from corral.actors.process_supervisor._table import (
-    ProcessInfo,
-    ProcessTable,
-    StartRequest,
-)
+from corral.actors.process_supervisor._memory import LaunchEvent, MemoryLauncher, MemoryProcess
+from corral.actors.process_supervisor._os import enable_subreaper, write_json_atomically
+from corral.actors.process_supervisor._policy import LIVE_STATES, RestartPolicy
 
 __all__ = [
-    "INSTANCE_VAR",
     "LIVE_STATES",
     "AppPaths",
-    "Behaviour",
-    "ChildProcess",
-    "CrashHistory",
     "ForgetProcess",
     "LaunchEvent",
-    "LaunchSpec",
-    "LaunchedProcess",
     "Launcher",
     "ListProcesses",
     "MemoryLauncher",
     "MemoryProcess",
-    "ObservedProcess",
-    "OrphanScan",
-    "OsLauncher",
-    "OsProcess",
-    "PidRecord",
     "ProcessGeneration",
-    "ProcessInfo",
-    "ProcessState",
     "ProcessStillRunning",
     "ProcessSupervisor",
     "ProcessSupervisorError",
-    "ProcessTable",
     "ProcessesChanged",
-    "RestartDecision",
     "RestartPolicy",
-    "RotatingLog",
     "SpawnFailed",
     "StartProcess",
-    "StartRequest",
     "StopProcess",
-    "backoff_schedule",
-    "decide_restart",
     "enable_subreaper",
-    "instance_marker",
-    "is_leftover",
-    "is_marked_leftover",
-    "marker_scope",
-    "orphans_to_reap",
-    "parse_instance_marker",
-    "process_environment",
     "write_json_atomically",
 ]

@@ -1,6 +1,6 @@
 """The launcher interface: how the supervisor starts, watches and ends one process.
 
-Two implementations: :class:`~corral.actors.process_supervisor.OsLauncher` (real
+Two implementations: :class:`~corral.actors.process_supervisor._os.OsLauncher` (real
 processes: own process group, pipes into rotating logs, pid files, psutil) and
 :class:`~corral.actors.process_supervisor.MemoryLauncher` (an in-memory twin for
 virtual-time tests). The supervisor's restart logic does not know which it drives.

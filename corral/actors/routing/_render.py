@@ -580,7 +580,7 @@ def validate_table(table: object) -> RouteTable:
 def encode_table_json(table: RouteTable) -> bytes:
     """The table as the registry stores it: UTF-8 JSON with ``"v": 1``.
 
-    The ``domains`` field keeps the shape :class:`corral.registry.RoutingTable` reads.
+    The ``domains`` field keeps the shape :class:`corral.registry._records.RoutingTable` reads.
     """
     return json.dumps(
         {"v": _SCHEMA_VERSION, **_body(table)}, separators=(",", ":"), sort_keys=True

@@ -252,7 +252,7 @@ def apply_deploy(
 
     The deployment's revision is computed here, from ``deployment``'s digest,
     command and env and the resources the app ends with (see
-    :func:`~corral.registry.deployment_revision`): a redeploy that changes only the
+    :func:`~corral.registry._records.deployment_revision`): a redeploy that changes only the
     env, the command or the resources is a new revision, and one that changes
     nothing keeps the revision the nodes run. The deployment a new revision replaces
     is kept as ``previous_deployment`` (for a rollback, and for the nodes a rollout

@@ -24,7 +24,8 @@ import trio
 
 from corral.actors.port_allocator import ListPorts
 from corral.actors.process_supervisor import AppPaths, ListProcesses, RestartPolicy
-from corral.actors.reconciler import STOP_NOT_SERVED, AgentSpec, RunPass
+from corral.actors.reconciler import AgentSpec, RunPass
+from corral.actors.reconciler._plan import STOP_NOT_SERVED
 from corral.registry import (
     AppRecord,
     Deployment,

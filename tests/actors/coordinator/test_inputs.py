@@ -10,18 +10,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import corral.actors.coordinator as coordinator
-from corral.actors.coordinator import (
-    CurrentDown,
-    CurrentPlacement,
-    MemberStatus,
+from corral.actors.coordinator import CurrentPlacement, MemberStatus
+from corral.actors.coordinator._inputs import (
+    InputCache,
     RegistryView,
-    effective_state,
     inputs_digest,
     needs_time,
     plan_input_from_view,
     view_from_kvs,
     with_placements,
 )
+from corral.actors.coordinator._membership import CurrentDown, effective_state
 from corral.actors.planner import (
     AppSpec,
     Decisions,
@@ -453,7 +452,7 @@ def test_a_sequence_of_passes_reads_the_same_with_and_without_the_cache(
 ) -> None:
     # Each step changes one record (or none) and reads everything again through the
     # decode memo, as a pass does: the cache must never change an input or a digest.
-    cache: coordinator.InputCache = coordinator.InputCache()
+    cache: InputCache = InputCache()
     memo: dict[str, tuple[int, Record | Undecodable]] = {}
     records: dict[str, AppRecord | NodeRecord | PlacementRecord] = {
         **{app_key(a.name): a for a in apps},
@@ -487,7 +486,7 @@ def test_a_sequence_of_passes_reads_the_same_with_and_without_the_cache(
 
 
 def test_an_unchanged_record_keeps_its_planner_input_and_a_changed_one_is_rebuilt() -> None:
-    cache, memo = coordinator.InputCache(), {}
+    cache, memo = InputCache(), {}
     apps = [AppRecord("a"), AppRecord("b")]
     placement = PlacementRecord(nodes=["n1"], decided_at=1.0, fence=2)
     node = NodeRecord("n1")

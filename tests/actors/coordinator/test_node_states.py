@@ -8,15 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from corral.actors.coordinator import (
-    MEMBER_STATES,
-    MemberState,
-    MemberStatus,
-    NodeStates,
-    fence_guard,
-    node_states,
-    plan_down_writes,
-)
+from corral.actors.coordinator import MEMBER_STATES, MemberStatus, fence_guard
+from corral.actors.coordinator._membership import MemberState, NodeStates, node_states
+from corral.actors.coordinator._writes import plan_down_writes
 from corral.actors.planner import NodeCapacity
 from corral.registry import (
     Compare,

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from corral.actors.coordinator import ReportKey, ReportLog
+from corral.actors.coordinator._reports import ReportKey, ReportLog
 
 COOLDOWN = 10.0
 KEYS: tuple[ReportKey, ...] = (

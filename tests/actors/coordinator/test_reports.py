@@ -7,7 +7,8 @@ import itertools
 
 import trio
 
-from corral.actors.planner import Policy, rendezvous_score
+from corral.actors.planner import Policy
+from corral.actors.planner._rank import rendezvous_score
 from corral.registry import AppRecord
 from corral.testing import VIRTUAL_EPOCH, Cluster, open_cluster
 

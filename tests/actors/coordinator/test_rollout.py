@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from corral.actors.coordinator import (
+from corral.actors.coordinator import ObservedInstance, restart_phase, rollout_status
+from corral.actors.coordinator._rollout import (
     ROLLOUT_CHANGES,
-    ObservedInstance,
     PutBack,
     RolloutAction,
     RolloutDone,
@@ -23,8 +23,6 @@ from corral.actors.coordinator import (
     SwitchRevision,
     TakeOut,
     plan_rollout,
-    restart_phase,
-    rollout_status,
 )
 from corral.registry import NodeRollout, RolloutOptions, RolloutRecord, Undecodable
 

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from corral.actors.coordinator import (
+from corral.actors.coordinator import ObservedInstance
+from corral.actors.coordinator._rollout import (
     ROLLOUT_CHANGES,
-    ObservedInstance,
     RolloutDone,
     RolloutInputs,
     RolloutPlan,

@@ -8,8 +8,9 @@ from typing import Any
 
 import trio
 
-from corral.actors.planner import Pause, Policy, Refusal, RefusedDrain
-from corral.actors.reconciler import STOP_NOT_SERVED
+from corral.actors.planner import Pause, Policy, Refusal
+from corral.actors.planner._types import RefusedDrain
+from corral.actors.reconciler._plan import STOP_NOT_SERVED
 from corral.registry import (
     AppRecord,
     Deployment,

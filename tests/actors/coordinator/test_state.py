@@ -7,15 +7,10 @@ import json
 import cbor2
 import pytest
 
-from corral.actors.coordinator import (
-    AppRollout,
-    CoordinatorPass,
-    CoordinatorState,
-    GetCoordinatorState,
-    NodeStatus,
-    PassCounts,
-)
-from corral.actors.planner import Deferred, Pause, Policy, Refusal, RefusedDrain, Stranded, Unplaced
+from corral.actors.coordinator import CoordinatorState, GetCoordinatorState, NodeStatus
+from corral.actors.coordinator._state import AppRollout, CoordinatorPass, PassCounts
+from corral.actors.planner import Deferred, Pause, Policy, Refusal, Stranded, Unplaced
+from corral.actors.planner._types import RefusedDrain
 from corral.registry import NodeRollout, RolloutRecord
 from corral.testing import open_cluster
 from corral.transport import SchemaError, decode_message, encode_message

@@ -8,14 +8,14 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from corral.actors.coordinator import (
+from corral.actors.coordinator._inputs import (
     InputCache,
+    Section,
     inputs_digest,
     plan_input_from_view,
     states_from_view,
     view_from_kvs,
 )
-from corral.actors.coordinator._inputs import Section
 from corral.actors.coordinator._view import ViewStore
 from corral.actors.planner import Policy
 from corral.registry import (

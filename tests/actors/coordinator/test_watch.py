@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import trio
 
-from corral.actors.coordinator import DEFAULT_WATCH_DEBOUNCE
+from corral.actors.coordinator._actor import DEFAULT_WATCH_DEBOUNCE
 from corral.registry import AppRecord, NodeIntent, intent_key
 from corral.testing import Cluster, open_cluster
 

@@ -11,12 +11,11 @@ from hypothesis import strategies as st
 
 from corral.actors.coordinator import (
     CurrentPlacement,
-    PlacementWrite,
-    WritePlan,
     fence_guard,
     plan_rollout_writes,
     plan_writes,
 )
+from corral.actors.coordinator._writes import PlacementWrite, WritePlan
 from corral.registry import (
     COORDINATOR_LEASE_KEY,
     AppRecord,

@@ -10,18 +10,15 @@ import pytest
 import trio
 
 from corral.actors.membership import (
-    MAX_UPDATES_PER_MESSAGE,
     MEMBERSHIP,
     GetMembership,
-    Gossip,
-    Leave,
-    MembershipView,
     SwimConfig,
-    Update,
     membership_child_spec,
     registry_seeds,
     suspicion_bounds,
 )
+from corral.actors.membership._actor import Leave, MembershipView
+from corral.actors.membership._messages import MAX_UPDATES_PER_MESSAGE, Gossip, Update
 from corral.registry import MemoryRegistry
 from corral.supervision import ActorSystem, open_actor_system
 from corral.transport import MemoryNetwork
@@ -164,7 +161,8 @@ async def test_hostile_messages_are_refused_and_the_actor_keeps_working(
 
 
 async def test_registry_seeds_name_the_nodes_with_records(autojump_clock: object) -> None:
-    from corral.actors.node_record import NodeIdentity, fresh_record
+    from corral.actors.node_record import NodeIdentity
+    from corral.actors.node_record._record import fresh_record
     from corral.registry import Put, node_key
 
     registry = MemoryRegistry()

@@ -1,5 +1,15 @@
-import corral.actors
 import corral.actors.membership as membership
+from corral.actors.membership import GetMembership
+from corral.actors.membership._actor import Leave, MemberInfo, MembershipView
+from corral.actors.membership._messages import (
+    Ack,
+    Gossip,
+    Nack,
+    Ping,
+    PingReq,
+    StateSync,
+    Update,
+)
 from corral.transport import decode_message, encode_message
 
 
@@ -12,22 +22,22 @@ def test_all_is_sorted_and_every_name_resolves() -> None:
     assert membership.__all__ == sorted(membership.__all__, key=isort_order)
     for name in membership.__all__:
         assert hasattr(membership, name), name
-    assert {"SwimMembership", "membership_child_spec"} <= set(corral.actors.__all__)
+    assert {"SwimMembership", "membership_child_spec"} <= set(membership.__all__)
 
 
 def test_every_wire_message_round_trips_through_its_schema() -> None:
-    update = membership.Update("n1", "suspect", 3, "n2")
+    update = Update("n1", "suspect", 3, "n2")
     samples = [
-        membership.Ping(1, "n2", "n1", (update,)),
-        membership.Ack(1, "n1", (update,)),
-        membership.PingReq(2, "n2", "n1", True, (update,)),
-        membership.Nack(2, "n3"),
-        membership.Gossip("n2", (update,)),
-        membership.StateSync("n2", (update,), reply=True),
-        membership.GetMembership(),
-        membership.Leave(),
-        membership.MembershipView(
-            "n1", 4, 2, (membership.MemberInfo("n1", "alive", 4, 1.5e9, "n1"),)
+        Ping(1, "n2", "n1", (update,)),
+        Ack(1, "n1", (update,)),
+        PingReq(2, "n2", "n1", True, (update,)),
+        Nack(2, "n3"),
+        Gossip("n2", (update,)),
+        StateSync("n2", (update,), reply=True),
+        GetMembership(),
+        Leave(),
+        MembershipView(
+            "n1", 4, 2, (MemberInfo("n1", "alive", 4, 1.5e9, "n1"),)
         ),
     ]
     for msg in samples:

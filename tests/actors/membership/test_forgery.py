@@ -14,19 +14,17 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from corral.actors.membership import (
+from corral.actors.membership import MemberState, SwimConfig
+from corral.actors.membership._messages import (
+    MAX_INCARNATION,
     Ack,
     Gossip,
-    MemberState,
     Ping,
     StateSync,
-    Swim,
-    SwimConfig,
     SwimMessage,
     Update,
 )
-from corral.actors.membership._messages import MAX_INCARNATION
-from corral.actors.membership._swim import incarnation_ceiling, life_incarnation
+from corral.actors.membership._swim import Swim, incarnation_ceiling, life_incarnation
 
 LAN = SwimConfig()
 START = life_incarnation(1_800_000_000.0)  # this life began at a plausible unix time

@@ -10,26 +10,19 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from corral.actors.membership import (
+from corral.actors.membership import MemberState, SwimConfig, suspicion_bounds, suspicion_timeout
+from corral.actors.membership._messages import (
     MAX_UPDATES_PER_MESSAGE,
     Ack,
     Gossip,
-    MemberState,
     Nack,
     Ping,
     PingReq,
-    Send,
     StateSync,
-    Step,
-    Swim,
-    SwimConfig,
     SwimMessage,
-    Transition,
     Update,
-    retransmit_limit,
-    suspicion_bounds,
-    suspicion_timeout,
 )
+from corral.actors.membership._swim import Send, Step, Swim, Transition, retransmit_limit
 
 ALIVE, SUSPECT, DEAD, LEFT = (
     MemberState.ALIVE,

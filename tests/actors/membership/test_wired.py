@@ -25,18 +25,16 @@ from contextlib import AbstractAsyncContextManager
 import trio
 
 from corral.actors.coordinator import NodeStatus
-from corral.actors.membership import (
-    GetMembership,
+from corral.actors.membership import GetMembership, SwimConfig, suspicion_bounds
+from corral.actors.membership._actor import MembershipView
+from corral.actors.membership._messages import (
+    MAX_INCARNATION,
     Gossip,
-    MembershipView,
     Ping,
     StateSync,
-    SwimConfig,
     SwimMessage,
     Update,
-    suspicion_bounds,
 )
-from corral.actors.membership._messages import MAX_INCARNATION
 from corral.actors.membership._swim import incarnation_ceiling
 from corral.actors.planner import Policy
 from corral.registry import AppRecord, NodeDown, NodeRecord, decode_record, down_key, node_key

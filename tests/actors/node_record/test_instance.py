@@ -8,13 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from corral.actors.node_record import (
-    NodeIdentity,
-    claim_on_start,
-    fresh_record,
-    rewritten_record,
-    taken_by,
-)
+from corral.actors.node_record import NodeIdentity, claim_on_start
+from corral.actors.node_record._record import fresh_record, rewritten_record, taken_by
 from corral.registry import NodeRecord, decode_record
 
 ME = NodeIdentity(

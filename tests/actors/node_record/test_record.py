@@ -8,12 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import corral.actors.node_record as node_record
-from corral.actors.node_record import (
-    NodeIdentity,
-    capacity_update,
-    fresh_record,
-    rewritten_record,
-)
+from corral.actors.node_record import NodeIdentity
+from corral.actors.node_record._record import capacity_update, fresh_record, rewritten_record
 from corral.registry import MeasuredCapacity, NodeRecord, ServingEntry
 
 IDENTITY = NodeIdentity(

@@ -6,15 +6,8 @@ from collections.abc import Mapping, Sequence
 
 import pytest
 
-from corral.actors.planner import (
-    AppSpec,
-    Decisions,
-    NodeInfo,
-    Placement,
-    Policy,
-    plan,
-    rendezvous_score,
-)
+from corral.actors.planner import AppSpec, Decisions, NodeInfo, Placement, Policy, plan
+from corral.actors.planner._rank import rendezvous_score
 
 NOW = 10_000.0
 

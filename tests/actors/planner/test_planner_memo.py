@@ -16,9 +16,9 @@ from corral.actors.planner import (
     ScoreCache,
     next_placements,
     plan,
-    rendezvous_score,
 )
 from corral.actors.planner import _planner as planner_module
+from corral.actors.planner._rank import rendezvous_score
 
 NOW = 50_000.0
 
@@ -161,12 +161,11 @@ def test_clear_empties_the_memo() -> None:
 
 def test_public_names_are_exported_sorted() -> None:
     expected = {
-        "NODE_STATES", "PLACEMENT_UNAVAILABLE", "AppSpec", "NodeCapacity", "Decisions",
-        "Deferred", "InvalidPlanInput", "NodeInfo", "NodeState", "Pause", "Placement",
-        "PlacementUnavailable", "PlanInput", "PlannerError", "Policy", "Refusal",
-        "RefusedDrain", "Replicas", "ScoreCache", "Stranded", "Unplaced", "allocatable",
+        "NODE_STATES", "AppSpec", "NodeCapacity", "Decisions", "Deferred", "InvalidPlanInput",
+        "NodeInfo", "NodeState", "Pause", "Placement", "PlacementUnavailable", "PlanInput",
+        "PlannerError", "Policy", "Refusal", "ScoreCache", "Stranded", "Unplaced", "allocatable",
         "decisions_to_json", "next_placements", "parse_plan_document", "plan", "plan_input",
-        "rendezvous_score", "reserved_by_placements",
+        "reserved_by_placements",
     }  # fmt: skip
     assert set(planner.__all__) == expected
     assert all(hasattr(planner, name) for name in planner.__all__)

@@ -24,9 +24,9 @@ from corral.actors.planner import (
     ScoreCache,
     next_placements,
     plan,
-    rendezvous_score,
 )
 from corral.actors.planner import _planner as planner_module
+from corral.actors.planner._rank import rendezvous_score
 
 NOW = 100_000.0
 NODE_IDS = [f"n{i:02d}" for i in range(12)]

@@ -16,9 +16,9 @@ from corral.actors.planner import (
     Placement,
     Policy,
     plan,
-    rendezvous_score,
 )
 from corral.actors.planner import _planner as planner_module
+from corral.actors.planner._rank import rendezvous_score
 
 NOW = 10_000.0
 

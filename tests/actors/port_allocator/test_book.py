@@ -9,18 +9,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from corral.actors.port_allocator import (
-    InvalidPortRange,
-    PlacementUnavailable,
+from corral.actors.port_allocator import InvalidPortRange, PlacementUnavailable
+from corral.actors.port_allocator._book import (
     PortBook,
     PortPair,
     PortRange,
     Quarantined,
     draw_pair,
     internal_candidates,
+    pair_from_json,
+    pair_to_json,
     placement_unavailable,
 )
-from corral.actors.port_allocator._book import pair_from_json, pair_to_json
 
 SMALL = PortRange(100, 109)
 

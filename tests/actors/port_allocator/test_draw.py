@@ -17,17 +17,16 @@ import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from corral.actors.port_allocator import (
-    PlacementUnavailable,
+from corral.actors.port_allocator import PlacementUnavailable, PortProbeExhausted
+from corral.actors.port_allocator._book import (
+    FreePorts,
     PortBook,
-    PortLedger,
     PortPair,
-    PortProbeExhausted,
     PortRange,
     Quarantined,
     internal_candidates,
 )
-from corral.actors.port_allocator._book import FreePorts
+from corral.actors.port_allocator._ledger import PortLedger
 from corral.registry import MemoryRegistry, PortClaim, port_key
 
 

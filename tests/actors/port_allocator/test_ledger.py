@@ -14,14 +14,9 @@ import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from corral.actors.port_allocator import (
-    PlacementUnavailable,
-    PortLedger,
-    PortPair,
-    PortProbeExhausted,
-    PortRange,
-    bind_probe,
-)
+from corral.actors.port_allocator import PlacementUnavailable, PortProbeExhausted, bind_probe
+from corral.actors.port_allocator._book import PortPair, PortRange
+from corral.actors.port_allocator._ledger import PortLedger
 from corral.registry import MemoryRegistry, PortClaim, decode_record, port_key
 
 

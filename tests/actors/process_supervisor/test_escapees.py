@@ -24,15 +24,14 @@ import psutil
 import pytest
 import trio
 
-from corral.actors.process_supervisor import (
+from corral.actors.process_supervisor import AppPaths
+from corral.actors.process_supervisor._os import OsLauncher
+from corral.actors.process_supervisor._policy import (
     INSTANCE_VAR,
-    AppPaths,
-    OsLauncher,
-    ProcessTable,
-    StartRequest,
     marker_scope,
     parse_instance_marker,
 )
+from corral.actors.process_supervisor._table import ProcessTable, StartRequest
 from corral.testing import until
 
 pytestmark = [

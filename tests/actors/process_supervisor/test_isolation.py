@@ -21,7 +21,7 @@ from corral.actors.process_supervisor import (
     RestartPolicy,
     StartProcess,
 )
-from corral.actors.reconciler import serving_set
+from corral.actors.reconciler._plan import serving_set
 from corral.node.cli._format import ps_table, state_summary
 from corral.node.server._views import ps_rows
 from corral.registry import (

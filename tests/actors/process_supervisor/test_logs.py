@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from corral.actors.process_supervisor import RotatingLog
+from corral.actors.process_supervisor._logs import RotatingLog
 
 
 def test_rotates_at_the_size_limit_and_keeps_the_backups(tmp_path: Path) -> None:

@@ -9,18 +9,15 @@ from pathlib import Path
 import pytest
 import trio
 
-from corral.actors.process_supervisor import (
-    OsLauncher,
-    ProcessTable,
-    RestartPolicy,
-    StartRequest,
-)
+from corral.actors.process_supervisor import RestartPolicy
 from corral.actors.process_supervisor._limits import (
     CgroupParent,
     oom_kills,
     parse_own_cgroup,
     rss_exceeds,
 )
+from corral.actors.process_supervisor._os import OsLauncher
+from corral.actors.process_supervisor._table import ProcessTable, StartRequest
 from corral.testing import until
 
 pytestmark = pytest.mark.slow

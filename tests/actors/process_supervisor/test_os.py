@@ -16,14 +16,13 @@ import trio
 
 from corral.actors.process_supervisor import (
     AppPaths,
-    OsLauncher,
-    PidRecord,
-    ProcessTable,
     RestartPolicy,
     SpawnFailed,
-    StartRequest,
     write_json_atomically,
 )
+from corral.actors.process_supervisor._os import OsLauncher
+from corral.actors.process_supervisor._policy import PidRecord
+from corral.actors.process_supervisor._table import ProcessTable, StartRequest
 from corral.testing import until
 
 pytestmark = pytest.mark.slow

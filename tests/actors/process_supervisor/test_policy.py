@@ -6,13 +6,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from corral.actors.process_supervisor import (
+from corral.actors.process_supervisor import RestartPolicy
+from corral.actors.process_supervisor._policy import (
     INSTANCE_VAR,
     ChildProcess,
     CrashHistory,
     ObservedProcess,
     PidRecord,
-    RestartPolicy,
     backoff_schedule,
     decide_restart,
     instance_marker,

@@ -11,7 +11,8 @@ import trio.testing
 from hypothesis import given
 from hypothesis import strategies as st
 
-from corral.actors.process_supervisor import Behaviour, MemoryLauncher, ProcessTable, StartRequest
+from corral.actors.process_supervisor import MemoryLauncher
+from corral.actors.process_supervisor._memory import Behaviour
 from corral.actors.process_supervisor._os import probe_ready
 from corral.actors.process_supervisor._readiness import (
     FAILURES_TO_UNREADY,
@@ -19,6 +20,7 @@ from corral.actors.process_supervisor._readiness import (
     after_check,
     http_status_passes,
 )
+from corral.actors.process_supervisor._table import ProcessTable, StartRequest
 from corral.registry import HealthSpec
 from corral.testing import until
 

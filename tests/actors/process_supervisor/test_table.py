@@ -10,14 +10,9 @@ import pytest
 import trio
 import trio.testing
 
-from corral.actors.process_supervisor import (
-    Behaviour,
-    MemoryLauncher,
-    ProcessStillRunning,
-    ProcessTable,
-    RestartPolicy,
-    StartRequest,
-)
+from corral.actors.process_supervisor import MemoryLauncher, ProcessStillRunning, RestartPolicy
+from corral.actors.process_supervisor._memory import Behaviour
+from corral.actors.process_supervisor._table import ProcessTable, StartRequest
 from corral.testing import until
 
 REV_A = "a" * 64

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import corral.actors.reconciler as reconciler
-from corral.actors.reconciler import (
+from corral.actors.reconciler._plan import (
     STOP_NOT_SERVED,
     STOP_TEARDOWN,
     AppView,

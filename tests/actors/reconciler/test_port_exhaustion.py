@@ -9,8 +9,8 @@ from pathlib import Path
 import trio
 import trio.testing
 
-from corral.actors.reconciler import RunPass, serving_set
-from corral.actors.reconciler._plan import BlockedStart
+from corral.actors.reconciler import RunPass
+from corral.actors.reconciler._plan import BlockedStart, serving_set
 from corral.registry import app_key
 
 from .test_reconciler import NODE, R1, deploy, place, running_agent

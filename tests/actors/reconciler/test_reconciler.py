@@ -20,22 +20,17 @@ import trio.testing
 from corral.actors.port_allocator import ListPorts
 from corral.actors.process_supervisor import (
     AppPaths,
-    Behaviour,
     ListProcesses,
     MemoryLauncher,
     RestartPolicy,
     StartProcess,
 )
-from corral.actors.reconciler import (
-    STOP_NOT_SERVED,
-    STOP_TEARDOWN,
-    AgentSpec,
-    LastPass,
-    Materialize,
-    RunPass,
-)
-from corral.node import Manifest
+from corral.actors.process_supervisor._memory import Behaviour
+from corral.actors.reconciler import AgentSpec, LastPass, RunPass
+from corral.actors.reconciler._actor import Materialize
+from corral.actors.reconciler._plan import STOP_NOT_SERVED, STOP_TEARDOWN
 from corral.node._requests import DeployRequest
+from corral.node.artifacts import Manifest
 from corral.node.server._operations import deploy as deploy_app
 from corral.registry import (
     AppRecord,

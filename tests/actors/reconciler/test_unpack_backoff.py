@@ -14,15 +14,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from corral.actors.process_supervisor import AppPaths
-from corral.actors.reconciler import (
+from corral.actors.reconciler import LastPass, RunPass
+from corral.actors.reconciler._backoff import (
     FailedRevision,
-    LastPass,
-    RunPass,
     forget_settled,
     record_failure,
     retry_delay,
-    serving_set,
 )
+from corral.actors.reconciler._plan import serving_set
 from corral.registry import Deployment
 
 from .test_reconciler import NODE, R1, R2, deploy, place, running_agent

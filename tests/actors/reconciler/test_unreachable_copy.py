@@ -8,7 +8,8 @@ from pathlib import Path
 import trio
 import trio.testing
 
-from corral.actors.reconciler import record_failure, serving_set
+from corral.actors.reconciler._backoff import record_failure
+from corral.actors.reconciler._plan import serving_set
 from corral.node import ArtifactNotFound
 from corral.registry import Deployment
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import trio
 import trio.testing
 
-from corral.actors.process_supervisor import Behaviour
+from corral.actors.process_supervisor._memory import Behaviour
 from corral.actors.reconciler import RunPass, Withdraw
 from corral.registry import RolloutOptions
 

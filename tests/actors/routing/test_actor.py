@@ -209,7 +209,7 @@ async def test_pushes_go_to_every_target_and_a_failing_one_is_retried_alone(
 
 @pytest.mark.parametrize("ready", [None, True])
 def test_records_without_readiness_count_running_as_ready(ready: bool | None) -> None:
-    from corral.actors.routing import node_routes_from_record
+    from corral.actors.routing._render import node_routes_from_record
 
     record = NodeRecord(
         "n1",

@@ -10,22 +10,25 @@ from hypothesis import strategies as st
 
 import corral.actors.routing
 from corral.actors.routing import (
-    HeldBack,
     Instance,
     NodeRoutes,
     RouteTable,
     RoutingInputs,
-    changed,
-    decode_table_cbor,
     decode_table_json,
-    encode_table_cbor,
     encode_table_json,
     next_table,
-    node_routes_from_record,
     normalize_domain,
     render_routes,
 )
-from corral.registry import InvalidName, NodeRecord, RoutingTable, ServingEntry, decode_record
+from corral.actors.routing._render import (
+    HeldBack,
+    changed,
+    decode_table_cbor,
+    encode_table_cbor,
+    node_routes_from_record,
+)
+from corral.registry import InvalidName, NodeRecord, ServingEntry, decode_record
+from corral.registry._records import RoutingTable
 from corral.transport import SchemaError
 
 APPS = ["shop", "blog", "api", "www"]

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from corral.actors.routing import HeldBack, RouteTable, TableVersion, proxy_lag, routes_answer
+from corral.actors.routing import RouteTable, TableVersion
+from corral.actors.routing._render import HeldBack
+from corral.actors.routing._view import proxy_lag, routes_answer
 from corral.registry import ProxyRecord, decode_record, proxy_key
 
 
