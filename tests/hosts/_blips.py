@@ -9,9 +9,13 @@ every host (``everywhere``, ``replicas all``). The issue asks for five hosts at
 
 from __future__ import annotations
 
+import base64
 import json
+import time
+import urllib.request
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
@@ -21,6 +25,7 @@ import trio
 from corral.node import pack_directory
 from corral.node._errors import ApiError
 from corral.node.cli._local_cluster import wait_for
+from corral.registry import Record, Undecodable, decode_record
 from corral.testing import HostBed, TrafficGenerator, open_hosts, require_netns
 
 from .conftest import (
@@ -202,3 +207,109 @@ async def record_instances(
             except (ApiError, OSError):
                 continue  # not answering this time; the next may
         await trio.sleep(interval)
+
+
+@dataclass
+class Samples:
+    """What :func:`sample` saw over a scenario."""
+
+    #: Every (app, node) seen running.
+    seen: set[tuple[str, str]] = field(default_factory=set)
+    #: Per app, the most processes it had at one instant (across the corral hosts).
+    most_processes: dict[str, int] = field(default_factory=dict)
+    #: (holder, fence) of the lease, each change once, in the order seen.
+    leases: list[tuple[str, int]] = field(default_factory=list)
+    #: Per node id, its states as the observer listed them, each change once.
+    node_states: dict[str, list[str]] = field(default_factory=dict)
+    #: (monotonic time, instances) of every answer.
+    timeline: list[tuple[float, Instances]] = field(default_factory=list)
+
+    def hand_overs(self) -> int:
+        return max(0, len(self.leases) - 1)
+
+    def double_runs(self, apps: list[str] | None = None) -> int:
+        """Apps that had two processes at one instant."""
+        return sum(1 for app in apps or SOLO_APPS if self.most_processes.get(app, 0) > 1)
+
+
+def _observe(bed: HostBed, observers: list[str], samples: Samples) -> None:
+    for app, count in processes_by_app(bed).items():
+        samples.most_processes[app] = max(samples.most_processes.get(app, 0), count)
+    for observer in observers:
+        try:
+            with bed.node(observer).client(timeout=3) as client:
+                rows = client.ps()
+                answer = client.nodes()
+        except (ApiError, OSError):
+            continue  # not answering this time; the next may
+        now = {(r["app"], r["node"]): r["public_port"] for r in rows if r["state"] == "running"}
+        samples.seen.update(now)
+        samples.timeline.append((time.monotonic(), now))
+        if answer.get("coordinator"):
+            holder = (str(answer["coordinator"]), int(answer["fence"]))
+            if not samples.leases or samples.leases[-1] != holder:
+                samples.leases.append(holder)
+        for entry in answer.get("nodes", []):
+            states = samples.node_states.setdefault(entry["node"], [])
+            if not states or states[-1] != entry["state"]:
+                states.append(entry["state"])
+        return
+
+
+async def sample(
+    bed: HostBed, observers: list[str], samples: Samples, interval: float = 0.5
+) -> None:
+    """Fill ``samples`` every ``interval`` seconds, asking the first of ``observers``
+    that answers (runs until cancelled)."""
+    while True:
+        await trio.to_thread.run_sync(_observe, bed, observers, samples)
+        await trio.sleep(interval)
+
+
+def etcd_history(bed: HostBed, host: str) -> list[tuple[str, int, Record | Undecodable | None]]:
+    """Every write to the registry since it began, as (key, mod revision, decoded
+    record; None for a deletion), from host ``host``'s etcd member (the beds never
+    compact, so the whole history is there)."""
+    member = bed.etcd[host]
+    every_key = {
+        "key": base64.b64encode(b"\0").decode(),
+        "range_end": base64.b64encode(b"\0").decode(),
+    }
+    url = f"http://{member.endpoint}/v3"
+    with member.host.inside():
+        head = urllib.request.Request(
+            f"{url}/kv/range", data=json.dumps({**every_key, "count_only": True}).encode()
+        )
+        with urllib.request.urlopen(head, timeout=5) as response:
+            last = int(json.loads(response.read())["header"]["revision"])
+        create = {"create_request": {**every_key, "start_revision": "1"}}
+        request = urllib.request.Request(f"{url}/watch", data=json.dumps(create).encode())
+        history: list[tuple[str, int, Record | Undecodable | None]] = []
+        with urllib.request.urlopen(request, timeout=10) as response:
+            for line in response:
+                for event in json.loads(line).get("result", {}).get("events") or []:
+                    kv = event["kv"]
+                    key = base64.b64decode(kv["key"]).decode()
+                    revision = int(kv["mod_revision"])
+                    if event.get("type") == "DELETE":
+                        history.append((key, revision, None))
+                    else:
+                        value = base64.b64decode(kv.get("value", ""))
+                        history.append((key, revision, decode_record(key, value)))
+                if history and history[-1][1] >= last:
+                    break
+    return history
+
+
+def stale_writes(
+    history: list[tuple[str, int, Record | Undecodable | None]], fence: int
+) -> list[tuple[str, int, int]]:
+    """The fenced records written after the lease under ``fence`` was taken (its key
+    created at revision ``fence``) under an older fence: (key, revision, their fence)."""
+    return [
+        (key, revision, record_fence)
+        for key, revision, record in history
+        if revision > fence
+        and isinstance(record_fence := getattr(record, "fence", None), int)
+        and record_fence < fence
+    ]
