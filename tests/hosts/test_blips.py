@@ -64,14 +64,6 @@ async def drive(bed: HostBed, traffic: TrafficGenerator, seen: set[tuple[str, st
         nursery.cancel_scope.cancel()
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason=(
-        "issue 26: on main f1ef5c0 6 of 8 runs pass with every count 0; 2 failed before "
-        "the cut (in the one with logs kept the lease holder never placed the replicas-all "
-        "app in 40 s). Before that merge: a 0-domain table after the heal"
-    ),
-)
 def test_one_host_cut_off_for_30_s_moves_restarts_and_fails_nothing(blip_bed: HostBed) -> None:
     bed = blip_bed
     before = start_apps(bed)
