@@ -5,7 +5,8 @@ host (the edge too) for 30 s, shorter than the grace, under traffic. Sampled eve
 0.5 s from a host not cut: the lease, the instances, and each app's processes across
 the hosts. Asserted: the lease changes hands once (and not back on the heal), no
 single-replica app has two processes at any sample, nothing relocates, restarts or
-changes port, the ``replicas all`` app's requests fail over (0 failed), and the old
+changes port, the ``replicas all`` app's requests fail over (0 failed from the cut
+on), and the old
 holder writes no fenced record (placement, assignment, down entry, routing table)
 after its successor took the lease: the registry's whole history is read at the end
 and every fenced record written after the new fence must carry it.
@@ -99,7 +100,12 @@ def test_the_coordinators_host_cut_off_hands_the_lease_over_once_and_runs_nothin
         "relocations_on_blip": len((samples.seen | set(after)) - set(before)),
         "restarts_on_blip": len(processes_before - processes_after),
         "port_changes": sum(1 for key in before if key in after and after[key] != before[key]),
-        "failed_requests_replicas_all": report.total().failed,
+        # From the cut on: a request that failed before it was not the blip's doing (on
+        # this overloaded machine, 2 of 1,769 in one run were HAProxy 503s in steady state).
+        "failed_requests_replicas_all": sum(
+            report.phase(phase).failed for phase in ("cut", "after")
+        ),
+        "failed_requests_before_the_cut": report.phase("before").failed,
         "by_phase": {phase: report.phase(phase).to_dict() for phase in ("before", "cut", "after")},
     }
     print(json.dumps(counts))
