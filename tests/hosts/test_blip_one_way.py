@@ -8,6 +8,10 @@ the instances, each node's state, and each app's processes. Asserted: nothing fl
 processes), and the state at the end equals the state at the start (the same
 instances on the same ports, the same processes), and the ``replicas all`` app's
 requests fail over (0 failed).
+
+Measured (2026-12-08, beds side by side, load average about 20): 0 lease hand-overs,
+the other hosts ``alive`` throughout, the cut host ``alive -> down -> alive`` (once),
+0 relocations, restarts, port changes and failed requests; the end equals the start.
 """
 
 from __future__ import annotations
