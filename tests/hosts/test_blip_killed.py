@@ -10,7 +10,7 @@ app has two processes at any sample; the ``replicas all`` app's requests fail ov
 (0 failed).
 
 Measured (2026-12-08, beds side by side, load average about 20): the killed host's
-single-replica app ran elsewhere 20.6 s and 25.3 s after the kill (grace 15 s; SWIM
+single-replica app ran elsewhere 20.6, 21.9 and 25.3 s after the kill (grace 15 s; SWIM
 finds the node down first), on one node; 0 other relocations, 0 restarts and 0 port
 changes on the survivors, 0 double runs, 0 lease hand-overs, 0 failed requests.
 """

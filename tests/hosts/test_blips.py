@@ -16,8 +16,8 @@ one whose logs were kept, ``everywhere`` was not placed by the lease holder with
 40 s; the next holder placed it at once). That was the coordinator's digest: the
 app was deployed while the holder's pass wrote the solo apps' placements, and the
 digest taken after the writes already covered it, so every later pass skipped it
-(fixed; tests/actors/coordinator/test_watch.py). With the fix: every count 0 in each
-run so far, run beside the other blip scenarios at load average about 20 (the load
+(fixed; tests/actors/coordinator/test_watch.py). With the fix: every count 0 in 5 of 5
+runs, each beside the other blip scenarios at load average about 20 (the load
 generator then falls behind, so latencies, and the ``redispatched_requests_cut``
 count of requests over 1.9 s, mean little there).
 """
