@@ -756,6 +756,7 @@ class Coordinator(Actor):
         states = self._states(view, now)
         if states.down_writes:
             await self._apply_down(view, states)
+            self._viewed_changes = self._store.changes
             view = self._store.view()
         self._remembered = states.remembered
         self._statuses = states.statuses
@@ -822,7 +823,11 @@ class Coordinator(Actor):
         await self._apply(written_plan)
         view = self._store.view()
         after = self._inputs(view, now, states)
-        self._last_digest = self._digest(after)
+        # The digest of what this pass decided: its inputs and its own writes. A change
+        # the watch brought while it wrote is in the view too, undecided: no digest, so
+        # the pass it triggers plans instead of skipping it as decided.
+        decided = self._store.changes == self._viewed_changes
+        self._last_digest = self._digest(after) if decided else None
         self._waiting_on_time = needs_time(inputs, decisions)
         self._unplaced = decisions.unplaced
         self._stranded = decisions.stranded

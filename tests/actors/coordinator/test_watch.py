@@ -3,10 +3,23 @@ with no help from the node service (the harness never kicks it)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import trio
 
 from corral.actors.coordinator._actor import DEFAULT_WATCH_DEBOUNCE
-from corral.registry import AppRecord, NodeIntent, intent_key
+from corral.registry import (
+    PLACEMENT_PREFIX,
+    AppRecord,
+    Compare,
+    MemoryRegistry,
+    NodeIntent,
+    Put,
+    TxnOp,
+    TxnResult,
+    app_key,
+    intent_key,
+)
 from corral.testing import Cluster, open_cluster
 
 TTL = 45.0
@@ -16,9 +29,7 @@ DEBOUNCE = DEFAULT_WATCH_DEBOUNCE
 
 def passes(cluster: Cluster, node: str) -> list[tuple[float, dict[str, object]]]:
     """(time, fields) of every pass that was not skipped, on ``node``."""
-    return [
-        (e.time, dict(e.fields)) for n, e in cluster.events("coordinator.pass") if n == node
-    ]
+    return [(e.time, dict(e.fields)) for n, e in cluster.events("coordinator.pass") if n == node]
 
 
 async def settle(cluster: Cluster) -> str:
@@ -121,3 +132,49 @@ async def test_the_successor_watches_too(autojump_clock: object) -> None:
         assert (when, fields["trigger"]) == (t0 + DEBOUNCE, "watch")
         # The old holder's watch ended with it: only the successor passed.
         assert all(when < t0 for when, _ in passes(cluster, holder))
+
+
+class AppLandsDuringPlacementWrite(MemoryRegistry):
+    """A registry where ``late`` is deployed while the coordinator's first placement
+    write is in flight, and the coordinator's watch delivers it before that write
+    returns (on a three-member etcd across hosts, a write takes long enough for that)."""
+
+    def __init__(self, late: AppRecord) -> None:
+        super().__init__()
+        self.late: AppRecord | None = late
+
+    async def txn(
+        self,
+        compares: Sequence[Compare],
+        on_success: Sequence[TxnOp],
+        on_failure: Sequence[TxnOp] = (),
+    ) -> TxnResult:
+        result = await super().txn(compares, on_success, on_failure)
+        places = any(
+            isinstance(op, Put) and op.key.startswith(PLACEMENT_PREFIX) for op in on_success
+        )
+        if places and self.late is not None:
+            late, self.late = self.late, None
+            await super().put(app_key(late.name), late.encode())
+            await trio.sleep(DEBOUNCE / 10)  # the watch delivers it meanwhile
+        return result
+
+
+async def test_an_app_deployed_while_a_pass_writes_is_placed_by_the_next_pass(
+    autojump_clock: object,
+) -> None:
+    # Seen on the many-hosts bed (issue 26): the pass's digest, taken after its writes,
+    # covered the app that arrived meanwhile, so every later pass skipped it as decided
+    # and the app stayed unplaced until the lease moved.
+    registry = AppLandsDuringPlacementWrite(AppRecord("late", replicas="all"))
+    async with open_cluster(3, lease_ttl=TTL, registry=registry) as cluster:
+        await cluster.wait_for_coordinator()
+        await cluster.put_app(AppRecord("first", replicas=1))
+        await trio.sleep(DEBOUNCE + 2 * TICK)  # its watch pass and two ticks
+        assert registry.late is None  # it did land during the placement write
+        first = await cluster.placement("first")
+        assert first is not None
+        late = await cluster.placement("late")
+        assert late is not None, "late was left unplaced"
+        assert late.nodes == ["node-1", "node-2", "node-3"]
+    await registry.aclose()
