@@ -84,9 +84,9 @@ NODE_PROCESS = textwrap.dedent(
     import json, signal, sys, time
     from pathlib import Path
     import psutil, trio
-    from corral.actors.process_supervisor import (
-        OsLauncher, ProcessTable, StartRequest, enable_subreaper,
-    )
+    from corral.actors.process_supervisor import enable_subreaper
+    from corral.actors.process_supervisor._os import OsLauncher
+    from corral.actors.process_supervisor._table import ProcessTable, StartRequest
 
     node_id, data_dir, app_code = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
 
