@@ -97,7 +97,7 @@ def all_running(bed: HostBed) -> Instances | None:
 def down_nodes(bed: HostBed, observer: str) -> set[str]:
     with bed.node(observer).client(timeout=3.0) as client:
         entries = client.nodes()["nodes"]
-    return {entry["id"] for entry in entries if entry["state"] == "down"}
+    return {entry["node"] for entry in entries if entry["state"] == "down"}
 
 
 async def drive(
