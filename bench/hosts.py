@@ -304,12 +304,17 @@ def main(plan: Plan) -> int:
         lossy_traffic = TrafficGenerator(
             ("127.0.0.1", 8080), host="all.test", rate=RATE, timeout=REQUEST_TIMEOUT
         )
+        lossy_from = time.time()
         with bed.hosts["edge"].inside():
             trio.run(lossy, bed, lossy_traffic, watch, plan.lossy_s)
-        down_events = []
+        down_events = []  # during the loss (the blip's cut rightly put h1 down before)
         for name in HOSTS:
             with bed.node(name).client() as client:
-                down_events += [e for e in client.events() if e["kind"] == "node.down"]
+                down_events += [
+                    e
+                    for e in client.events()
+                    if e["kind"] == "node.down" and e["wall_time"] >= lossy_from
+                ]
         lossy_report = lossy_traffic.report()
         print(f"lossy done after {time.perf_counter() - wall:.1f} s", file=sys.stderr)
 
