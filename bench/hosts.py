@@ -7,7 +7,8 @@ single-replica apps (``solo-hN``) and one ``replicas all`` app (``everywhere``, 
 req/s through HAProxy). Then, one after the other on the same bed:
 
 * **Blip** (scenario 1): h1 cut off from every other host for 30 s (shorter than the
-  grace), then 10 s to settle. Counted: instances that ran somewhere new (relocations), app processes that ended (restarts), instances whose public port
+  grace), then 10 s to settle. Counted: instances that ran somewhere new
+  (relocations), app processes that ended (restarts), instances whose public port
   changed, failed requests to the ``replicas all`` app, samples (each 0.5 s) at which
   two processes served one single-replica app (double runs), and registry writes the
   API acknowledged (an alias set through h2 or h3 each second) that are not there
