@@ -3,8 +3,8 @@
 Three hosts, each an etcd member and a node (the bed's 5 s shutdown grace: an app
 gets 5 s between SIGTERM and SIGKILL, after the stop's 2.5 s drain wait). ``stuck``
 (one replica) ignores SIGTERM; its host is drained with ``corral node drain``.
-Asserted, printed (``-s``): the drain answers within 1 s, and the node's ``corral ps``
-shows the instance ``stopping`` within 1 s of it; 1 s after the SIGTERM it ignores,
+Asserted, printed (``-s``): the drain answers, and the node's ``corral ps`` shows the
+instance ``stopping``, within 2 s (see VISIBLE_WITHIN_S); 1 s after the SIGTERM it ignores,
 the node reports it (one ``process.stop-overdue`` event: 1 s after SIGTERM, killed in
 4 s); it is killed at its deadline (SIGKILL, 5 s after SIGTERM) and the node says so
 (``process.stopped``: code -9, the reason naming the SIGKILL); exactly one ``stuck``
@@ -41,6 +41,11 @@ STEP = 40.0
 PROCESS_GRACE_S = 5.0
 #: corral.node.server._node.stop_drain: half the shutdown grace, at most 5 s.
 STOP_DRAIN_S = 2.5
+#: The drain's answer and the ``stopping`` row are API round trips: 0.2-0.45 s on a
+#: quiet machine, 1.02 s with six beds on its 2 cores; 2 s keeps the test from failing
+#: on load. The report of the stuck process itself (1 s after its SIGTERM) is timed by
+#: the node and asserted exactly.
+VISIBLE_WITHIN_S = 2.0
 
 STUCK_APP = """\
 import os, signal
@@ -162,8 +167,8 @@ def test_a_drain_reports_a_stuck_app_at_once_and_kills_it_at_its_deadline(
         "drain_message": answer,
     }
     print(json.dumps(counts))
-    assert answered_s <= 1.0, counts
-    assert shown_s <= 1.0, counts
+    assert answered_s <= VISIBLE_WITHIN_S, counts
+    assert shown_s <= VISIBLE_WITHIN_S, counts
     assert counts["overdue_reports"] == 1, counts
     assert overdue is not None
     assert overdue["fields"]["after"] == 1.0, counts
