@@ -11,7 +11,7 @@ the node reports it (one ``process.stop-overdue`` event: 1 s after SIGTERM, kill
 runs afterwards, on another host, and none is left on the drained one.
 
 Measured (2026-12-08, 5 runs): drain answered in 0.23-0.71 s, ``stopping`` shown 0.24-0.71 s after
-it, the overdue report 4.01 s before the kill, the process gone 7.6-7.9 s after the
+it, the overdue report 4.01 s before the kill, the process gone 7.6-8.5 s after the
 drain. Before this branch nothing was said between the SIGTERM and the kill, and the
 kill showed only as ``code: -9``.
 """
