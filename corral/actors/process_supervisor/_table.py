@@ -20,6 +20,7 @@ import logging
 import math
 import os
 import secrets
+import signal
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -52,6 +53,10 @@ from corral.supervision import sleep as wheel_sleep
 log = logging.getLogger("corral.actors.process_supervisor")
 
 SHUTDOWN_REASON = "the node is shutting down"
+#: Seconds after its SIGTERM a process still running is reported as overdue (a
+#: warning and a ``process.stop-overdue`` event naming when it will be killed), rather
+#: than only once its grace ran out: a drain waiting on it says why at once.
+STOP_OVERDUE_AFTER = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -491,13 +496,16 @@ class ProcessTable:
                 if woken:
                     slot.state = "stopping"
                     self._changed()
-                    code: int | None = await proc.stop(self.grace)
+                    code: int | None = await self._stop_telling(slot, proc)
+                    reason = slot.stop_reason or "replaced by another revision or port pair"
+                    if code == -signal.SIGKILL:
+                        reason += (
+                            f"; it was still running {self.grace:g} s after SIGTERM, so it "
+                            "was killed (SIGKILL)"
+                        )
+                        log.warning("app %s: pid %d %s", slot.app, proc.pid, reason)
                     self._emit(
-                        "process.stopped",
-                        app=slot.app,
-                        pid=proc.pid,
-                        code=code,
-                        reason=slot.stop_reason or "replaced by another revision or port pair",
+                        "process.stopped", app=slot.app, pid=proc.pid, code=code, reason=reason
                     )
                 else:
                     code = await proc.finish()
@@ -519,6 +527,42 @@ class ProcessTable:
                     # bounded by the grace.
                     with trio.CancelScope(shield=True):
                         await self._end_quietly(slot, proc)
+
+    async def _stop_telling(self, slot: _Slot, proc: LaunchedProcess) -> int:
+        """Stop ``proc`` (SIGTERM, the grace, SIGKILL) and return its exit code; one still
+        running ``STOP_OVERDUE_AFTER`` s after its SIGTERM is reported then, with the
+        seconds left before it is killed."""
+
+        async def report_overdue() -> None:
+            after = min(STOP_OVERDUE_AFTER, self.grace)
+            with trio.move_on_after(after):
+                await proc.wait_exited()
+                return
+            left = self.grace - after
+            log.warning(
+                "app %s: pid %d is still running %g s after SIGTERM; it is killed (SIGKILL) "
+                "in %g s, at the end of its %g s grace",
+                slot.app,
+                proc.pid,
+                after,
+                left,
+                self.grace,
+            )
+            self._emit(
+                "process.stop-overdue",
+                app=slot.app,
+                pid=proc.pid,
+                after=after,
+                kill_in=round(left, 3),
+                grace=self.grace,
+            )
+
+        async with trio.open_nursery() as nursery:
+            if self.grace > STOP_OVERDUE_AFTER:
+                nursery.start_soon(report_overdue)
+            code = await proc.stop(self.grace)
+            nursery.cancel_scope.cancel()
+        return code
 
     async def _end_quietly(self, slot: _Slot, proc: LaunchedProcess) -> None:
         """Stop ``proc`` on a path that is already failing or cancelled: an error here is

@@ -38,6 +38,8 @@ class Harness:
     def __init__(self, nursery: trio.Nursery, data_dir: Path, **kwargs: Any) -> None:
         self.launcher = MemoryLauncher()
         self.events: list[tuple[str, dict[str, Any]]] = []
+        #: The trio time of each event in ``events``.
+        self.times: list[float] = []
         self.table = ProcessTable(
             node_id="node-a",
             data_dir=data_dir,
@@ -46,9 +48,13 @@ class Harness:
             policy=POLICY,
             grace=10.0,
             base_env={"PATH": "/bin", "CORRAL_SECRET": "x"},
-            on_event=lambda kind, **fields: self.events.append((kind, fields)),
+            on_event=self._record,
             **kwargs,
         )
+
+    def _record(self, kind: str, **fields: Any) -> None:
+        self.events.append((kind, fields))
+        self.times.append(trio.current_time())
 
     def kinds(self) -> list[str]:
         return [kind for kind, _ in self.events]
@@ -143,6 +149,38 @@ async def test_stop_sends_sigterm_then_sigkill_after_the_grace_period(
         assert info.stop_reason == "application is no longer served by this node"
         assert h.table.forget("hello")
         assert h.table.info("hello") is None
+
+
+async def test_a_process_ignoring_sigterm_is_reported_after_1_s_and_its_kill_is_told(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    async with trio.open_nursery() as nursery:
+        h = Harness(nursery, tmp_path)
+        h.launcher.behave("stuck", Behaviour(ignore_term=True))
+        h.table.ensure(request("stuck", public=24001))
+        h.table.ensure(request("polite", public=24002))
+        await until(lambda: len(h.launcher.spawned) == 2, poll=0.01)
+        stuck_pid = next(p.pid for p in h.launcher.spawned if p.spec.app == "stuck")
+        first = len(h.events)
+        t0 = trio.current_time()
+        h.table.stop("stuck", "application is no longer served by this node")
+        h.table.stop("polite", "application is no longer served by this node")
+        await until(lambda: h.kinds().count("process.stopped") == 2, poll=0.01)
+        told = list(zip(h.times[first:], h.events[first:], strict=True))
+        # The stuck one is told 1 s after its SIGTERM, with when it will be killed;
+        # the one that exits on SIGTERM is never reported overdue.
+        overdue = [(t - t0, fields) for t, (kind, fields) in told if kind == "process.stop-overdue"]
+        fields = {"app": "stuck", "pid": stuck_pid, "after": 1.0, "kill_in": 9.0, "grace": 10.0}
+        assert overdue == [(pytest.approx(1.0, abs=0.02), fields)]
+        stopped = {f["app"]: (t - t0, f) for t, (k, f) in told if k == "process.stopped"}
+        assert stopped["stuck"][0] == pytest.approx(10.0, abs=0.05)
+        assert stopped["stuck"][1]["code"] == -9
+        assert stopped["stuck"][1]["reason"] == (
+            "application is no longer served by this node; it was still running 10 s after "
+            "SIGTERM, so it was killed (SIGKILL)"
+        )
+        assert stopped["polite"][1]["reason"] == "application is no longer served by this node"
+        await h.table.shutdown()
 
 
 async def test_a_new_revision_replaces_the_process_after_the_old_one_stopped(
