@@ -61,8 +61,8 @@ import psutil
 import trio
 
 from corral.actors.membership import SwimConfig, suspicion_timeout
-from corral.node import pack_directory
 from corral.node._errors import ApiError
+from corral.node.artifacts import pack_directory
 from corral.node.cli._local_cluster import wait_for
 from corral.proxy import DEFAULT_HAPROXY
 from corral.testing import HostBed, TrafficGenerator, open_hosts

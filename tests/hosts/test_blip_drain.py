@@ -27,7 +27,7 @@ from typing import Any
 import psutil
 import pytest
 
-from corral.node import pack_directory
+from corral.node.artifacts import pack_directory
 from corral.node.cli._local_cluster import wait_for
 from corral.testing import HostBed, open_hosts, require_netns
 

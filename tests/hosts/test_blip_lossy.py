@@ -28,8 +28,8 @@ import psutil
 import pytest
 import trio
 
-from corral.node import pack_directory
 from corral.node._errors import ApiError
+from corral.node.artifacts import pack_directory
 from corral.node.cli._local_cluster import wait_for
 from corral.testing import HostBed, TrafficGenerator, open_hosts, require_netns
 
