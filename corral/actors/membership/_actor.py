@@ -264,9 +264,7 @@ class SwimMembership(Actor):
             swim.ceiling = incarnation_ceiling(self._wall_clock())
             self._apply(swim.receive(message, trio.current_time()))
             # Heard from, or of, a node not admitted: it may have registered since.
-            refused = swim.stats.get("not admitted", 0) + swim.stats.get(
-                "hearsay not admitted", 0
-            )
+            refused = swim.stats.get("not admitted", 0) + swim.stats.get("hearsay not admitted", 0)
             if refused != self._not_admitted:
                 self._not_admitted = refused
                 self._seeds_wanted.set()  # it may have registered since the last read
