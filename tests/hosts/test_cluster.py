@@ -125,7 +125,13 @@ def test_a_frozen_node_is_found_down_and_comes_back_and_a_killed_host_restarts(
     observer = next(name for name, node in bed.nodes.items() if node.node_id == holder)
     target = next(name for name in bed.nodes if name != observer)
     frozen = bed.node(target)
-    before = nodes_seen_from(bed, observer)[frozen.node_id]
+
+    # Alive by its record is not enough: the freeze must find it a SWIM member there.
+    def a_member() -> dict[str, Any] | None:
+        entry = nodes_seen_from(bed, observer)[frozen.node_id]
+        return entry if entry["incarnation"] is not None else None
+
+    before = wait_for(f"{target} a member seen from {observer}", a_member, timeout=STEP)
 
     # Frozen: SWIM finds it down; thawed, it refutes and is alive again.
     bed.freeze(target)

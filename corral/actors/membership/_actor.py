@@ -19,8 +19,9 @@ none waits out a suspicion.
 
 With a seed source, its answer is also the set of node ids the machine admits
 (:meth:`~._swim.Swim.admit`): a node id without a registry record never becomes
-a member. A message from a node not yet admitted makes the actor ask the seed
-source again within a second (it may just have registered). Each life of the
+a member. A message from a node not yet admitted, or word from a member that
+such a node is alive, makes the actor ask the seed source again within a second
+(it may just have registered: nodes started at once miss each other's records). Each life of the
 node starts at :func:`~._swim.life_incarnation` of the wall clock, above every
 incarnation of the lives before it, so a restarted node is alive at once.
 """
@@ -262,7 +263,8 @@ class SwimMembership(Actor):
         if isinstance(message, _SWIM_MESSAGES):
             swim.ceiling = incarnation_ceiling(self._wall_clock())
             self._apply(swim.receive(message, trio.current_time()))
-            refused = swim.stats.get("not admitted", 0)
+            # Heard from, or of, a node not admitted: it may have registered since.
+            refused = swim.stats.get("not admitted", 0) + swim.stats.get("hearsay not admitted", 0)
             if refused != self._not_admitted:
                 self._not_admitted = refused
                 self._seeds_wanted.set()  # it may have registered since the last read

@@ -48,7 +48,9 @@ first-hand:
   of the wall clock, set by the shell) is not believed either: a node id's
   impostor cannot push it out of reach of that node's next life;
 * with :meth:`Swim.admit`, a node id outside the admitted set (the registry's
-  node records) never becomes a member, and its messages are dropped.
+  node records) never becomes a member, and its messages are dropped (counted
+  in :attr:`Swim.stats` as ``not admitted``; word of it alive from an admitted
+  node as ``hearsay not admitted``), so the shell can read the registry again.
 
 Suspect and dead from others at or below what X announced are ordinary SWIM,
 as is our own verdict after our suspicion timer. A new life of a node starts
@@ -868,6 +870,11 @@ class Swim:
                 if update.state == "alive" and self._admits(node):
                     # Known by hearsay: alive, at no incarnation it announced to us yet.
                     self._add_member(node, Update(node, "alive", 0, update.reporter), now, -1)
+                elif update.state == "alive":
+                    # Counted so the shell reads the registry again: the node may have
+                    # registered since (a first read that missed it is not redone for
+                    # the whole rejoin interval otherwise).
+                    self._count("hearsay not admitted")
                 return
             if update.state == "left" or inc > m.announced:
                 self._count("hearsay not believed")

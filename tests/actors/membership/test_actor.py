@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import random
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import AsyncExitStack, asynccontextmanager
 
 import pytest
@@ -182,6 +182,44 @@ def test_the_child_spec_names_the_actor_membership() -> None:
     assert spec.name == MEMBERSHIP
     with pytest.raises(ValueError, match="rejoin_interval"):
         membership_child_spec(seeds=None, rejoin_interval=0).factory()
+
+
+async def test_nodes_that_missed_each_others_records_meet_within_seconds(
+    autojump_clock: object,
+) -> None:
+    # a and b start at once: each one's first registry read misses the other's record
+    # and finds only c's. c, later, finds both. a and b hear of each other only from c.
+    network = MemoryNetwork(random=random.Random(3))
+    first_read = {"a": ["a", "c"], "b": ["b", "c"], "c": ["a", "b", "c"]}
+    reads: dict[str, int] = dict.fromkeys(first_read, 0)
+
+    def seeds_of(node: str) -> Callable[[], Awaitable[Iterable[str]]]:
+        async def seeds() -> Iterable[str]:
+            reads[node] += 1
+            return first_read[node] if reads[node] == 1 else ["a", "b", "c"]
+
+        return seeds
+
+    async with AsyncExitStack() as stack:
+        systems = {
+            node: await stack.enter_async_context(
+                open_actor_system(
+                    node,
+                    network.connect(node),
+                    children=[membership_child_spec(seeds=seeds_of(node))],
+                )
+            )
+            for node in first_read
+        }
+        # Well within the 10 s between routine reads: c's word that the other is alive
+        # makes each read the registry again early.
+        await trio.sleep(3.0)
+        for node, other in (("a", "b"), ("b", "a")):
+            view = await systems[node].ref(f"/{MEMBERSHIP}").ask(GetMembership())
+            assert isinstance(view, MembershipView)
+            assert view.state_of(other) == "alive", (node, view.members)
+            member = next(m for m in view.members if m.node == other)
+            assert member.incarnation > 0, "it spoke to us first-hand"
 
 
 async def test_the_view_reaches_the_hook_and_answers_a_remote_ask(autojump_clock: object) -> None:

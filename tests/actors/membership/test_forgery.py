@@ -150,6 +150,7 @@ def test_a_node_id_not_admitted_never_becomes_a_member() -> None:
     assert swim.member("ghost") is None
     assert view(swim, "b") == (MemberState.ALIVE, B_ANNOUNCED)
     assert swim.stats["not admitted"] == 2
+    assert swim.stats["hearsay not admitted"] == 1  # the shell reads the registry again
     # An admitted node heard of by hearsay is alive, at no incarnation it announced yet.
     swim.receive(Gossip("c", (Update("e", "alive", 2**50, "c"),)), 1.0)
     assert view(swim, "e") == (MemberState.ALIVE, 0)
