@@ -106,15 +106,6 @@ def _holder(bed: HostBed) -> str | None:
     return str(holder) if holder else None
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason=(
-        "known defect, under investigation: on a quiet machine the lease holder's SWIM view "
-        "lacks the frozen node (alive, no incarnation), so it is never found down and "
-        "vanishes from node ls when its record lapses (5 of 5 runs at 02:45 UTC; passed "
-        "under load earlier)"
-    ),
-)
 def test_a_frozen_node_is_found_down_and_comes_back_and_a_killed_host_restarts(
     cluster_bed: HostBed,
 ) -> None:
