@@ -9,9 +9,13 @@ directories, all removed when it ends.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
+import tempfile
+import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -43,6 +47,38 @@ def require_haproxy() -> None:
     if os.environ.get("CORRAL_REQUIRE_PROXIES") == "1":
         pytest.fail(f"CORRAL_REQUIRE_PROXIES=1 but {reason}")
     pytest.skip(reason)
+
+
+#: How many many-hosts tests run at once across the pytest-xdist workers. Each bed is
+#: three etcd members, three nodes, a proxy and their apps: four at once on two cores
+#: starved them (leases moved, a stopped process was seen twice) and the tests beside
+#: them; two at once keep the suite's wall time and leave the beds their timing.
+BED_SLOTS = 2
+
+
+@pytest.fixture(autouse=True)
+def _bed_slot(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Around every slow test here: one of :data:`BED_SLOTS` slots, held by flock on a
+    file per slot (so it holds across workers), waited for in turn."""
+    if request.node.get_closest_marker("slow") is None:
+        yield
+        return
+    directory = Path(tempfile.gettempdir())
+    while True:
+        for index in range(BED_SLOTS):
+            handle = open(directory / f"corral-test-bed-slot-{index}.lock", "a")
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                handle.close()
+                continue
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+                handle.close()
+            return
+        time.sleep(0.2)
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -24,22 +24,15 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
-import psutil
 import pytest
 import trio
 
 from corral.node._errors import ApiError
 from corral.node.artifacts import pack_directory
 from corral.node.cli._local_cluster import wait_for
-from corral.testing import HostBed, TrafficGenerator, open_hosts, require_netns
+from corral.testing import HostBed, TrafficGenerator
 
-from .conftest import (
-    NODE_TTL_MS,
-    SWIM_ENV,
-    keep_logs_on_failure,
-    require_etcd_binary,
-    require_haproxy,
-)
+from ._blips import all_running, app_processes, instances, open_blip_bed
 
 pytestmark = pytest.mark.slow
 
@@ -51,52 +44,10 @@ RATE = 100.0
 STEP = 40.0
 REQUEST_TIMEOUT = 5.0
 
-Instances = dict[tuple[str, str], int | None]
-
 
 @pytest.fixture
 def lossy_bed(request: pytest.FixtureRequest) -> Iterator[HostBed]:
-    require_netns()
-    require_etcd_binary()
-    require_haproxy()
-    with open_hosts(
-        [*HOSTS, "edge"], etcd_hosts=HOSTS, node_ttl_ms=NODE_TTL_MS, extra_env=SWIM_ENV
-    ) as bed:
-        bed.start_etcd()
-        for name in HOSTS:
-            bed.add_node(name, labels={"host": name})
-        bed.start_nodes(HOSTS)
-        bed.start_proxy("edge", listen_host="127.0.0.1")
-        yield bed
-        keep_logs_on_failure(request, bed)
-
-
-# Copied from test_blips.py (scenario 1) until the shared tests/hosts/_blips.py lands.
-def instances(bed: HostBed, observer: str) -> Instances:
-    with bed.node(observer).client() as client:
-        rows = client.ps()
-    return {(r["app"], r["node"]): r["public_port"] for r in rows if r["state"] == "running"}
-
-
-def app_processes(bed: HostBed) -> set[tuple[int, float]]:
-    """(pid, create time) of every app process in the corral hosts."""
-    found = set()
-    for name in HOSTS:
-        for pid in bed.hosts[name].pids():
-            try:
-                process = psutil.Process(pid)
-                if any(part.endswith("greeter.py") for part in process.cmdline()):
-                    found.add((pid, process.create_time()))
-            except psutil.Error:
-                continue
-    return found
-
-
-def all_running(bed: HostBed) -> Instances | None:
-    now = instances(bed, "h2")
-    apps = [app for app, _ in now]
-    wanted = {f"solo-{name}": 1 for name in HOSTS} | {"everywhere": len(HOSTS)}
-    return now if {app: apps.count(app) for app in set(apps)} == wanted else None
+    yield from open_blip_bed(request)
 
 
 def down_nodes(bed: HostBed, observer: str) -> set[str]:

@@ -38,15 +38,9 @@ import trio
 from corral.node._errors import ApiError
 from corral.node.artifacts import pack_directory
 from corral.node.cli._local_cluster import wait_for
-from corral.testing import HostBed, TrafficGenerator, open_hosts, require_netns
+from corral.testing import HostBed, TrafficGenerator
 
-from .conftest import (
-    NODE_TTL_MS,
-    SWIM_ENV,
-    keep_logs_on_failure,
-    require_etcd_binary,
-    require_haproxy,
-)
+from ._blips import open_blip_bed
 
 pytestmark = pytest.mark.slow
 
@@ -64,19 +58,7 @@ OUT_STEPS = ("out-of-table", "draining", "restarting")
 
 @pytest.fixture
 def rollout_bed(request: pytest.FixtureRequest) -> Iterator[HostBed]:
-    require_netns()
-    require_etcd_binary()
-    require_haproxy()
-    with open_hosts(
-        [*HOSTS, "edge"], etcd_hosts=HOSTS, node_ttl_ms=NODE_TTL_MS, extra_env=SWIM_ENV
-    ) as bed:
-        bed.start_etcd()
-        for name in HOSTS:
-            bed.add_node(name, labels={"host": name})
-        bed.start_nodes(HOSTS)
-        bed.start_proxy("edge", listen_host="127.0.0.1")
-        yield bed
-        keep_logs_on_failure(request, bed)
+    yield from open_blip_bed(request)
 
 
 def rows_of(bed: HostBed, observer: str) -> list[dict[str, Any]]:
