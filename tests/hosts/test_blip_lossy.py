@@ -47,7 +47,8 @@ REQUEST_TIMEOUT = 5.0
 
 @pytest.fixture
 def lossy_bed(request: pytest.FixtureRequest) -> Iterator[HostBed]:
-    yield from open_blip_bed(request)
+    with open_blip_bed(request) as bed:
+        yield bed
 
 
 def down_nodes(bed: HostBed, observer: str) -> set[str]:

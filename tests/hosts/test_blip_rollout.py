@@ -58,7 +58,8 @@ OUT_STEPS = ("out-of-table", "draining", "restarting")
 
 @pytest.fixture
 def rollout_bed(request: pytest.FixtureRequest) -> Iterator[HostBed]:
-    yield from open_blip_bed(request)
+    with open_blip_bed(request) as bed:
+        yield bed
 
 
 def rows_of(bed: HostBed, observer: str) -> list[dict[str, Any]]:
