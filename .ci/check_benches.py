@@ -1,7 +1,7 @@
 """Run every benchmark's ``--quick`` mode and check what it printed, so no benchmark rots.
 
-    python bench/check_quick.py              # every bench/*.py but this one
-    python bench/check_quick.py reconcile    # only the ones named
+    python .ci/check_benches.py              # every bench/*.py
+    python .ci/check_benches.py reconcile    # only the ones named
 
 For each benchmark: it must exit 0 within its time limit, and the last line it prints
 must be one JSON object holding every figure its docstring names. The names are the
@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-BENCH_DIR = Path(__file__).resolve().parent
+BENCH_DIR = Path(__file__).resolve().parents[1] / "bench"
 #: The longest one quick run may take. The slowest (traffic) takes about 40 s alone on
 #: this 2-core machine, and two minutes beside a full machine's other work.
 TIMEOUT_S = 300.0
@@ -146,7 +146,7 @@ def stop_overrun(process: subprocess.Popen[str]) -> None:
 
 
 def benchmarks(names: list[str]) -> list[Path]:
-    every = sorted(p for p in BENCH_DIR.glob("*.py") if p.name != Path(__file__).name)
+    every = sorted(BENCH_DIR.glob("*.py"))
     if not names:
         return every
     known = {p.stem: p for p in every}
