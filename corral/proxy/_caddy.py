@@ -24,7 +24,14 @@ from corral.actors.routing import RouteTable
 from corral.proxy._caddy_plan import caddy_config_bytes
 from corral.proxy._driver import Applied, ProxyDriver
 from corral.proxy._errors import InvalidProxySetup, ProxyApplyFailed, ProxyStartFailed
-from corral.proxy._process import OWNED_FILE, ProxyProcess, end_leftover, find_binary, log_tail
+from corral.proxy._process import (
+    OWNED_FILE,
+    ProxyProcess,
+    end_leftover,
+    find_binary,
+    log_tail,
+    wait_for_exit,
+)
 from corral.proxy._tuning import DEFAULT_TIMEOUTS, ProxyTimeouts
 
 __all__ = ["DEFAULT_CADDY", "CaddyDriver"]
@@ -161,11 +168,7 @@ class CaddyDriver(ProxyDriver):
 
     async def wait_exit(self) -> int:
         """Return once caddy exits (reaped), with its exit code."""
-        process = self._process
-        if process is None:
-            await trio.sleep_forever()
-        assert process is not None
-        return await process.wait()
+        return await wait_for_exit(self._process)
 
     async def restart(self) -> Applied | None:
         """Start caddy again serving the last table; None if it is running."""

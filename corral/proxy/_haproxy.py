@@ -22,7 +22,14 @@ from corral.proxy._haproxy_plan import (
     render_map,
     tidy_commands,
 )
-from corral.proxy._process import OWNED_FILE, ProxyProcess, end_leftover, find_binary, log_tail
+from corral.proxy._process import (
+    OWNED_FILE,
+    ProxyProcess,
+    end_leftover,
+    find_binary,
+    log_tail,
+    wait_for_exit,
+)
 from corral.proxy._tuning import DEFAULT_TIMEOUTS, ProxyTimeouts
 
 __all__ = ["DEFAULT_HAPROXY", "HaproxyDriver", "RuntimeApi"]
@@ -182,11 +189,7 @@ class HaproxyDriver(ProxyDriver):
 
     async def wait_exit(self) -> int:
         """Return once the master exits (reaped, its workers killed), with its exit code."""
-        process = self._process
-        if process is None:
-            await trio.sleep_forever()
-        assert process is not None
-        return await process.wait()
+        return await wait_for_exit(self._process)
 
     async def restart(self) -> Applied | None:
         """Start the master again serving the last table; None if it is running."""

@@ -221,3 +221,12 @@ class ProxyProcess:
             os.killpg(self.pid, sig)
         except (ProcessLookupError, PermissionError):
             self._process.send_signal(sig)
+
+
+async def wait_for_exit(process: ProxyProcess | None) -> int:
+    """Return once ``process`` exits (reaped), with its exit code; never while there is
+    none (a driver not started, or one between a death and its restart)."""
+    if process is None:
+        await trio.sleep_forever()
+    assert process is not None
+    return await process.wait()
