@@ -214,7 +214,7 @@ def sweep_partial_files(data_dir: Path) -> tuple[int, int]:
     for app in _entries(data_dir / "apps"):
         for entry in _entries(Path(app.path) / "revisions"):
             if _PARTIAL_REVISION.fullmatch(entry.name) and entry.is_dir(follow_symlinks=False):
-                size = _tree_bytes(Path(entry.path))
+                size = tree_bytes(Path(entry.path))
                 shutil.rmtree(entry.path, ignore_errors=True)
                 removed, freed = removed + 1, freed + size
     return removed, freed
@@ -227,7 +227,8 @@ def _entries(directory: Path) -> list[os.DirEntry[str]]:
         return []
 
 
-def _tree_bytes(path: Path) -> int:
+def tree_bytes(path: Path) -> int:
+    """Bytes of the files under ``path`` (links not followed; a file gone meanwhile counts 0)."""
     total = 0
     for root, _dirs, files in os.walk(path):
         for name in files:

@@ -46,6 +46,7 @@ from corral.node.artifacts._artifact_store import (
     Peer,
     order_peers,
     removed_revision_path,
+    tree_bytes,
 )
 from corral.node.artifacts._copy_plan import (
     DEFAULT_COPIES,
@@ -131,17 +132,6 @@ async def _no_processes() -> Mapping[str, set[str]] | None:
     return {}
 
 
-def _tree_size(path: Path) -> int:
-    total = 0
-    for root, _dirs, files in os.walk(path):
-        for name in files:
-            try:
-                total += os.lstat(os.path.join(root, name)).st_size
-            except OSError:
-                continue
-    return total
-
-
 def _revision_dirs(apps_dir: Path) -> dict[str, list[str]]:
     """app -> the unpacked revision directories on disk (partial ones excluded)."""
     found: dict[str, list[str]] = {}
@@ -171,7 +161,7 @@ def disk_usage(store: ArtifactStore, apps_dir: Path) -> dict[str, Any]:
     held = store.held()
     revisions = _revision_dirs(apps_dir)
     per_app = {
-        app: {d: _tree_size(apps_dir / app / "revisions" / d) for d in digests}
+        app: {d: tree_bytes(apps_dir / app / "revisions" / d) for d in digests}
         for app, digests in revisions.items()
     }
     return {
